@@ -1,0 +1,65 @@
+"""The autodiff core: primitives and rules, linearize, transpose, backward traversal.
+
+Abstract over operands: it computes nothing itself and imports no NumPy; the
+`BackwardExecutor` it is handed, and the evaluator installed with
+`set_evaluator`, do the computing.
+"""
+
+from .core import (
+    ALL_ARGS,
+    DerivativeError,
+    LinearVar,
+    Primitive,
+    Zero,
+    defbilinear,
+    defjvp,
+    defjvp_full,
+    deflinear,
+    defvjp,
+    jvp_of,
+    set_evaluator,
+    set_tangent_add,
+)
+from .executor import BackwardExecutor
+from .graph import (
+    GraphReleasedError,
+    Leaf,
+    Node,
+    backward_pass,
+    leaves_above,
+    linearize_graph,
+    linearize_node,
+    relevant_to,
+    toposort,
+)
+from .linear import Equation, LinearGraph, NotLinearError, evaluate_linear, transpose_linear
+
+__all__ = [
+    "ALL_ARGS",
+    "BackwardExecutor",
+    "DerivativeError",
+    "Equation",
+    "GraphReleasedError",
+    "Leaf",
+    "LinearGraph",
+    "LinearVar",
+    "Node",
+    "NotLinearError",
+    "Primitive",
+    "Zero",
+    "backward_pass",
+    "defbilinear",
+    "defjvp",
+    "defjvp_full",
+    "deflinear",
+    "defvjp",
+    "evaluate_linear",
+    "jvp_of",
+    "leaves_above",
+    "linearize_graph",
+    "linearize_node",
+    "relevant_to",
+    "set_evaluator",
+    "set_tangent_add",
+    "toposort",
+]

@@ -1,0 +1,238 @@
+"""Primitives, their rule registries, symbolic zeros and linear variables.
+
+The vocabulary of the autodiff core. A `Primitive` carries its rules side by
+side (JVP rules for non-linear primitives, a transpose rule for linear ones,
+an optional fused VJP); `bind` applies it to operands. The core never computes
+on operands itself: concrete operands go to the evaluator that the layer above
+installs (`set_evaluator`), and `LinearVar` operands are recorded into the
+linear graph they belong to. Nothing here imports NumPy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+class Zero:
+    """A symbolic zero tangent or cotangent: stands for zeros that are never built."""
+
+    __slots__ = ("dtype", "shape")
+
+    def __init__(self, shape: Any, dtype: Any):
+        self.shape = shape
+        self.dtype = dtype
+
+    def __repr__(self) -> str:
+        return f"Zero({self.shape}, {self.dtype})"
+
+
+class LinearVar:
+    """A symbolic tangent or cotangent inside a linear graph being traced.
+
+    Applying a primitive to a `LinearVar` records an equation instead of
+    computing; the primitive must be linear in that operand.
+    """
+
+    __slots__ = ("dtype", "graph", "shape")
+    # NumPy must defer to our operators instead of building object arrays.
+    __array_ufunc__ = None
+
+    def __init__(self, graph: Any, shape: Any, dtype: Any):
+        self.graph = graph
+        self.shape = shape
+        self.dtype = dtype
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    def __repr__(self) -> str:
+        return f"LinearVar({self.shape}, {self.dtype})"
+
+
+class DerivativeError(TypeError):
+    """A primitive lacks the derivative rule that a transform asked for."""
+
+
+Rule = Callable[..., Any]
+
+
+class Primitive:
+    """An operation the autodiff core knows by its rules.
+
+    - `jvp`: per-argument JVP rules `rule(tangent, output, *inputs, **params)`,
+      `None` for an argument with no derivative (an index, a mask);
+    - `jvp_full`: one rule `rule(tangents, output, inputs, **params)` that sees
+      every tangent, `Zero` included (for jointly linear ops such as add);
+    - `transpose`: `rule(ct, *args, **params)` for a primitive linear in the
+      positions `linear_args` (in one at a time when `bilinear`); linear
+      operands arrive as `LinearVar`s, constants as values; returns one
+      cotangent (or None) per argument;
+    - `vjp`: an optional fused backward, `rule(backend, upstream, node)`,
+      returning one array (or None) per input;
+    - `abstract_eval`: the shape rule, `rule(*args, **params) -> (shape, dtype)`;
+    - `saves_inputs` / `saves_output`: what the rules read of the forward pass,
+      so that a recorded node keeps exactly that and nothing else.
+    """
+
+    __slots__ = (
+        "abstract_eval",
+        "bilinear",
+        "differentiable",
+        "impl",
+        "jvp",
+        "jvp_full",
+        "linear_args",
+        "name",
+        "saves_inputs",
+        "saves_output",
+        "transpose",
+        "vjp",
+    )
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        saves_inputs: bool = False,
+        saves_output: bool = False,
+        differentiable: bool = True,
+    ):
+        self.name = name
+        self.saves_inputs = saves_inputs
+        self.saves_output = saves_output
+        self.differentiable = differentiable
+        self.impl: Rule | None = None
+        self.abstract_eval: Rule | None = None
+        self.jvp: tuple[Rule | None, ...] | None = None
+        self.jvp_full: Rule | None = None
+        self.transpose: Rule | None = None
+        self.linear_args: frozenset[int] = frozenset()
+        self.bilinear = False
+        self.vjp: Rule | None = None
+
+    def __repr__(self) -> str:
+        return f"Primitive({self.name})"
+
+    @property
+    def has_derivative(self) -> bool:
+        return self.jvp is not None or self.jvp_full is not None
+
+    def bind(self, *args: Any, **params: Any) -> Any:
+        """Apply the primitive: record it if an operand is a `LinearVar`, else evaluate."""
+        for arg in args:
+            if type(arg) is LinearVar:
+                return arg.graph.record(self, args, params)
+        return _evaluator(self, args, params)
+
+
+def _no_evaluator(prim: Primitive, args: tuple, params: dict) -> Any:
+    raise RuntimeError(f"{prim.name}: no evaluator is installed for concrete operands")
+
+
+_evaluator: Callable[[Primitive, tuple, dict], Any] = _no_evaluator
+
+
+def set_evaluator(evaluator: Callable[[Primitive, tuple, dict], Any]) -> Callable:
+    """Install how concrete operands are computed on; returns the previous evaluator."""
+    global _evaluator
+    previous, _evaluator = _evaluator, evaluator
+    return previous
+
+
+# The primitive that sums two tangents; the layer that declares primitives names it.
+_tangent_add: list[Primitive] = []
+
+
+def set_tangent_add(prim: Primitive) -> None:
+    """Name the primitive that adds two tangents (per-argument JVP contributions)."""
+    _tangent_add[:] = [prim]
+
+
+def defjvp(prim: Primitive, *rules: Rule | None) -> None:
+    """Declare one JVP rule per argument (None: that argument has no derivative)."""
+    prim.jvp = rules
+
+
+def defjvp_full(prim: Primitive, rule: Rule) -> None:
+    """Declare a JVP rule that receives every tangent, symbolic zeros included."""
+    prim.jvp_full = rule
+
+
+class _AllArgs(frozenset):
+    """Stands for every argument position: a primitive linear in all its operands."""
+
+    def issuperset(self, other: object) -> bool:  # type: ignore[override]
+        return True
+
+    def __contains__(self, item: object) -> bool:
+        return True
+
+
+#: `linear_args` of a primitive jointly linear in any number of operands (concatenate).
+ALL_ARGS = _AllArgs()
+
+
+def deflinear(
+    prim: Primitive, transpose: Rule, linear_args: tuple[int, ...] | frozenset = (0,)
+) -> None:
+    """Declare a primitive linear in `linear_args` (jointly): JVP is the primitive itself."""
+    prim.transpose = transpose
+    prim.linear_args = linear_args if linear_args is ALL_ARGS else frozenset(linear_args)
+    if prim.jvp is None and prim.jvp_full is None:
+        if linear_args != (0,):
+            raise ValueError(f"{prim.name}: jointly linear in {linear_args}; declare jvp_full")
+
+        def jvp(t: Any, output: Any, *inputs: Any, **params: Any) -> Any:
+            return prim.bind(t, *inputs[1:], **params)
+
+        prim.jvp = (jvp,)
+
+
+def defbilinear(prim: Primitive, transpose_lhs: Rule, transpose_rhs: Rule) -> None:
+    """Declare a primitive linear in each of its two operands separately (mul, matmul).
+
+    The JVP follows: d(x*y) = dx*y + x*dy. Each transpose rule receives the
+    cotangent and both operands, the linear one as a `LinearVar`.
+    """
+    prim.saves_inputs = True
+    prim.linear_args = frozenset((0, 1))
+    prim.bilinear = True
+
+    def transpose(ct: Any, lhs: Any, rhs: Any, **params: Any) -> tuple:
+        if type(lhs) is LinearVar:
+            return transpose_lhs(ct, lhs, rhs, **params), None
+        return None, transpose_rhs(ct, lhs, rhs, **params)
+
+    prim.transpose = transpose
+    prim.jvp = (
+        lambda t, output, lhs, rhs, **params: prim.bind(t, rhs, **params),
+        lambda t, output, lhs, rhs, **params: prim.bind(lhs, t, **params),
+    )
+
+
+def defvjp(prim: Primitive, rule: Rule) -> None:
+    """Declare a fused backward `rule(backend, upstream, node)` for eager execution."""
+    prim.vjp = rule
+
+
+def jvp_of(prim: Primitive, tangents: tuple, output: Any, inputs: tuple, params: dict) -> Any:
+    """The tangent of a primitive's output given its inputs' tangents (`Zero` if inactive).
+
+    Returns None when every tangent is zero.
+    """
+    if prim.jvp_full is not None:
+        return prim.jvp_full(tangents, output, inputs, **params)
+    rules = prim.jvp
+    if rules is None:
+        raise DerivativeError(f"{prim.name} has no derivative rule")
+    result = None
+    for index, tangent in enumerate(tangents):
+        if tangent is None or type(tangent) is Zero:
+            continue
+        rule = rules[index] if index < len(rules) else None
+        if rule is None:
+            raise DerivativeError(f"{prim.name} is not differentiable in argument {index}")
+        contribution = rule(tangent, output, *inputs, **params)
+        result = contribution if result is None else _tangent_add[0].bind(result, contribution)
+    return result

@@ -1,0 +1,247 @@
+"""The recorded graph of eager ops and the backward traversal over it.
+
+Each eager op that involves an active operand records a `Node` holding exactly
+what its rules need (see `Primitive.saves_inputs` / `saves_output`). A tensor
+that is a differentiation input holds a `Leaf`. Traversals are iterative, so a
+chain of any length differentiates without touching the recursion limit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from .core import DerivativeError, Primitive, Zero, jvp_of
+from .linear import LinearGraph
+
+
+class Node:
+    """One recorded primitive application.
+
+    `parents` has one entry per operand: the operand's node, or None for an
+    inactive operand (a constant, a scalar, a tensor that needs no gradient).
+    `inputs` and `output` hold the saved forward values, or None where the
+    rules do not need them. `in_shapes` / `out_shape` / `dtype` describe the
+    operands for symbolic zeros and broadcasting.
+    """
+
+    __slots__ = (
+        "__weakref__",
+        "dtype",
+        "in_shapes",
+        "inputs",
+        "out_shape",
+        "output",
+        "params",
+        "parents",
+        "primitive",
+        "released",
+    )
+
+    def __init__(
+        self,
+        primitive: Primitive,
+        params: dict,
+        parents: tuple,
+        inputs: tuple | None,
+        output: Any,
+        in_shapes: tuple,
+        out_shape: Any,
+        dtype: Any,
+    ):
+        self.primitive = primitive
+        self.params = params
+        self.parents = parents
+        self.inputs = inputs
+        self.output = output
+        self.in_shapes = in_shapes
+        self.out_shape = out_shape
+        self.dtype = dtype
+        self.released = False
+
+    def release(self) -> None:
+        """Drop the saved forward values; a later backward through here is an error."""
+        self.inputs = None
+        self.output = None
+        self.released = True
+
+    def __repr__(self) -> str:
+        return f"Node({self.primitive.name}, out={self.out_shape})"
+
+
+class Leaf:
+    """The node of a differentiation input: where cotangents stop and are collected."""
+
+    __slots__ = ("__weakref__", "dtype", "owner", "parents", "shape")
+    primitive = None
+
+    def __init__(self, shape: Any, dtype: Any, owner: Any = None):
+        self.shape = shape
+        self.dtype = dtype
+        self.owner = owner  # set by the layer above: e.g. a weak reference to the tensor
+        self.parents = ()
+
+    def __repr__(self) -> str:
+        return f"Leaf({self.shape}, {self.dtype})"
+
+
+class GraphReleasedError(RuntimeError):
+    """Backward reached a node whose saved values were freed by an earlier backward."""
+
+
+def toposort(roots: Iterable[Any]) -> list:
+    """Nodes reachable from `roots`, each after all of its parents."""
+    order: list = []
+    seen: set[int] = set()
+    for root in roots:
+        if id(root) in seen:
+            continue
+        seen.add(id(root))
+        stack = [(root, iter(root.parents))]
+        while stack:
+            node, parents = stack[-1]
+            for parent in parents:
+                if parent is not None and id(parent) not in seen:
+                    seen.add(id(parent))
+                    stack.append((parent, iter(parent.parents)))
+                    break
+            else:
+                stack.pop()
+                order.append(node)
+    return order
+
+
+def relevant_to(order: list, targets: Iterable[Any]) -> list:
+    """The nodes of `order` (parents first) that depend on at least one target."""
+    depends = {id(t) for t in targets}
+    kept = []
+    for node in order:
+        if id(node) in depends or any(
+            p is not None and id(p) in depends for p in node.parents
+        ):
+            depends.add(id(node))
+            kept.append(node)
+    return kept
+
+
+def leaves_above(node: Any) -> list:
+    """The leaves that `node` depends on, nearest first."""
+    return [n for n in reversed(toposort([node])) if n.primitive is None]
+
+
+def linearize_node(node: Node, inputs: tuple, output: Any) -> LinearGraph:
+    """Trace a recorded node's JVP rule into a linear graph.
+
+    The graph has one input per operand (None for an inactive operand, which
+    gets no cotangent); its single output is the tangent of the node's output.
+    """
+    prim = node.primitive
+    if node.released:
+        raise GraphReleasedError(
+            f"backward: the saved values of {prim.name} were freed by an earlier backward; "
+            "pass retain_graph=True to the first backward to go through the graph twice"
+        )
+    graph = LinearGraph()
+    tangents = []
+    for parent, shape in zip(node.parents, node.in_shapes):
+        if parent is None:
+            graph.inputs.append(None)  # one slot per operand; an inactive one gets no ct
+            tangents.append(Zero(shape, node.dtype))
+        else:
+            tangents.append(graph.new_input(shape, node.dtype))
+    tangents = tuple(tangents)
+    if inputs is None:
+        inputs = (None,) * len(tangents)
+    out = jvp_of(prim, tangents, output, inputs, node.params)
+    graph.outputs = [out if out is not None else Zero(node.out_shape, node.dtype)]
+    return graph
+
+
+def backward_pass(
+    roots: Sequence[tuple[Any, Any]],
+    executor: Any,
+    targets: Sequence[Any] | None = None,
+    release: bool = False,
+) -> dict:
+    """Push cotangents from `roots` (pairs of node and cotangent) back through the graph.
+
+    Returns the cotangent reaching each leaf, or, with `targets`, each target
+    node (the traversal then stops at the targets and skips everything that
+    does not lead to one). Cotangents are accumulated with the executor's
+    `add_operands` and dropped as soon as they are consumed. With `release`,
+    each node's saved values are freed once it has been processed.
+    """
+    order = toposort(node for node, _ in roots)
+    stops = None
+    if targets is not None:
+        order = relevant_to(order, targets)
+        stops = {id(t) for t in targets}
+    cts: dict[int, Any] = {}
+    add = executor.add_operands
+    for node, ct in roots:
+        previous = cts.get(id(node))
+        cts[id(node)] = ct if previous is None else add(previous, ct)
+    results: dict = {}
+    for node in reversed(order):
+        ct = cts.pop(id(node), None)
+        if node.primitive is None or (stops is not None and id(node) in stops):
+            if ct is not None:
+                results[node] = ct
+            continue
+        if ct is None:
+            if release:
+                node.release()
+            continue
+        try:
+            lin = executor.linearize_recorded_graph(node)
+        except DerivativeError as err:
+            raise executor.derivative_error(node, err) from None
+        in_cts = executor.run_transposed_linear(lin, ct)
+        if release:
+            node.release()
+        for parent, in_ct in zip(node.parents, in_cts):
+            if parent is None or in_ct is None:
+                continue
+            key = id(parent)
+            previous = cts.get(key)
+            cts[key] = in_ct if previous is None else add(previous, in_ct)
+    return results
+
+
+def linearize_graph(
+    output_nodes: Sequence[Any], input_nodes: Sequence[Any], executor: Any
+) -> LinearGraph:
+    """One linear graph for a whole recorded computation: input tangents to output tangents.
+
+    Each node's JVP rule is traced in order; `executor.saved_operands(node)`
+    gives the values the rules see (so a higher-order executor can hand out
+    values that are themselves recorded).
+    """
+    graph = LinearGraph()
+    tangent: dict[int, Any] = {}
+    for node in input_nodes:
+        var = graph.new_input(node.shape, node.dtype)
+        tangent.setdefault(id(node), var)
+    order = relevant_to(toposort(output_nodes), input_nodes)
+    for node in order:
+        if node.primitive is None or id(node) in tangent:
+            continue
+        tangents = tuple(
+            tangent.get(id(p), Zero(shape, node.dtype)) if p is not None else Zero(shape, node.dtype)
+            for p, shape in zip(node.parents, node.in_shapes)
+        )
+        inputs, output = executor.saved_operands(node)
+        if inputs is None:
+            inputs = (None,) * len(tangents)
+        try:
+            out = jvp_of(node.primitive, tangents, output, inputs, node.params)
+        except DerivativeError as err:
+            raise executor.derivative_error(node, err) from None
+        if out is not None:
+            tangent[id(node)] = out
+    graph.outputs = [tangent.get(id(n), Zero(_shape(n), n.dtype)) for n in output_nodes]
+    return graph
+
+
+def _shape(node: Any) -> Any:
+    return node.shape if node.primitive is None else node.out_shape

@@ -1,0 +1,300 @@
+"""`BackwardOps`: one backward kernel per op, each defaulting to forward ops on `self`.
+
+Mix it in before a forward-only backend (`class B(BackwardOps, MyForwardBackend)`)
+and the backend is trainable; a backend overrides a kernel only to fuse it.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from pullback.backend.base import Array, Pair, Shape
+
+Needed = tuple[bool, bool]
+Grads = tuple[Any, Any]
+
+_SQRT1_2 = math.sqrt(0.5)
+_INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
+_SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+_GELU_CUBIC = 0.044715
+
+
+def _shape(value: Any) -> Shape:
+    # Python scalars stand for 0-d operands.
+    return tuple(getattr(value, "shape", ()))
+
+
+def _swap_last(ndim: int) -> Shape:
+    return (*range(ndim - 2), ndim - 1, ndim - 2)
+
+
+class BackwardOps:
+    """Backward kernels. `upstream` is the cotangent at the op's output; `forward_input`
+    and `forward_output` are the saved forward values. Binary kernels return
+    `(grad_lhs, grad_rhs)` reduced to each operand's shape, None where `needed` is False."""
+
+    # -- unary ----------------------------------------------------------------------------
+
+    def relu_backward(self, upstream: Array, forward_input: Array) -> Array:
+        """upstream where forward_input > 0, else 0."""
+        return self.mul(upstream, self.greater(forward_input, 0))
+
+    def sigmoid_backward(self, upstream: Array, forward_output: Array) -> Array:
+        """upstream * y * (1 - y)."""
+        y = forward_output
+        return self.mul(upstream, self.mul(y, self.sub(1, y)))
+
+    def tanh_backward(self, upstream: Array, forward_output: Array) -> Array:
+        """upstream * (1 - y**2)."""
+        y = forward_output
+        return self.mul(upstream, self.sub(1, self.mul(y, y)))
+
+    def exp_backward(self, upstream: Array, forward_output: Array) -> Array:
+        """upstream * e**x, reusing the output."""
+        return self.mul(upstream, forward_output)
+
+    def log_backward(self, upstream: Array, forward_input: Array) -> Array:
+        """upstream / x."""
+        return self.div(upstream, forward_input)
+
+    def sqrt_backward(self, upstream: Array, forward_output: Array) -> Array:
+        """upstream / (2 sqrt(x)), reusing the output."""
+        return self.div(upstream, self.mul(forward_output, 2))
+
+    def abs_backward(self, upstream: Array, forward_input: Array) -> Array:
+        """upstream * sign(x); zero at zero, as PyTorch."""
+        return self.mul(upstream, self.sign(forward_input))
+
+    def silu_backward(self, upstream: Array, forward_input: Array) -> Array:
+        """upstream * s * (1 + x (1 - s)) with s = sigmoid(x)."""
+        x = forward_input
+        s = self.sigmoid(x)
+        slope = self.mul(s, self.add(1, self.mul(x, self.sub(1, s))))
+        return self.mul(upstream, slope)
+
+    def softplus_backward(self, upstream: Array, forward_input: Array) -> Array:
+        """upstream * sigmoid(x)."""
+        return self.mul(upstream, self.sigmoid(forward_input))
+
+    def gelu_backward(
+        self, upstream: Array, forward_input: Array, approximate: str = "none"
+    ) -> Array:
+        """upstream * d gelu / dx, exact (erf) or for the tanh approximation."""
+        x = forward_input
+        if approximate == "tanh":
+            inner = self.mul(
+                self.mul(x, self.add(1, self.mul(self.mul(x, x), _GELU_CUBIC))), _SQRT_2_OVER_PI
+            )
+            t = self.tanh(inner)
+            dinner = self.mul(
+                self.add(1, self.mul(self.mul(x, x), 3 * _GELU_CUBIC)), _SQRT_2_OVER_PI
+            )
+            right = self.mul(self.mul(x, self.sub(1, self.mul(t, t))), dinner)
+            slope = self.mul(self.add(self.add(1, t), right), 0.5)
+        else:
+            cdf = self.mul(self.add(self.erf(self.mul(x, _SQRT1_2)), 1), 0.5)
+            pdf = self.mul(self.exp(self.mul(self.mul(x, x), -0.5)), _INV_SQRT_2PI)
+            slope = self.add(cdf, self.mul(x, pdf))
+        return self.mul(upstream, slope)
+
+    def softmax_backward(self, upstream: Array, forward_output: Array, axis: int) -> Array:
+        """y * (upstream - sum(upstream * y, axis))."""
+        y = forward_output
+        axes = (axis % y.ndim,)
+        dot = self.reduce_sum(self.mul(upstream, y), axes, True)
+        return self.mul(y, self.sub(upstream, dot))
+
+    def log_softmax_backward(self, upstream: Array, forward_output: Array, axis: int) -> Array:
+        """upstream - exp(y) * sum(upstream, axis), y being the log-softmax output."""
+        y = forward_output
+        axes = (axis % y.ndim,)
+        total = self.reduce_sum(upstream, axes, True)
+        return self.sub(upstream, self.mul(self.exp(y), total))
+
+    # -- reductions -----------------------------------------------------------------------
+
+    def _unreduce(self, upstream: Array, input_shape: Shape, axes: Shape, keepdims: bool) -> Array:
+        if keepdims:
+            return upstream
+        kept = [1 if axis in axes else size for axis, size in enumerate(input_shape)]
+        return self.reshape(upstream, tuple(kept))
+
+    def reduce_sum_backward(
+        self, upstream: Array, input_shape: Shape, axes: Shape, keepdims: bool
+    ) -> Array:
+        """upstream broadcast back over the summed axes, as a fresh array."""
+        spread = self._unreduce(upstream, input_shape, axes, keepdims)
+        return self.add(self.zeros(input_shape, upstream.dtype), spread)
+
+    def reduce_max_backward(
+        self,
+        upstream: Array,
+        forward_input: Array,
+        forward_output: Array,
+        axes: Shape,
+        keepdims: bool,
+    ) -> Array:
+        """upstream to the maxima, split equally between ties (as torch.amax)."""
+        shape = _shape(forward_input)
+        peak = self._unreduce(forward_output, shape, axes, keepdims)
+        mask = self.astype(self.equal(forward_input, peak), upstream.dtype)
+        share = self.div(self._unreduce(upstream, shape, axes, keepdims),
+                         self.reduce_sum(mask, axes, True))
+        return self.mul(mask, share)
+
+    # -- binary ---------------------------------------------------------------------------
+
+    def add_backward(
+        self, upstream: Array, lhs_shape: Shape, rhs_shape: Shape, needed: Needed = (True, True)
+    ) -> Grads:
+        """upstream summed to each operand's shape."""
+        return (
+            self.sum_to_shape(upstream, lhs_shape) if needed[0] else None,
+            self.sum_to_shape(upstream, rhs_shape) if needed[1] else None,
+        )
+
+    def sub_backward(
+        self, upstream: Array, lhs_shape: Shape, rhs_shape: Shape, needed: Needed = (True, True)
+    ) -> Grads:
+        """(upstream, -upstream) summed to each operand's shape."""
+        return (
+            self.sum_to_shape(upstream, lhs_shape) if needed[0] else None,
+            # Negating after the reduction touches fewer elements.
+            self.neg(self.sum_to_shape(upstream, rhs_shape)) if needed[1] else None,
+        )
+
+    def mul_backward(
+        self, upstream: Array, lhs: Array, rhs: Array, needed: Needed = (True, True)
+    ) -> Grads:
+        """(upstream * rhs, upstream * lhs) summed to each operand's shape."""
+        return (
+            self.sum_to_shape(self.mul(upstream, rhs), _shape(lhs)) if needed[0] else None,
+            self.sum_to_shape(self.mul(upstream, lhs), _shape(rhs)) if needed[1] else None,
+        )
+
+    def div_backward(
+        self, upstream: Array, lhs: Array, rhs: Array, needed: Needed = (True, True)
+    ) -> Grads:
+        """(upstream / rhs, -upstream * lhs / rhs**2) summed to each operand's shape."""
+        quotient = self.div(upstream, rhs)
+        grad_lhs = self.sum_to_shape(quotient, _shape(lhs)) if needed[0] else None
+        grad_rhs = None
+        if needed[1]:
+            grad_rhs = self.sum_to_shape(self.neg(self.div(self.mul(quotient, lhs), rhs)),
+                                         _shape(rhs))
+        return grad_lhs, grad_rhs
+
+    def maximum_backward(
+        self, upstream: Array, lhs: Array, rhs: Array, needed: Needed = (True, True)
+    ) -> Grads:
+        """upstream to the larger operand, split equally on ties."""
+        return self._pick_backward(upstream, lhs, rhs, needed, self.greater, self.less)
+
+    def minimum_backward(
+        self, upstream: Array, lhs: Array, rhs: Array, needed: Needed = (True, True)
+    ) -> Grads:
+        """upstream to the smaller operand, split equally on ties."""
+        return self._pick_backward(upstream, lhs, rhs, needed, self.less, self.greater)
+
+    def _pick_backward(
+        self, upstream: Array, lhs: Array, rhs: Array, needed: Needed, lhs_wins: Any,
+        rhs_wins: Any,
+    ) -> Grads:
+        # Ties split the gradient 0.5/0.5, as PyTorch's maximum and minimum do.
+        tie = self.mul(self.astype(self.equal(lhs, rhs), upstream.dtype), 0.5)
+        grads = []
+        for wanted, wins, shape in ((needed[0], lhs_wins, _shape(lhs)),
+                                    (needed[1], rhs_wins, _shape(rhs))):
+            if not wanted:
+                grads.append(None)
+                continue
+            weight = self.add(self.astype(wins(lhs, rhs), upstream.dtype), tie)
+            grads.append(self.sum_to_shape(self.mul(upstream, weight), shape))
+        return grads[0], grads[1]
+
+    def matmul_backward(
+        self, upstream: Array, lhs: Array, rhs: Array, needed: Needed = (True, True)
+    ) -> Grads:
+        """(upstream @ rhs^T, lhs^T @ upstream), batch dims summed back, 1-D operands
+        handled as NumPy's matmul promotes them."""
+        lhs_shape, rhs_shape = _shape(lhs), _shape(rhs)
+        a = lhs if len(lhs_shape) > 1 else self.reshape(lhs, (1, *lhs_shape))
+        b = rhs if len(rhs_shape) > 1 else self.reshape(rhs, (*rhs_shape, 1))
+        u = upstream
+        ushape = _shape(u)
+        if len(rhs_shape) == 1:
+            ushape = (*ushape, 1)
+        if len(lhs_shape) == 1:
+            ushape = (*ushape[:-1], 1, ushape[-1])
+        u = self.reshape(u, ushape)
+        grad_lhs = grad_rhs = None
+        if needed[0]:
+            full = self.matmul(u, self.transpose(b, _swap_last(len(_shape(b)))))
+            grad_lhs = self.reshape(self.sum_to_shape(full, _shape(a)), lhs_shape)
+        if needed[1]:
+            full = self.matmul(self.transpose(a, _swap_last(len(_shape(a)))), u)
+            grad_rhs = self.reshape(self.sum_to_shape(full, _shape(b)), rhs_shape)
+        return grad_lhs, grad_rhs
+
+    # -- convolution and pooling ----------------------------------------------------------
+
+    def conv2d_input_backward(
+        self, upstream: Array, weight: Array, input_shape: Shape, stride: Pair, padding: Pair
+    ) -> Array:
+        """Gradient wrt the conv input: weight^T @ upstream, folded back into windows."""
+        n, o, oh, ow = _shape(upstream)
+        _, c, kh, kw = _shape(weight)
+        w2 = self.reshape(weight, (o, c * kh * kw))
+        cols = self.matmul(self.transpose(w2, (1, 0)), self.reshape(upstream, (n, o, oh * ow)))
+        cols = self.reshape(cols, (n, c, kh, kw, oh, ow))
+        return self.fold2d(cols, input_shape, (kh, kw), stride, padding)
+
+    def conv2d_weight_backward(
+        self, upstream: Array, forward_input: Array, weight_shape: Shape, stride: Pair,
+        padding: Pair,
+    ) -> Array:
+        """Gradient wrt the conv weight: upstream @ windows^T over batch and pixels."""
+        n, o, oh, ow = _shape(upstream)
+        _, c, kh, kw = weight_shape
+        cols = self.unfold2d(forward_input, (kh, kw), stride, padding)
+        cols = self.reshape(cols, (n, c * kh * kw, oh * ow))
+        rows = self.reshape(self.transpose(cols, (0, 2, 1)), (n * oh * ow, c * kh * kw))
+        up = self.reshape(self.transpose(self.reshape(upstream, (n, o, oh * ow)), (1, 0, 2)),
+                          (o, n * oh * ow))
+        return self.reshape(self.matmul(up, rows), tuple(weight_shape))
+
+    def conv2d_bias_backward(self, upstream: Array) -> Array:
+        """upstream summed over batch and pixels."""
+        return self.reduce_sum(upstream, (0, 2, 3), False)
+
+    def max_pool2d_backward(
+        self, upstream: Array, forward_input: Array, forward_output: Array, kernel: Pair,
+        stride: Pair, padding: Pair,
+    ) -> Array:
+        """upstream to the first maximum (row-major) of each window, as PyTorch."""
+        n, c, oh, ow = _shape(upstream)
+        kh, kw = kernel
+        size = kh * kw
+        cols = self.unfold2d(forward_input, kernel, stride, padding, pad_value=-math.inf)
+        cols = self.reshape(cols, (n, c, size, oh, ow))
+        is_max = self.equal(cols, self.reshape(forward_output, (n, c, 1, oh, ow)))
+        # Rank maxima so the first position in the window scores highest, then keep it.
+        rank = self.reshape(self.arange(size, 0, -1, upstream.dtype), (1, 1, size, 1, 1))
+        score = self.mul(self.astype(is_max, upstream.dtype), rank)
+        # A window without a match (NaN) routes nothing rather than to every position.
+        first = self.mul(self.equal(score, self.reduce_max(score, (2,), True)), is_max)
+        routed = self.mul(self.astype(first, upstream.dtype),
+                          self.reshape(upstream, (n, c, 1, oh, ow)))
+        routed = self.reshape(routed, (n, c, kh, kw, oh, ow))
+        return self.fold2d(routed, _shape(forward_input), kernel, stride, padding)
+
+    def avg_pool2d_backward(
+        self, upstream: Array, input_shape: Shape, kernel: Pair, stride: Pair, padding: Pair
+    ) -> Array:
+        """upstream / (kh kw) spread over each window (count_include_pad=True)."""
+        n, c, oh, ow = _shape(upstream)
+        kh, kw = kernel
+        share = self.reshape(self.div(upstream, kh * kw), (n, c, 1, 1, oh, ow))
+        cols = self.broadcast_to(share, (n, c, kh, kw, oh, ow))
+        return self.fold2d(cols, input_shape, kernel, stride, padding)

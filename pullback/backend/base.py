@@ -1,0 +1,261 @@
+"""`Backend`: the forward ops every backend runs, as one documented interface.
+
+Each method here only raises `KernelError` naming the op; a concrete backend
+(`CpuBackend`, a later GPU backend) overrides the ops it implements.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NoReturn
+
+from pullback.backend.errors import KernelError
+
+# A backend-native array: np.ndarray for the NumPy backends.
+Array = Any
+Shape = tuple[int, ...]
+Pair = tuple[int, int]
+
+
+class Backend:
+    """Forward ops on arrays. Arguments arrive normalized: `axes` is a sorted tuple of
+    non-negative ints, `shape` a tuple of ints, stride/padding/kernel `(int, int)` pairs.
+    Ops return new arrays and never mutate their inputs; invalid calls raise `KernelError`."""
+
+    name: str = "abstract"
+
+    def _unimplemented(self, op: str) -> NoReturn:
+        raise KernelError(op, [], f"backend {self.name} does not implement {op}")
+
+    # -- unary ----------------------------------------------------------------------------
+
+    def neg(self, x: Array) -> Array:
+        """-x (ints too)."""
+        self._unimplemented("neg")
+
+    def exp(self, x: Array) -> Array:
+        """e**x (floats only)."""
+        self._unimplemented("exp")
+
+    def log(self, x: Array) -> Array:
+        """Natural log; log(0) is -inf (floats only)."""
+        self._unimplemented("log")
+
+    def sqrt(self, x: Array) -> Array:
+        """Square root (floats only)."""
+        self._unimplemented("sqrt")
+
+    def abs(self, x: Array) -> Array:
+        """|x| (ints too)."""
+        self._unimplemented("abs")
+
+    def sign(self, x: Array) -> Array:
+        """-1, 0 or 1 by the sign of x (ints too)."""
+        self._unimplemented("sign")
+
+    def relu(self, x: Array) -> Array:
+        """max(x, 0) (floats only)."""
+        self._unimplemented("relu")
+
+    def sigmoid(self, x: Array) -> Array:
+        """1 / (1 + e**-x), without overflow for large |x| (floats only)."""
+        self._unimplemented("sigmoid")
+
+    def tanh(self, x: Array) -> Array:
+        """Hyperbolic tangent (floats only)."""
+        self._unimplemented("tanh")
+
+    def silu(self, x: Array) -> Array:
+        """x * sigmoid(x) (floats only)."""
+        self._unimplemented("silu")
+
+    def softplus(self, x: Array) -> Array:
+        """log(1 + e**x), without overflow for large |x| (floats only)."""
+        self._unimplemented("softplus")
+
+    def erf(self, x: Array) -> Array:
+        """The error function (floats only)."""
+        self._unimplemented("erf")
+
+    def gelu(self, x: Array, approximate: str = "none") -> Array:
+        """x * Phi(x); `approximate="tanh"` uses PyTorch's tanh approximation (floats only)."""
+        self._unimplemented("gelu")
+
+    # -- binary, NumPy broadcasting; either side may be a Python scalar -------------------
+
+    def add(self, a: Array, b: Array) -> Array:
+        """a + b."""
+        self._unimplemented("add")
+
+    def sub(self, a: Array, b: Array) -> Array:
+        """a - b."""
+        self._unimplemented("sub")
+
+    def mul(self, a: Array, b: Array) -> Array:
+        """a * b."""
+        self._unimplemented("mul")
+
+    def div(self, a: Array, b: Array) -> Array:
+        """a / b (true division)."""
+        self._unimplemented("div")
+
+    def pow(self, a: Array, b: Array) -> Array:
+        """a ** b."""
+        self._unimplemented("pow")
+
+    def maximum(self, a: Array, b: Array) -> Array:
+        """Elementwise max; NaN propagates."""
+        self._unimplemented("maximum")
+
+    def minimum(self, a: Array, b: Array) -> Array:
+        """Elementwise min; NaN propagates."""
+        self._unimplemented("minimum")
+
+    def less(self, a: Array, b: Array) -> Array:
+        """a < b, a bool array."""
+        self._unimplemented("less")
+
+    def less_equal(self, a: Array, b: Array) -> Array:
+        """a <= b, a bool array."""
+        self._unimplemented("less_equal")
+
+    def greater(self, a: Array, b: Array) -> Array:
+        """a > b, a bool array."""
+        self._unimplemented("greater")
+
+    def greater_equal(self, a: Array, b: Array) -> Array:
+        """a >= b, a bool array."""
+        self._unimplemented("greater_equal")
+
+    def equal(self, a: Array, b: Array) -> Array:
+        """a == b, a bool array."""
+        self._unimplemented("equal")
+
+    def not_equal(self, a: Array, b: Array) -> Array:
+        """a != b, a bool array."""
+        self._unimplemented("not_equal")
+
+    # -- selection and casting ------------------------------------------------------------
+
+    def where(self, cond: Array, a: Array, b: Array) -> Array:
+        """a where cond is true, else b, broadcast together."""
+        self._unimplemented("where")
+
+    def clip(self, x: Array, lo: float | None, hi: float | None) -> Array:
+        """x limited to [lo, hi]; a None bound is no bound."""
+        self._unimplemented("clip")
+
+    def astype(self, x: Array, dtype: Any) -> Array:
+        """A copy of x converted to dtype."""
+        self._unimplemented("astype")
+
+    # -- reductions -----------------------------------------------------------------------
+
+    def reduce_sum(self, x: Array, axes: Shape, keepdims: bool) -> Array:
+        """Sum over axes; axes=() copies."""
+        self._unimplemented("reduce_sum")
+
+    def reduce_max(self, x: Array, axes: Shape, keepdims: bool) -> Array:
+        """Max over axes; axes=() copies; an empty reduced axis is an error."""
+        self._unimplemented("reduce_max")
+
+    # -- shapes and indexing --------------------------------------------------------------
+
+    def reshape(self, x: Array, shape: Shape) -> Array:
+        """x with a new shape of the same size (may be a view)."""
+        self._unimplemented("reshape")
+
+    def transpose(self, x: Array, axes: Shape) -> Array:
+        """x with its axes permuted by the full permutation `axes` (may be a view)."""
+        self._unimplemented("transpose")
+
+    def broadcast_to(self, x: Array, shape: Shape) -> Array:
+        """x broadcast to shape (may be a read-only view)."""
+        self._unimplemented("broadcast_to")
+
+    def sum_to_shape(self, x: Array, shape: Shape) -> Array:
+        """Sum a broadcast array back to `shape`: over leading extra dims and over dims
+        where `shape` has 1. The one place that undoes broadcasting."""
+        self._unimplemented("sum_to_shape")
+
+    def getitem(self, x: Array, index: Any) -> Array:
+        """x[index] for ints, slices, None, Ellipsis, int or bool arrays, or tuples of them."""
+        self._unimplemented("getitem")
+
+    def scatter_add(self, values: Array, index: Any, shape: Shape) -> Array:
+        """zeros(shape) with values added at index, repeated indices accumulating: the
+        adjoint of getitem."""
+        self._unimplemented("scatter_add")
+
+    def concatenate(self, arrays: list[Array] | tuple[Array, ...], axis: int) -> Array:
+        """Join arrays along an existing axis."""
+        self._unimplemented("concatenate")
+
+    def pad2d(self, x: Array, padding: Pair, value: float = 0.0) -> Array:
+        """Pad the last two axes by (ph, pw) on each side with value."""
+        self._unimplemented("pad2d")
+
+    # -- linear algebra and windows -------------------------------------------------------
+
+    def matmul(self, a: Array, b: Array) -> Array:
+        """Matrix product with NumPy's rules: 1-D operands, broadcast batch dims."""
+        self._unimplemented("matmul")
+
+    def conv2d(self, x: Array, w: Array, stride: Pair, padding: Pair) -> Array:
+        """Cross-correlation of x (N, C, H, W) with w (O, C, kh, kw), as PyTorch's conv2d
+        without bias or groups; returns (N, O, OH, OW)."""
+        self._unimplemented("conv2d")
+
+    def unfold2d(
+        self, x: Array, kernel: Pair, stride: Pair, padding: Pair, pad_value: float = 0.0
+    ) -> Array:
+        """The sliding windows of x (N, C, H, W) as (N, C, kh, kw, OH, OW) (im2col)."""
+        self._unimplemented("unfold2d")
+
+    def fold2d(
+        self, cols: Array, input_shape: Shape, kernel: Pair, stride: Pair, padding: Pair
+    ) -> Array:
+        """The adjoint of unfold2d: sum windows (N, C, kh, kw, OH, OW) back into
+        input_shape (N, C, H, W), overlaps added and padding cropped."""
+        self._unimplemented("fold2d")
+
+    def max_pool2d(self, x: Array, kernel: Pair, stride: Pair, padding: Pair) -> Array:
+        """Max over each window of x (N, C, H, W), padding counting as -inf."""
+        self._unimplemented("max_pool2d")
+
+    def avg_pool2d(self, x: Array, kernel: Pair, stride: Pair, padding: Pair) -> Array:
+        """Mean over each window, padding counted as zeros (count_include_pad=True)."""
+        self._unimplemented("avg_pool2d")
+
+    def softmax(self, x: Array, axis: int) -> Array:
+        """exp(x) / sum(exp(x)) along axis, with the max subtracted first."""
+        self._unimplemented("softmax")
+
+    def log_softmax(self, x: Array, axis: int) -> Array:
+        """x - logsumexp(x) along axis, with the max subtracted first."""
+        self._unimplemented("log_softmax")
+
+    # -- creation and transfer ------------------------------------------------------------
+
+    def asarray(self, data: Any, dtype: Any = None) -> Array:
+        """A new backend array holding a copy of data (nested lists, scalars, arrays)."""
+        self._unimplemented("asarray")
+
+    def zeros(self, shape: Shape, dtype: Any) -> Array:
+        """An array of zeros."""
+        self._unimplemented("zeros")
+
+    def ones(self, shape: Shape, dtype: Any) -> Array:
+        """An array of ones."""
+        self._unimplemented("ones")
+
+    def full(self, shape: Shape, value: Any, dtype: Any = None) -> Array:
+        """An array filled with value."""
+        self._unimplemented("full")
+
+    def arange(self, start: Any, stop: Any = None, step: Any = 1, dtype: Any = None) -> Array:
+        """Evenly spaced values in [start, stop), as np.arange."""
+        self._unimplemented("arange")
+
+    def to_numpy(self, x: Array) -> Any:
+        """x as a NumPy array (the array itself on the NumPy backends)."""
+        self._unimplemented("to_numpy")

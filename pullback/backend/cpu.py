@@ -1,0 +1,670 @@
+"""`CpuBackend`: every forward op in NumPy, deterministic, plus fused backward kernels.
+
+Elementwise work lives in module-level kernels `f(*arrays, out=...)` so that
+`ThreadedCpuBackend` can run the very same code on chunks; window ops live in conv.py.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from pullback.backend import conv
+from pullback.backend.backward_ops import BackwardOps, Grads, Needed
+from pullback.backend.base import Backend, Pair, Shape
+from pullback.backend.errors import KernelError
+
+# Python floats, not np.float64: NumPy 2 keeps f32 arrays f32 only for Python scalars.
+_SQRT1_2 = math.sqrt(0.5)
+_INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
+_SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+_GELU_CUBIC = 0.044715
+
+# erf(x) = x * P(x**2) for |x| < 2; erfc(x) = exp(-x**2) * Q(6/x - 2) for 2 <= |x| < 6
+# (erf is +-1 in f64 beyond). Least-squares Chebyshev fits to math.erf / math.erfc,
+# written highest power first; max error against math.erf below 2.3e-16 in f64.
+_ERF_SERIES = (
+    -4.5357453717597164e-15, 2.094654907251799e-13, -5.010109617527907e-12,
+    8.544054714813639e-11, -1.1958431371167904e-09, 1.4714312608702773e-08,
+    -1.6346558003477843e-07, 1.6459152531737893e-06, -1.4925318031303436e-05,
+    0.00012055306323839672, -0.0008548325546586643, 0.005223977571889455,
+    -0.02686617063347346, 0.11283791670824264, -0.3761263890317826, 1.1283791670955123,
+)
+_ERFC_TAIL = (
+    -1.670312537569491e-11, -2.255675220571118e-11, 4.580885298725189e-10,
+    -1.83699546363336e-09, 2.700931076793225e-09, 1.7885760582375427e-08,
+    -1.65794524536511e-07, 6.468359321973223e-07, -9.983117352035056e-08,
+    -1.7340697649370626e-05, 0.00012459325318721473, -0.00023215792027435583,
+    -0.005039359895673376, 0.08155839001076633, 0.17900115118138998,
+)
+
+
+# -- elementwise kernels: f(*arrays, out=...); out=... asks NumPy for an array, even 0-d ----
+
+
+def _horner(t: np.ndarray, coeffs: tuple[float, ...]) -> np.ndarray:
+    acc = np.multiply(t, coeffs[0], out=...)
+    for c in coeffs[1:-1]:
+        acc += c
+        acc *= t
+    acc += coeffs[-1]
+    return acc
+
+
+def erf_kernel(x: np.ndarray, out: Any = ...) -> np.ndarray:
+    # The tail is read before `out` is written, so out may alias x.
+    tail = np.abs(x) >= 2.0
+    tail_values = None
+    if tail.any():
+        xt = x[tail]
+        at = np.abs(xt)
+        q = _horner(np.divide(6.0, np.minimum(at, 6.0)) - 2.0, _ERFC_TAIL)
+        at *= at
+        np.negative(at, out=at)
+        np.exp(at, out=at)
+        at *= q
+        tail_values = np.copysign(np.subtract(1.0, at, out=at), xt, out=at)
+    t = np.multiply(x, x, out=...)
+    np.minimum(t, 4.0, out=t)  # keeps the series bounded where the tail overwrites it
+    out = np.multiply(_horner(t, _ERF_SERIES), x, out=out)
+    if tail_values is not None:
+        out[tail] = tail_values
+    return out
+
+
+def log_kernel(x: np.ndarray, out: Any = ...) -> np.ndarray:
+    with np.errstate(divide="ignore"):
+        return np.log(x, out=out)
+
+
+def relu_kernel(x: np.ndarray, out: Any = ...) -> np.ndarray:
+    return np.maximum(x, 0, out=out)
+
+
+def sigmoid_kernel(x: np.ndarray, out: Any = ...) -> np.ndarray:
+    out = np.negative(x, out=out)
+    # e**-x overflows to inf for very negative x, and 1 / (1 + inf) is the right 0.
+    with np.errstate(over="ignore"):
+        np.exp(out, out=out)
+    out += 1
+    return np.reciprocal(out, out=out)
+
+
+def silu_kernel(x: np.ndarray, out: Any = ...) -> np.ndarray:
+    out = sigmoid_kernel(x, out)
+    return np.multiply(out, x, out=out)
+
+
+def softplus_kernel(x: np.ndarray, out: Any = ...) -> np.ndarray:
+    # max(x, 0) + log1p(e**-|x|): no overflow, and exact in both tails.
+    tail = np.abs(x, out=...)
+    np.negative(tail, out=tail)
+    np.exp(tail, out=tail)
+    np.log1p(tail, out=tail)
+    out = np.maximum(x, 0, out=out)
+    return np.add(out, tail, out=out)
+
+
+def gelu_kernel(x: np.ndarray, out: Any = ...) -> np.ndarray:
+    out = erf_kernel(np.multiply(x, _SQRT1_2, out=...), out)
+    out += 1
+    out *= x
+    out *= 0.5
+    return out
+
+
+def gelu_tanh_kernel(x: np.ndarray, out: Any = ...) -> np.ndarray:
+    inner = np.multiply(x, x, out=...)
+    inner *= _GELU_CUBIC
+    inner += 1
+    inner *= x
+    inner *= _SQRT_2_OVER_PI
+    np.tanh(inner, out=inner)
+    inner += 1
+    out = np.multiply(x, 0.5, out=out)
+    out *= inner
+    return out
+
+
+def relu_backward_kernel(upstream: np.ndarray, x: np.ndarray, out: Any = ...) -> np.ndarray:
+    # A multiply by the mask: np.where on a random mask is ten times slower.
+    return np.multiply(upstream, np.greater(x, 0), out=out)
+
+
+def sigmoid_backward_kernel(upstream: np.ndarray, y: np.ndarray, out: Any = ...) -> np.ndarray:
+    out = np.subtract(1, y, out=out)
+    out *= y
+    out *= upstream
+    return out
+
+
+def tanh_backward_kernel(upstream: np.ndarray, y: np.ndarray, out: Any = ...) -> np.ndarray:
+    out = np.multiply(y, y, out=out)
+    np.subtract(1, out, out=out)
+    out *= upstream
+    return out
+
+
+def sqrt_backward_kernel(upstream: np.ndarray, y: np.ndarray, out: Any = ...) -> np.ndarray:
+    out = np.multiply(y, 2, out=out)
+    return np.divide(upstream, out, out=out)
+
+
+def abs_backward_kernel(upstream: np.ndarray, x: np.ndarray, out: Any = ...) -> np.ndarray:
+    return np.multiply(upstream, np.sign(x), out=out)
+
+
+def silu_backward_kernel(upstream: np.ndarray, x: np.ndarray, out: Any = ...) -> np.ndarray:
+    s = sigmoid_kernel(x)
+    slope = np.subtract(1, s, out=...)
+    slope *= x
+    slope += 1
+    slope *= s
+    return np.multiply(upstream, slope, out=out)
+
+
+def softplus_backward_kernel(upstream: np.ndarray, x: np.ndarray, out: Any = ...) -> np.ndarray:
+    return np.multiply(upstream, sigmoid_kernel(x), out=out)
+
+
+def gelu_backward_kernel(upstream: np.ndarray, x: np.ndarray, out: Any = ...) -> np.ndarray:
+    cdf = erf_kernel(np.multiply(x, _SQRT1_2, out=...))
+    cdf += 1
+    cdf *= 0.5
+    pdf = np.multiply(x, x, out=...)
+    pdf *= -0.5
+    np.exp(pdf, out=pdf)
+    pdf *= _INV_SQRT_2PI
+    pdf *= x
+    cdf += pdf
+    return np.multiply(upstream, cdf, out=out)
+
+
+def gelu_tanh_backward_kernel(
+    upstream: np.ndarray, x: np.ndarray, out: Any = ...
+) -> np.ndarray:
+    x2 = np.multiply(x, x, out=...)
+    t = np.multiply(x2, _GELU_CUBIC, out=...)
+    t += 1
+    t *= x
+    t *= _SQRT_2_OVER_PI
+    np.tanh(t, out=t)
+    x2 *= 3 * _GELU_CUBIC  # now d(inner)/dx / sqrt(2/pi) - 1
+    x2 += 1
+    x2 *= _SQRT_2_OVER_PI
+    right = np.multiply(t, t, out=...)
+    np.subtract(1, right, out=right)
+    right *= x2
+    right *= x
+    t += 1
+    t += right
+    t *= 0.5
+    return np.multiply(upstream, t, out=out)
+
+
+def softmax_kernel(x: np.ndarray, axis: int, out: Any = ...) -> np.ndarray:
+    out = np.subtract(x, np.max(x, axis=axis, keepdims=True), out=out)
+    np.exp(out, out=out)
+    out /= np.sum(out, axis=axis, keepdims=True)
+    return out
+
+
+def log_softmax_kernel(x: np.ndarray, axis: int, out: Any = ...) -> np.ndarray:
+    out = np.subtract(x, np.max(x, axis=axis, keepdims=True), out=out)
+    total = np.sum(np.exp(out), axis=axis, keepdims=True)
+    out -= np.log(total, out=total)
+    return out
+
+
+def softmax_backward_kernel(
+    upstream: np.ndarray, y: np.ndarray, axis: int, out: Any = ...
+) -> np.ndarray:
+    dot = np.sum(np.multiply(upstream, y), axis=axis, keepdims=True)
+    out = np.subtract(upstream, dot, out=out)
+    out *= y
+    return out
+
+
+def log_softmax_backward_kernel(
+    upstream: np.ndarray, y: np.ndarray, axis: int, out: Any = ...
+) -> np.ndarray:
+    total = np.sum(upstream, axis=axis, keepdims=True)
+    e = np.exp(y)
+    e *= total
+    return np.subtract(upstream, e, out=out)
+
+
+# -- method factories: one NumPy call behind one check, errors translated --------------------
+
+
+def float_check(op: str, x: Any) -> None:
+    if x.dtype.kind != "f":
+        raise KernelError(op, [x], "expected a floating dtype")
+
+
+def binary_error(op: str, a: Any, b: Any, exc: Exception) -> KernelError:
+    try:
+        np.broadcast_shapes(np.shape(a), np.shape(b))
+    except ValueError:
+        return KernelError(op, [a, b], "shapes cannot be broadcast together")
+    return KernelError(op, [a, b], f"operands rejected: {exc}")
+
+
+def _named(op: str, method: Callable) -> Callable:
+    method.__name__ = method.__qualname__ = op
+    method.__doc__ = getattr(Backend, op).__doc__
+    return method
+
+
+def _float_unary(op: str, kernel: Callable) -> Callable:
+    def method(self: Any, x: np.ndarray) -> np.ndarray:
+        if x.dtype.kind != "f":
+            raise KernelError(op, [x], "expected a floating dtype")
+        return kernel(x)
+
+    return _named(op, method)
+
+
+def _any_unary(op: str, ufunc: np.ufunc) -> Callable:
+    def method(self: Any, x: np.ndarray) -> np.ndarray:
+        try:
+            return ufunc(x, out=...)
+        except TypeError:
+            raise KernelError(op, [x], f"unsupported dtype {x.dtype}") from None
+
+    return _named(op, method)
+
+
+def _binary(op: str, ufunc: np.ufunc) -> Callable:
+    def method(self: Any, a: Any, b: Any) -> np.ndarray:
+        try:
+            return ufunc(a, b, out=...)
+        except (ValueError, TypeError) as exc:
+            raise binary_error(op, a, b, exc) from None
+
+    return _named(op, method)
+
+
+def has_int_array(index: Any) -> bool:
+    """Whether an index holds integer arrays (advanced indexing that may repeat)."""
+    items = index if isinstance(index, tuple) else (index,)
+    return any(
+        isinstance(i, (np.ndarray, list)) and np.asarray(i).dtype.kind in "iu" for i in items
+    )
+
+
+def describe_index(index: Any) -> str:
+    items = index if isinstance(index, tuple) else (index,)
+    text = [
+        f"array{tuple(i.shape)}:{i.dtype}" if isinstance(i, np.ndarray) else repr(i) for i in items
+    ]
+    return f"[{', '.join(text)}]"
+
+
+def _matmul_reason(a: Any, b: Any) -> str:
+    sa, sb = np.shape(a), np.shape(b)
+    if not sa or not sb:
+        return "operands must have at least one dimension"
+    inner_a, inner_b = sa[-1], (sb[0] if len(sb) == 1 else sb[-2])
+    if inner_a != inner_b:
+        return f"inner dimensions {inner_a} and {inner_b} differ"
+    return f"batch dimensions {sa[:-2]} and {sb[:-2]} cannot be broadcast together"
+
+
+class CpuBackend(BackwardOps, Backend):
+    """NumPy on the calling thread; deterministic. f32 stays f32."""
+
+    name = "cpu"
+
+    neg = _any_unary("neg", np.negative)
+    abs = _any_unary("abs", np.absolute)
+    sign = _any_unary("sign", np.sign)
+    exp = _float_unary("exp", np.exp)
+    log = _float_unary("log", log_kernel)
+    sqrt = _float_unary("sqrt", np.sqrt)
+    relu = _float_unary("relu", relu_kernel)
+    sigmoid = _float_unary("sigmoid", sigmoid_kernel)
+    tanh = _float_unary("tanh", np.tanh)
+    silu = _float_unary("silu", silu_kernel)
+    softplus = _float_unary("softplus", softplus_kernel)
+    erf = _float_unary("erf", erf_kernel)
+
+    def gelu(self, x: np.ndarray, approximate: str = "none") -> np.ndarray:
+        return gelu_kernel_for("gelu", x, approximate)(x)
+
+    add = _binary("add", np.add)
+    sub = _binary("sub", np.subtract)
+    mul = _binary("mul", np.multiply)
+    div = _binary("div", np.true_divide)
+    pow = _binary("pow", np.power)
+    maximum = _binary("maximum", np.maximum)
+    minimum = _binary("minimum", np.minimum)
+    less = _binary("less", np.less)
+    less_equal = _binary("less_equal", np.less_equal)
+    greater = _binary("greater", np.greater)
+    greater_equal = _binary("greater_equal", np.greater_equal)
+    equal = _binary("equal", np.equal)
+    not_equal = _binary("not_equal", np.not_equal)
+
+    def where(self, cond: Any, a: Any, b: Any) -> np.ndarray:
+        try:
+            return np.where(cond, a, b)
+        except (ValueError, TypeError):
+            raise KernelError(
+                "where", [cond, a, b], "shapes cannot be broadcast together"
+            ) from None
+
+    def clip(self, x: np.ndarray, lo: float | None, hi: float | None) -> np.ndarray:
+        if lo is None and hi is None:
+            return x.copy()
+        try:
+            return np.clip(x, lo, hi, out=...)
+        except (ValueError, TypeError) as exc:
+            raise KernelError("clip", [x], f"cannot clip to [{lo}, {hi}]: {exc}") from None
+
+    def astype(self, x: np.ndarray, dtype: Any) -> np.ndarray:
+        try:
+            return x.astype(dtype)
+        except (ValueError, TypeError) as exc:
+            raise KernelError("astype", [x], f"cannot convert to {dtype!r}: {exc}") from None
+
+    def reduce_sum(self, x: np.ndarray, axes: Shape, keepdims: bool) -> np.ndarray:
+        try:
+            return np.add.reduce(x, axis=axes, keepdims=keepdims, out=...)
+        except (ValueError, TypeError) as exc:
+            raise KernelError("reduce_sum", [x], _axes_reason(x, axes, exc)) from None
+
+    def reduce_max(self, x: np.ndarray, axes: Shape, keepdims: bool) -> np.ndarray:
+        try:
+            return np.maximum.reduce(x, axis=axes, keepdims=keepdims, out=...)
+        except (ValueError, TypeError) as exc:
+            raise KernelError("reduce_max", [x], _axes_reason(x, axes, exc)) from None
+
+    def reshape(self, x: np.ndarray, shape: Shape) -> np.ndarray:
+        try:
+            return np.reshape(x, shape)
+        except (ValueError, TypeError):
+            raise KernelError(
+                "reshape", [x], f"cannot reshape {x.size} elements into shape {tuple(shape)}"
+            ) from None
+
+    def transpose(self, x: np.ndarray, axes: Shape) -> np.ndarray:
+        if len(axes) != x.ndim:
+            raise KernelError("transpose", [x], f"axes {tuple(axes)} do not match {x.ndim} dims")
+        try:
+            return np.transpose(x, axes)
+        except (ValueError, TypeError):
+            raise KernelError(
+                "transpose", [x], f"axes {tuple(axes)} are not a permutation of {x.ndim} dims"
+            ) from None
+
+    def broadcast_to(self, x: np.ndarray, shape: Shape) -> np.ndarray:
+        try:
+            return np.broadcast_to(x, shape)
+        except (ValueError, TypeError):
+            raise KernelError(
+                "broadcast_to", [x], f"cannot broadcast to shape {tuple(shape)}"
+            ) from None
+
+    def sum_to_shape(self, x: np.ndarray, shape: Shape) -> np.ndarray:
+        shape = tuple(shape)
+        if x.shape == shape:
+            return x.copy()
+        lead = x.ndim - len(shape)
+        if lead < 0 or any(s not in (1, d) for s, d in zip(shape, x.shape[lead:], strict=True)):
+            raise KernelError("sum_to_shape", [x], f"cannot sum to shape {shape}")
+        axes = tuple(range(lead)) + tuple(
+            lead + i for i, s in enumerate(shape) if s == 1 and x.shape[lead + i] != 1
+        )
+        return np.reshape(self.reduce_sum(x, axes, True), shape)
+
+    def getitem(self, x: np.ndarray, index: Any) -> np.ndarray:
+        try:
+            result = x[index]
+        except (IndexError, ValueError, TypeError) as exc:
+            reason = f"invalid index {describe_index(index)}: {exc}"
+            raise KernelError("getitem", [x], reason) from None
+        if not isinstance(result, np.ndarray):
+            return np.array(result)
+        return result.copy() if np.may_share_memory(result, x) else result
+
+    def scatter_add(self, values: np.ndarray, index: Any, shape: Shape) -> np.ndarray:
+        out = np.zeros(shape, dtype=values.dtype)
+        try:
+            if has_int_array(index):
+                np.add.at(out, index, values)  # repeated indices accumulate
+            else:
+                out[index] = values
+        except (IndexError, ValueError, TypeError) as exc:
+            raise KernelError(
+                "scatter_add", [values],
+                f"cannot add at {describe_index(index)} into shape {tuple(shape)}: {exc}",
+            ) from None
+        return out
+
+    def concatenate(self, arrays: list | tuple, axis: int) -> np.ndarray:
+        try:
+            return np.concatenate(arrays, axis=axis)
+        except (ValueError, TypeError) as exc:
+            raise KernelError(
+                "concatenate", list(arrays), f"cannot join along axis {axis}: {exc}"
+            ) from None
+
+    def pad2d(self, x: np.ndarray, padding: Pair, value: float = 0.0) -> np.ndarray:
+        if x.ndim < 2:
+            raise KernelError("pad2d", [x], "expected at least 2 dims")
+        ph, pw = padding
+        if ph < 0 or pw < 0:
+            raise KernelError("pad2d", [x], f"padding {tuple(padding)} must be non-negative")
+        try:
+            return conv.pad(x, (ph, pw), value) if ph or pw else x.copy()
+        except (ValueError, TypeError, OverflowError) as exc:
+            raise KernelError("pad2d", [x], f"cannot pad with {value!r}: {exc}") from None
+
+    def matmul(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        try:
+            return np.matmul(a, b, out=...)
+        except (ValueError, TypeError):
+            raise KernelError("matmul", [a, b], _matmul_reason(a, b)) from None
+
+    def conv2d(self, x: np.ndarray, w: np.ndarray, stride: Pair, padding: Pair) -> np.ndarray:
+        return conv.conv2d(x, w, stride, padding)
+
+    def unfold2d(
+        self, x: np.ndarray, kernel: Pair, stride: Pair, padding: Pair, pad_value: float = 0.0
+    ) -> np.ndarray:
+        kernel, stride, padding, out_hw = conv.check_windows("unfold2d", x, kernel, stride, padding)
+        return conv.unfold(x, kernel, stride, padding, out_hw, pad_value)
+
+    def fold2d(
+        self, cols: np.ndarray, input_shape: Shape, kernel: Pair, stride: Pair, padding: Pair
+    ) -> np.ndarray:
+        if cols.ndim != 6 or len(input_shape) != 4:
+            raise KernelError("fold2d", [cols], "expected (N, C, kh, kw, OH, OW) windows")
+        probe = np.broadcast_to(np.empty((), cols.dtype), tuple(input_shape))
+        kernel, stride, padding, out_hw = conv.check_windows(
+            "fold2d", probe, kernel, stride, padding, [cols]
+        )
+        expected = (*input_shape[:2], *kernel, *out_hw)
+        if cols.shape != expected:
+            raise KernelError("fold2d", [cols], f"expected windows of shape {expected}")
+        return conv.fold(cols, input_shape, kernel, stride, padding)
+
+    def max_pool2d(self, x: np.ndarray, kernel: Pair, stride: Pair, padding: Pair) -> np.ndarray:
+        return conv.max_pool2d(x, kernel, stride, padding)
+
+    def avg_pool2d(self, x: np.ndarray, kernel: Pair, stride: Pair, padding: Pair) -> np.ndarray:
+        return conv.avg_pool2d(x, kernel, stride, padding)
+
+    def softmax(self, x: np.ndarray, axis: int) -> np.ndarray:
+        return rowwise_op("softmax", softmax_kernel, x, axis)
+
+    def log_softmax(self, x: np.ndarray, axis: int) -> np.ndarray:
+        return rowwise_op("log_softmax", log_softmax_kernel, x, axis)
+
+    def asarray(self, data: Any, dtype: Any = None) -> np.ndarray:
+        try:
+            return np.array(data, dtype=dtype)
+        except (ValueError, TypeError) as exc:
+            raise KernelError("asarray", [], f"cannot make an array: {exc}") from None
+
+    def zeros(self, shape: Shape, dtype: Any) -> np.ndarray:
+        return np.zeros(shape, dtype=dtype)
+
+    def ones(self, shape: Shape, dtype: Any) -> np.ndarray:
+        return np.ones(shape, dtype=dtype)
+
+    def full(self, shape: Shape, value: Any, dtype: Any = None) -> np.ndarray:
+        return np.full(shape, value, dtype=dtype)
+
+    def arange(self, start: Any, stop: Any = None, step: Any = 1, dtype: Any = None) -> np.ndarray:
+        return np.arange(start, stop, step, dtype=dtype)
+
+    def to_numpy(self, x: np.ndarray) -> np.ndarray:
+        return x
+
+    # -- fused backward kernels ------------------------------------------------------------
+
+    def relu_backward(self, upstream: np.ndarray, forward_input: np.ndarray) -> np.ndarray:
+        return relu_backward_kernel(upstream, forward_input)
+
+    def sigmoid_backward(self, upstream: np.ndarray, forward_output: np.ndarray) -> np.ndarray:
+        return sigmoid_backward_kernel(upstream, forward_output)
+
+    def tanh_backward(self, upstream: np.ndarray, forward_output: np.ndarray) -> np.ndarray:
+        return tanh_backward_kernel(upstream, forward_output)
+
+    def exp_backward(self, upstream: np.ndarray, forward_output: np.ndarray) -> np.ndarray:
+        return np.multiply(upstream, forward_output, out=...)
+
+    def log_backward(self, upstream: np.ndarray, forward_input: np.ndarray) -> np.ndarray:
+        return np.divide(upstream, forward_input, out=...)
+
+    def sqrt_backward(self, upstream: np.ndarray, forward_output: np.ndarray) -> np.ndarray:
+        return sqrt_backward_kernel(upstream, forward_output)
+
+    def abs_backward(self, upstream: np.ndarray, forward_input: np.ndarray) -> np.ndarray:
+        return abs_backward_kernel(upstream, forward_input)
+
+    def silu_backward(self, upstream: np.ndarray, forward_input: np.ndarray) -> np.ndarray:
+        return silu_backward_kernel(upstream, forward_input)
+
+    def softplus_backward(self, upstream: np.ndarray, forward_input: np.ndarray) -> np.ndarray:
+        return softplus_backward_kernel(upstream, forward_input)
+
+    def gelu_backward(
+        self, upstream: np.ndarray, forward_input: np.ndarray, approximate: str = "none"
+    ) -> np.ndarray:
+        kernel = gelu_backward_kernel if approximate != "tanh" else gelu_tanh_backward_kernel
+        return kernel(upstream, forward_input)
+
+    def softmax_backward(
+        self, upstream: np.ndarray, forward_output: np.ndarray, axis: int
+    ) -> np.ndarray:
+        return softmax_backward_kernel(upstream, forward_output, axis)
+
+    def log_softmax_backward(
+        self, upstream: np.ndarray, forward_output: np.ndarray, axis: int
+    ) -> np.ndarray:
+        return log_softmax_backward_kernel(upstream, forward_output, axis)
+
+    def reduce_sum_backward(
+        self, upstream: np.ndarray, input_shape: Shape, axes: Shape, keepdims: bool
+    ) -> np.ndarray:
+        out = np.empty(input_shape, dtype=upstream.dtype)
+        np.copyto(out, self._unreduce(upstream, input_shape, axes, keepdims))
+        return out
+
+    def reduce_max_backward(
+        self, upstream: np.ndarray, forward_input: np.ndarray, forward_output: np.ndarray,
+        axes: Shape, keepdims: bool,
+    ) -> np.ndarray:
+        shape = forward_input.shape
+        mask = np.equal(forward_input, self._unreduce(forward_output, shape, axes, keepdims))
+        count = np.add.reduce(mask, axis=axes, keepdims=True).astype(upstream.dtype)
+        share = np.divide(self._unreduce(upstream, shape, axes, keepdims), count, out=count)
+        return np.multiply(mask, share, out=...)
+
+    def matmul_backward(
+        self, upstream: np.ndarray, lhs: np.ndarray, rhs: np.ndarray,
+        needed: Needed = (True, True),
+    ) -> Grads:
+        a = lhs if lhs.ndim > 1 else lhs[None, :]
+        b = rhs if rhs.ndim > 1 else rhs[:, None]
+        u = upstream if rhs.ndim > 1 else upstream[..., None]
+        if lhs.ndim == 1:
+            u = u[..., None, :]
+        grad_lhs = grad_rhs = None
+        if needed[0]:
+            full = np.matmul(u, np.swapaxes(b, -1, -2))
+            grad_lhs = self.sum_to_shape(full, a.shape).reshape(lhs.shape)
+        if needed[1]:
+            if b.ndim == 2 and a.ndim > 2 and a.shape[:-2] == u.shape[:-2]:
+                # A shared weight: one GEMM over all batch rows instead of a batch then a sum.
+                full = a.reshape(-1, a.shape[-1]).T @ u.reshape(-1, u.shape[-1])
+                grad_rhs = full.reshape(rhs.shape)
+            else:
+                full = np.matmul(np.swapaxes(a, -1, -2), u)
+                grad_rhs = self.sum_to_shape(full, b.shape).reshape(rhs.shape)
+        return grad_lhs, grad_rhs
+
+    def conv2d_input_backward(
+        self, upstream: np.ndarray, weight: np.ndarray, input_shape: Shape, stride: Pair,
+        padding: Pair,
+    ) -> np.ndarray:
+        return conv.conv2d_input_backward(upstream, weight, input_shape, stride, padding)
+
+    def conv2d_weight_backward(
+        self, upstream: np.ndarray, forward_input: np.ndarray, weight_shape: Shape,
+        stride: Pair, padding: Pair,
+    ) -> np.ndarray:
+        return conv.conv2d_weight_backward(upstream, forward_input, weight_shape, stride, padding)
+
+    def conv2d_bias_backward(self, upstream: np.ndarray) -> np.ndarray:
+        return np.add.reduce(upstream, axis=(0, 2, 3))
+
+    def max_pool2d_backward(
+        self, upstream: np.ndarray, forward_input: np.ndarray, forward_output: np.ndarray,
+        kernel: Pair, stride: Pair, padding: Pair,
+    ) -> np.ndarray:
+        return conv.max_pool2d_backward(
+            upstream, forward_input, forward_output, kernel, stride, padding
+        )
+
+    def avg_pool2d_backward(
+        self, upstream: np.ndarray, input_shape: Shape, kernel: Pair, stride: Pair,
+        padding: Pair,
+    ) -> np.ndarray:
+        return conv.avg_pool2d_backward(upstream, input_shape, kernel, stride, padding)
+
+
+def gelu_kernel_for(op: str, x: np.ndarray, approximate: str) -> Callable:
+    """The gelu kernel for `approximate`, after checking x and the mode."""
+    if x.dtype.kind != "f":
+        raise KernelError(op, [x], "expected a floating dtype")
+    if approximate == "none":
+        return gelu_kernel
+    if approximate == "tanh":
+        return gelu_tanh_kernel
+    raise KernelError(op, [x], f"approximate must be 'none' or 'tanh', not {approximate!r}")
+
+
+def rowwise_op(op: str, kernel: Callable, x: np.ndarray, axis: int) -> np.ndarray:
+    if x.dtype.kind != "f":
+        raise KernelError(op, [x], "expected a floating dtype")
+    try:
+        return kernel(x, axis)
+    except ValueError as exc:
+        raise KernelError(op, [x], _axes_reason(x, (axis,), exc)) from None
+
+
+def _axes_reason(x: np.ndarray, axes: Any, exc: Exception) -> str:
+    axes = axes if isinstance(axes, tuple) else (axes,)
+    if any(not -x.ndim <= a < x.ndim for a in axes):
+        return f"axes {axes} are out of range for {x.ndim} dims"
+    if x.size == 0:
+        return f"cannot reduce over an empty axis among {axes}"
+    return f"cannot reduce over axes {axes}: {exc}"

@@ -1,0 +1,113 @@
+"""The primitive set: each primitive's shape rule, forward, and derivative rules.
+
+The functions here accept tensors, NumPy arrays and Python scalars and return
+what the installed evaluator makes of them (tensors, under `pullback.tensor`).
+`PRIMITIVES` maps each primitive's public name to its declaration.
+"""
+
+from ..ad import set_tangent_add
+from .conv import avg_pool2d, conv2d, fold2d, max_pool2d, unfold2d
+from .elementwise import (
+    abs,
+    add,
+    add_p,
+    astype,
+    clip,
+    div,
+    equal,
+    erf,
+    exp,
+    gelu,
+    greater,
+    greater_equal,
+    less,
+    less_equal,
+    log,
+    maximum,
+    minimum,
+    mul,
+    neg,
+    not_equal,
+    pow,
+    relu,
+    sigmoid,
+    sign,
+    silu,
+    softplus,
+    sqrt,
+    sub,
+    tanh,
+    where,
+)
+from .linalg import matmul
+from .reduce import log_softmax, max, mean, softmax, sum
+from .registry import PRIMITIVES, declare
+from .shape import (
+    broadcast_to,
+    concatenate,
+    getitem,
+    pad2d,
+    reshape,
+    scatter_add,
+    stack,
+    sum_to_shape,
+    swap_last,
+    transpose,
+)
+
+set_tangent_add(add_p)
+
+__all__ = [
+    "PRIMITIVES",
+    "abs",
+    "add",
+    "astype",
+    "avg_pool2d",
+    "broadcast_to",
+    "clip",
+    "concatenate",
+    "conv2d",
+    "declare",
+    "div",
+    "equal",
+    "erf",
+    "exp",
+    "fold2d",
+    "gelu",
+    "getitem",
+    "greater",
+    "greater_equal",
+    "less",
+    "less_equal",
+    "log",
+    "log_softmax",
+    "matmul",
+    "max",
+    "max_pool2d",
+    "maximum",
+    "mean",
+    "minimum",
+    "mul",
+    "neg",
+    "not_equal",
+    "pad2d",
+    "pow",
+    "relu",
+    "reshape",
+    "scatter_add",
+    "sigmoid",
+    "sign",
+    "silu",
+    "softmax",
+    "softplus",
+    "sqrt",
+    "stack",
+    "sub",
+    "sum",
+    "sum_to_shape",
+    "swap_last",
+    "tanh",
+    "transpose",
+    "unfold2d",
+    "where",
+]

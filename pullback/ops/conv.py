@@ -1,0 +1,241 @@
+"""2-D convolution and pooling (NCHW, weights OIHW, as PyTorch).
+
+conv2d is bilinear; its transposes are written with unfold2d (im2col), fold2d
+(its adjoint) and matmul, so that every derivative of a convolution is itself
+differentiable. max_pool2d's tangent selects the first maximum of each
+window, as PyTorch's backward does.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..ad import defbilinear, defjvp, deflinear, defvjp
+from ..backend.current import get_backend
+from ..backend.errors import KernelError
+from .elementwise import add, astype, equal, mul
+from .linalg import matmul
+from .reduce import max as reduce_max
+from .reduce import sum as reduce_sum
+from .registry import declare, dtype_of, is_float, shape_of
+from .shape import broadcast_to, reshape, swap_last, transpose
+
+
+def pair(op: str, value: Any, name: str) -> tuple[int, int]:
+    """An int or a pair of ints as a pair, or a KernelError naming the op and argument."""
+    pair_ = (value, value) if isinstance(value, int) else tuple(value)
+    if len(pair_) != 2 or not all(isinstance(v, int) for v in pair_):
+        raise KernelError(op, (), f"{name} must be an int or a pair of ints, not {value!r}")
+    return pair_
+
+
+def _out_size(op: str, operands: tuple, size: int, k: int, s: int, p: int) -> int:
+    if s < 1 or p < 0:
+        raise KernelError(op, operands, f"stride must be >= 1 and padding >= 0, not {s} and {p}")
+    if size + 2 * p < k:
+        raise KernelError(op, operands, f"kernel size {k} exceeds the padded input size {size + 2 * p}")
+    return (size + 2 * p - k) // s + 1
+
+
+def _window_shape(op: str, x: Any, kernel: tuple, stride: tuple, padding: tuple) -> tuple:
+    shape = shape_of(x)
+    if len(shape) != 4:
+        raise KernelError(op, (x,), "expected a 4-D input (N, C, H, W)")
+    if not is_float(dtype_of(x)):
+        raise KernelError(op, (x,), "expected a floating dtype")
+    oh = _out_size(op, (x,), shape[2], kernel[0], stride[0], padding[0])
+    ow = _out_size(op, (x,), shape[3], kernel[1], stride[1], padding[1])
+    return oh, ow
+
+
+# ---------------------------------------------------------------- im2col and its adjoint
+
+
+def _unfold_shape(x: Any, kernel: tuple, stride: tuple, padding: tuple, pad_value: float) -> tuple:
+    oh, ow = _window_shape("unfold2d", x, kernel, stride, padding)
+    n, c = shape_of(x)[:2]
+    return (n, c, *kernel, oh, ow), dtype_of(x)
+
+
+unfold2d_p = declare(
+    "unfold2d",
+    lambda backend, x, kernel, stride, padding, pad_value: backend.unfold2d(
+        x, kernel, stride, padding, pad_value),
+    _unfold_shape,
+)
+
+
+def unfold2d(x: Any, kernel: tuple, stride: tuple, padding: tuple, pad_value: float = 0.0) -> Any:
+    """Sliding windows as (N, C, kh, kw, OH, OW)."""
+    return unfold2d_p.bind(x, kernel=kernel, stride=stride, padding=padding, pad_value=pad_value)
+
+
+def _fold_shape(cols: Any, input_shape: tuple, kernel: tuple, stride: tuple, padding: tuple) -> tuple:
+    return tuple(input_shape), dtype_of(cols)
+
+
+fold2d_p = declare(
+    "fold2d",
+    lambda backend, cols, input_shape, kernel, stride, padding: backend.fold2d(
+        cols, input_shape, kernel, stride, padding),
+    _fold_shape,
+)
+
+
+def fold2d(cols: Any, input_shape: tuple, kernel: tuple, stride: tuple, padding: tuple) -> Any:
+    """Sum windows (N, C, kh, kw, OH, OW) back into an input of `input_shape`."""
+    return fold2d_p.bind(cols, input_shape=tuple(input_shape), kernel=kernel, stride=stride,
+                         padding=padding)
+
+
+deflinear(unfold2d_p, lambda ct, x, kernel, stride, padding, pad_value: (
+    fold2d(ct, x.shape, kernel, stride, padding),))
+# The tangent of a window of padding is zero whatever the padding value.
+defjvp(unfold2d_p, lambda t, out, x, kernel, stride, padding, pad_value: unfold2d(
+    t, kernel, stride, padding))
+deflinear(fold2d_p, lambda ct, cols, input_shape, kernel, stride, padding: (
+    unfold2d(ct, kernel, stride, padding),))
+
+# ---------------------------------------------------------------- convolution
+
+
+def _conv_shape(x: Any, w: Any, stride: tuple, padding: tuple) -> tuple:
+    sx, sw = shape_of(x), shape_of(w)
+    if len(sx) != 4 or len(sw) != 4:
+        raise KernelError("conv2d", (x, w), "expected a 4-D input (N, C, H, W) and 4-D weight (O, C, kh, kw)")
+    if sx[1] != sw[1]:
+        raise KernelError("conv2d", (x, w), f"weight has {sw[1]} input channels but input has {sx[1]}")
+    if str(dtype_of(x)) != str(dtype_of(w)) or not is_float(dtype_of(x)):
+        raise KernelError("conv2d", (x, w), "input and weight must share one floating dtype")
+    oh, ow = _window_shape("conv2d", x, sw[2:], stride, padding)
+    return (sx[0], sw[0], oh, ow), dtype_of(x)
+
+
+conv2d_p = declare(
+    "conv2d",
+    lambda backend, x, w, stride, padding: backend.conv2d(x, w, stride, padding),
+    _conv_shape,
+)
+
+
+def _conv_transpose_input(ct: Any, x: Any, w: Any, stride: tuple, padding: tuple) -> Any:
+    n, c, _, _ = shape_of(x)
+    o, _, kh, kw = shape_of(w)
+    oh, ow = shape_of(ct)[2:]
+    cols = matmul(swap_last(reshape(w, (o, c * kh * kw))), reshape(ct, (n, o, oh * ow)))
+    return fold2d(reshape(cols, (n, c, kh, kw, oh, ow)), shape_of(x), (kh, kw), stride, padding)
+
+
+def _conv_transpose_weight(ct: Any, x: Any, w: Any, stride: tuple, padding: tuple) -> Any:
+    n, c, _, _ = shape_of(x)
+    o, _, kh, kw = shape_of(w)
+    oh, ow = shape_of(ct)[2:]
+    cols = transpose(unfold2d(x, (kh, kw), stride, padding), (1, 2, 3, 0, 4, 5))
+    cols = reshape(cols, (c * kh * kw, n * oh * ow))
+    ct_rows = reshape(transpose(ct, (1, 0, 2, 3)), (o, n * oh * ow))
+    return reshape(matmul(ct_rows, swap_last(cols)), shape_of(w))
+
+
+defbilinear(conv2d_p, _conv_transpose_input, _conv_transpose_weight)
+
+
+def _conv_vjp(be: Any, g: Any, n: Any) -> tuple:
+    x, w = n.inputs
+    stride, padding = n.params["stride"], n.params["padding"]
+    return (
+        be.conv2d_input_backward(g, w, x.shape, stride, padding) if n.parents[0] else None,
+        be.conv2d_weight_backward(g, x, w.shape, stride, padding) if n.parents[1] else None,
+    )
+
+
+defvjp(conv2d_p, _conv_vjp)
+
+
+def conv2d(x: Any, w: Any, b: Any = None, stride: Any = 1, padding: Any = 0) -> Any:
+    """2-D cross-correlation, NCHW input, OIHW weight, optional bias of shape (O,)."""
+    y = conv2d_p.bind(x, w, stride=pair("conv2d", stride, "stride"),
+                      padding=pair("conv2d", padding, "padding"))
+    if b is None:
+        return y
+    if shape_of(b) != (shape_of(w)[0],):
+        raise KernelError("conv2d", (x, w, b), f"bias must have shape ({shape_of(w)[0]},)")
+    return add(y, reshape(b, (1, shape_of(w)[0], 1, 1)))
+
+
+# ---------------------------------------------------------------- pooling
+
+
+def _pool_shape(op: str) -> Any:
+    def rule(x: Any, kernel: tuple, stride: tuple, padding: tuple) -> tuple:
+        oh, ow = _window_shape(op, x, kernel, stride, padding)
+        return shape_of(x)[:2] + (oh, ow), dtype_of(x)
+
+    return rule
+
+
+max_pool2d_p = declare(
+    "max_pool2d",
+    lambda backend, x, kernel, stride, padding: backend.max_pool2d(x, kernel, stride, padding),
+    _pool_shape("max_pool2d"),
+    saves_inputs=True,
+    saves_output=True,
+)
+
+
+def _first_max_mask(x: Any, out: Any, kernel: tuple, stride: tuple, padding: tuple) -> Any:
+    """One-hot (N, C, kh, kw, OH, OW) marking the first maximum of each window."""
+    kh, kw = kernel
+    cols = unfold2d(x, kernel, stride, padding, float("-inf"))
+    n, c, oh, ow = shape_of(out)
+    hits = astype(equal(cols, reshape(out, (n, c, 1, 1, oh, ow))), dtype_of(x))
+    # Rank the window positions so that the earliest hit scores highest.
+    backend = get_backend()
+    ramp = backend.reshape(backend.arange(kh * kw, 0, -1, dtype_of(x)), (1, 1, kh, kw, 1, 1))
+    scored = mul(hits, ramp)
+    return astype(equal(scored, reduce_max(scored, (2, 3), True)), dtype_of(x))
+
+
+def _max_pool_jvp(t: Any, out: Any, x: Any, kernel: tuple, stride: tuple, padding: tuple) -> Any:
+    mask = _first_max_mask(x, out, kernel, stride, padding)
+    return reduce_sum(mul(unfold2d(t, kernel, stride, padding), mask), (2, 3))
+
+
+defjvp(max_pool2d_p, _max_pool_jvp)
+defvjp(max_pool2d_p, lambda be, g, n: (be.max_pool2d_backward(
+    g, n.inputs[0], n.output, n.params["kernel"], n.params["stride"], n.params["padding"]),))
+
+avg_pool2d_p = declare(
+    "avg_pool2d",
+    lambda backend, x, kernel, stride, padding: backend.avg_pool2d(x, kernel, stride, padding),
+    _pool_shape("avg_pool2d"),
+)
+
+
+def _avg_pool_transpose(ct: Any, x: Any, kernel: tuple, stride: tuple, padding: tuple) -> tuple:
+    n, c, oh, ow = shape_of(ct)
+    kh, kw = kernel
+    share = reshape(mul(ct, 1.0 / (kh * kw)), (n, c, 1, 1, oh, ow))
+    cols = broadcast_to(share, (n, c, kh, kw, oh, ow))
+    return (fold2d(cols, shape_of(x), kernel, stride, padding),)
+
+
+deflinear(avg_pool2d_p, _avg_pool_transpose)
+defvjp(avg_pool2d_p, lambda be, g, n: (be.avg_pool2d_backward(
+    g, n.in_shapes[0], n.params["kernel"], n.params["stride"], n.params["padding"]),))
+
+
+def _pool_args(op: str, kernel_size: Any, stride: Any, padding: Any) -> dict:
+    kernel = pair(op, kernel_size, "kernel_size")
+    return {
+        "kernel": kernel,
+        "stride": kernel if stride is None else pair(op, stride, "stride"),
+        "padding": pair(op, padding, "padding"),
+    }
+
+
+def max_pool2d(x: Any, kernel_size: Any, stride: Any = None, padding: Any = 0) -> Any:
+    return max_pool2d_p.bind(x, **_pool_args("max_pool2d", kernel_size, stride, padding))
+
+
+def avg_pool2d(x: Any, kernel_size: Any, stride: Any = None, padding: Any = 0) -> Any:
+    return avg_pool2d_p.bind(x, **_pool_args("avg_pool2d", kernel_size, stride, padding))

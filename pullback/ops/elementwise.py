@@ -1,0 +1,433 @@
+"""Elementwise primitives: each declared once with its forward, JVP or transpose
+rule and fused backward side by side.
+
+Binary ops broadcast as NumPy does; their cotangents are summed back to each
+operand's shape by `sum_to_shape`, the one place that undoes broadcasting.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from ..ad import LinearVar, Zero, defbilinear, defjvp, defjvp_full, deflinear, defvjp
+from ..backend.errors import KernelError
+from .registry import (
+    broadcast_shapes,
+    declare,
+    dtype_of,
+    elementwise_rule,
+    is_float,
+    result_dtype,
+    shape_of,
+)
+from .shape import broadcast_to, sum_to_shape
+
+
+def _same(x: Any, **params: Any) -> tuple:
+    return shape_of(x), dtype_of(x)
+
+
+def _needed(node: Any) -> tuple:
+    return tuple(p is not None for p in node.parents)
+
+
+# ---------------------------------------------------------------- binary arithmetic
+
+
+def _binary_impl(name: str) -> Any:
+    def impl(backend: Any, a: Any, b: Any) -> Any:
+        out = getattr(backend, name)(a, b)
+        dtype = out.dtype
+        if getattr(a, "dtype", dtype) != dtype or getattr(b, "dtype", dtype) != dtype:
+            return _mixed_dtypes(backend, name, a, b, out)
+        return out
+
+    return impl
+
+
+def _mixed_dtypes(backend: Any, name: str, a: Any, b: Any, out: Any) -> Any:
+    """Integer or bool operands take the floating operand's dtype; two floats must agree."""
+    dtype = result_dtype(name, a, b)
+    if dtype is None or out.dtype == dtype or not is_float(dtype):
+        return out
+    cast = [backend.astype(x, dtype) if hasattr(x, "dtype") and x.dtype != dtype else x
+            for x in (a, b)]
+    return getattr(backend, name)(*cast)
+
+
+def _unbroadcast(x: Any) -> Any:
+    return lambda ct: sum_to_shape(ct, shape_of(x))
+
+
+add_p = declare("add", _binary_impl("add"), elementwise_rule("add"))
+
+
+def add(a: Any, b: Any) -> Any:
+    return add_p.bind(a, b)
+
+
+def _add_jvp(tangents: tuple, output: Any, inputs: tuple) -> Any:
+    ta, tb = tangents
+    if type(tb) is Zero:
+        return broadcast_to(ta, broadcast_shapes("add", ta, tb))
+    if type(ta) is Zero:
+        return broadcast_to(tb, broadcast_shapes("add", ta, tb))
+    return add(ta, tb)
+
+
+defjvp_full(add_p, _add_jvp)
+deflinear(
+    add_p,
+    lambda ct, a, b: (
+        sum_to_shape(ct, a.shape) if type(a) is LinearVar else None,
+        sum_to_shape(ct, b.shape) if type(b) is LinearVar else None,
+    ),
+    linear_args=(0, 1),
+)
+defvjp(add_p, lambda be, g, n: be.add_backward(g, n.in_shapes[0], n.in_shapes[1], _needed(n)))
+
+sub_p = declare("sub", _binary_impl("sub"), elementwise_rule("sub"))
+
+
+def sub(a: Any, b: Any) -> Any:
+    return sub_p.bind(a, b)
+
+
+def _sub_jvp(tangents: tuple, output: Any, inputs: tuple) -> Any:
+    ta, tb = tangents
+    if type(tb) is Zero:
+        return broadcast_to(ta, broadcast_shapes("sub", ta, tb))
+    if type(ta) is Zero:
+        return broadcast_to(neg(tb), broadcast_shapes("sub", ta, tb))
+    return sub(ta, tb)
+
+
+defjvp_full(sub_p, _sub_jvp)
+deflinear(
+    sub_p,
+    lambda ct, a, b: (
+        sum_to_shape(ct, a.shape) if type(a) is LinearVar else None,
+        sum_to_shape(neg(ct), b.shape) if type(b) is LinearVar else None,
+    ),
+    linear_args=(0, 1),
+)
+defvjp(sub_p, lambda be, g, n: be.sub_backward(g, n.in_shapes[0], n.in_shapes[1], _needed(n)))
+
+mul_p = declare("mul", _binary_impl("mul"), elementwise_rule("mul"))
+
+
+def mul(a: Any, b: Any) -> Any:
+    return mul_p.bind(a, b)
+
+
+defbilinear(
+    mul_p,
+    lambda ct, a, b: sum_to_shape(mul(ct, b), a.shape),
+    lambda ct, a, b: sum_to_shape(mul(a, ct), b.shape),
+)
+defvjp(mul_p, lambda be, g, n: be.mul_backward(g, *n.inputs, needed=_needed(n)))
+
+div_p = declare("div", _binary_impl("div"), elementwise_rule("div"), saves_inputs=True)
+
+
+def div(a: Any, b: Any) -> Any:
+    return div_p.bind(a, b)
+
+
+defjvp(
+    div_p,
+    lambda t, out, a, b: div(t, b),
+    lambda t, out, a, b: neg(div(mul(t, a), mul(b, b))),
+)
+# div is linear in its numerator: a tangent may be divided by a constant.
+div_p.transpose = lambda ct, a, b: (sum_to_shape(div(ct, b), a.shape), None)
+div_p.linear_args = frozenset((0,))
+defvjp(div_p, lambda be, g, n: be.div_backward(g, *n.inputs, needed=_needed(n)))
+
+pow_p = declare("pow", _binary_impl("pow"), elementwise_rule("pow"), saves_inputs=True,
+                saves_output=True)
+
+
+def pow(a: Any, b: Any) -> Any:  # noqa: A001 - the public name, as in torch.pow
+    return pow_p.bind(a, b)
+
+
+def _pow_jvp_base(t: Any, out: Any, a: Any, b: Any) -> Any:
+    if isinstance(b, (int, float)):
+        return mul(t, mul(pow(a, b - 1), b)) if b != 0 else mul(t, 0.0)
+    return mul(t, mul(b, pow(a, sub(b, 1.0))))
+
+
+def _pow_jvp_exponent(t: Any, out: Any, a: Any, b: Any) -> Any:
+    # d/db a**b = a**b * log(a); defined as 0 where a == 0 (as PyTorch does for a**b at 0).
+    positive = greater(a, 0.0)
+    safe_log = log(where(positive, a, 1.0))
+    return mul(t, mul(out, safe_log))
+
+
+defjvp(pow_p, _pow_jvp_base, _pow_jvp_exponent)
+
+
+def _extremum(name: str, pick: Any) -> Any:
+    prim = declare(name, _binary_impl(name), elementwise_rule(name), saves_inputs=True)
+
+    def share(a: Any, b: Any) -> Any:
+        # 1 where a wins, 0 where b wins, 1/2 on ties (as PyTorch splits them).
+        return add(astype(pick(a, b), dtype_of(a) or dtype_of(b)),
+                   mul(astype(equal(a, b), dtype_of(a) or dtype_of(b)), 0.5))
+
+    defjvp(
+        prim,
+        lambda t, out, a, b: mul(t, share(a, b)),
+        lambda t, out, a, b: mul(t, share(b, a)),
+    )
+    return prim
+
+
+maximum_p = _extremum("maximum", lambda a, b: greater(a, b))
+minimum_p = _extremum("minimum", lambda a, b: less(a, b))
+defvjp(maximum_p, lambda be, g, n: be.maximum_backward(g, *n.inputs, needed=_needed(n)))
+defvjp(minimum_p, lambda be, g, n: be.minimum_backward(g, *n.inputs, needed=_needed(n)))
+
+
+def maximum(a: Any, b: Any) -> Any:
+    return maximum_p.bind(a, b)
+
+
+def minimum(a: Any, b: Any) -> Any:
+    return minimum_p.bind(a, b)
+
+
+# ---------------------------------------------------------------- comparisons (no gradient)
+
+
+def _comparison(name: str) -> Any:
+    def rule(a: Any, b: Any) -> tuple:
+        result_dtype(name, a, b)
+        return broadcast_shapes(name, a, b), "bool"
+
+    prim = declare(name, lambda backend, a, b: getattr(backend, name)(a, b), rule,
+                   differentiable=False)
+    return lambda a, b: prim.bind(a, b)
+
+
+less = _comparison("less")
+less_equal = _comparison("less_equal")
+greater = _comparison("greater")
+greater_equal = _comparison("greater_equal")
+equal = _comparison("equal")
+not_equal = _comparison("not_equal")
+
+# ---------------------------------------------------------------- unary
+
+
+def _unary(name: str, **saves: bool) -> Any:
+    return declare(name, lambda backend, x: getattr(backend, name)(x), _same, **saves)
+
+
+neg_p = _unary("neg")
+
+
+def neg(x: Any) -> Any:
+    return neg_p.bind(x)
+
+
+deflinear(neg_p, lambda ct, x: (neg(ct),))
+
+sign_p = declare("sign", lambda backend, x: backend.sign(x), _same, differentiable=False)
+
+
+def sign(x: Any) -> Any:
+    """-1, 0 or 1 elementwise; its derivative is zero almost everywhere, so it records nothing."""
+    return sign_p.bind(x)
+
+
+exp_p = _unary("exp", saves_output=True)
+defjvp(exp_p, lambda t, out, x: mul(t, out))
+defvjp(exp_p, lambda be, g, n: (be.exp_backward(g, n.output),))
+
+log_p = _unary("log", saves_inputs=True)
+defjvp(log_p, lambda t, out, x: div(t, x))
+defvjp(log_p, lambda be, g, n: (be.log_backward(g, n.inputs[0]),))
+
+sqrt_p = _unary("sqrt", saves_output=True)
+defjvp(sqrt_p, lambda t, out, x: div(t, mul(out, 2.0)))
+defvjp(sqrt_p, lambda be, g, n: (be.sqrt_backward(g, n.output),))
+
+abs_p = _unary("abs", saves_inputs=True)
+defjvp(abs_p, lambda t, out, x: mul(t, sign(x)))
+defvjp(abs_p, lambda be, g, n: (be.abs_backward(g, n.inputs[0]),))
+
+relu_p = _unary("relu", saves_inputs=True)
+defjvp(relu_p, lambda t, out, x: mul(t, greater(x, 0.0)))
+defvjp(relu_p, lambda be, g, n: (be.relu_backward(g, n.inputs[0]),))
+
+sigmoid_p = _unary("sigmoid", saves_output=True)
+defjvp(sigmoid_p, lambda t, out, x: mul(t, mul(out, sub(1.0, out))))
+defvjp(sigmoid_p, lambda be, g, n: (be.sigmoid_backward(g, n.output),))
+
+tanh_p = _unary("tanh", saves_output=True)
+defjvp(tanh_p, lambda t, out, x: mul(t, sub(1.0, mul(out, out))))
+defvjp(tanh_p, lambda be, g, n: (be.tanh_backward(g, n.output),))
+
+
+def _silu_derivative(x: Any) -> Any:
+    s = sigmoid(x)
+    return mul(s, add(1.0, mul(x, sub(1.0, s))))
+
+
+silu_p = _unary("silu", saves_inputs=True)
+defjvp(silu_p, lambda t, out, x: mul(t, _silu_derivative(x)))
+defvjp(silu_p, lambda be, g, n: (be.silu_backward(g, n.inputs[0]),))
+
+softplus_p = _unary("softplus", saves_inputs=True)
+defjvp(softplus_p, lambda t, out, x: mul(t, sigmoid(x)))
+defvjp(softplus_p, lambda be, g, n: (be.softplus_backward(g, n.inputs[0]),))
+
+_TWO_OVER_SQRT_PI = 2.0 / math.sqrt(math.pi)
+erf_p = _unary("erf", saves_inputs=True)
+defjvp(erf_p, lambda t, out, x: mul(t, mul(exp(neg(mul(x, x))), _TWO_OVER_SQRT_PI)))
+
+_INV_SQRT_2 = 1.0 / math.sqrt(2.0)
+_INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
+_SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+_GELU_CUBIC = 0.044715
+
+
+def _gelu_derivative(x: Any, approximate: str) -> Any:
+    if approximate == "tanh":
+        inner = mul(add(x, mul(mul(mul(x, x), x), _GELU_CUBIC)), _SQRT_2_OVER_PI)
+        th = tanh(inner)
+        d_inner = mul(add(1.0, mul(mul(x, x), 3.0 * _GELU_CUBIC)), _SQRT_2_OVER_PI)
+        return add(mul(add(1.0, th), 0.5), mul(mul(mul(x, 0.5), sub(1.0, mul(th, th))), d_inner))
+    cdf = mul(add(erf(mul(x, _INV_SQRT_2)), 1.0), 0.5)
+    pdf = mul(exp(mul(mul(x, x), -0.5)), _INV_SQRT_2PI)
+    return add(cdf, mul(x, pdf))
+
+
+def _gelu_shape(x: Any, approximate: str) -> tuple:
+    if approximate not in ("none", "tanh"):
+        raise KernelError("gelu", (x,), f'approximate must be "none" or "tanh", not {approximate!r}')
+    return _same(x)
+
+
+gelu_p = declare("gelu", lambda backend, x, approximate: backend.gelu(x, approximate),
+                 _gelu_shape, saves_inputs=True)
+defjvp(gelu_p, lambda t, out, x, approximate: mul(t, _gelu_derivative(x, approximate)))
+defvjp(gelu_p, lambda be, g, n: (be.gelu_backward(g, n.inputs[0], n.params["approximate"]),))
+
+
+def exp(x: Any) -> Any:
+    return exp_p.bind(x)
+
+
+def log(x: Any) -> Any:
+    return log_p.bind(x)
+
+
+def sqrt(x: Any) -> Any:
+    return sqrt_p.bind(x)
+
+
+def abs(x: Any) -> Any:  # noqa: A001 - the public name, as in torch.abs
+    return abs_p.bind(x)
+
+
+def relu(x: Any) -> Any:
+    return relu_p.bind(x)
+
+
+def sigmoid(x: Any) -> Any:
+    return sigmoid_p.bind(x)
+
+
+def tanh(x: Any) -> Any:
+    return tanh_p.bind(x)
+
+
+def silu(x: Any) -> Any:
+    return silu_p.bind(x)
+
+
+def softplus(x: Any) -> Any:
+    return softplus_p.bind(x)
+
+
+def erf(x: Any) -> Any:
+    return erf_p.bind(x)
+
+
+def gelu(x: Any, approximate: str = "none") -> Any:
+    return gelu_p.bind(x, approximate=approximate)
+
+
+# ---------------------------------------------------------------- selection and casts
+
+
+def _where_shape(a: Any, b: Any, cond: Any) -> tuple:
+    return broadcast_shapes("where", cond, a, b), result_dtype("where", a, b)
+
+
+# The condition is a parameter, not an operand: it is never differentiated.
+where_p = declare("where", lambda backend, a, b, cond: backend.where(cond, a, b), _where_shape)
+
+
+def where(cond: Any, a: Any, b: Any) -> Any:
+    return where_p.bind(a, b, cond=getattr(cond, "_data", cond))
+
+
+def _where_jvp(tangents: tuple, output: Any, inputs: tuple, cond: Any) -> Any:
+    ta, tb = tangents
+    ta = 0.0 if type(ta) is Zero else ta
+    tb = 0.0 if type(tb) is Zero else tb
+    return where_p.bind(ta, tb, cond=cond)
+
+
+defjvp_full(where_p, _where_jvp)
+deflinear(
+    where_p,
+    lambda ct, a, b, cond: (
+        sum_to_shape(where_p.bind(ct, 0.0, cond=cond), a.shape) if type(a) is LinearVar else None,
+        sum_to_shape(where_p.bind(0.0, ct, cond=cond), b.shape) if type(b) is LinearVar else None,
+    ),
+    linear_args=(0, 1),
+)
+
+
+def _clip_shape(x: Any, lo: Any, hi: Any) -> tuple:
+    return _same(x)
+
+
+clip_p = declare("clip", lambda backend, x, lo, hi: backend.clip(x, lo, hi), _clip_shape,
+                 saves_inputs=True)
+
+
+def _clip_mask(x: Any, lo: Any, hi: Any) -> Any:
+    inside = None
+    if lo is not None:
+        inside = greater_equal(x, lo)
+    if hi is not None:
+        upper = less_equal(x, hi)
+        inside = upper if inside is None else mul(inside, upper)
+    return inside
+
+
+defjvp(clip_p, lambda t, out, x, lo, hi: t if lo is None and hi is None
+       else mul(t, _clip_mask(x, lo, hi)))
+
+
+def clip(x: Any, lo: Any = None, hi: Any = None) -> Any:
+    return clip_p.bind(x, lo=lo, hi=hi)
+
+
+def _astype_shape(x: Any, dtype: Any) -> tuple:
+    return shape_of(x), dtype
+
+
+astype_p = declare("astype", lambda backend, x, dtype: backend.astype(x, dtype), _astype_shape)
+deflinear(astype_p, lambda ct, x, dtype: (astype(ct, x.dtype),))
+
+
+def astype(x: Any, dtype: Any) -> Any:
+    return astype_p.bind(x, dtype=dtype)

@@ -1,0 +1,64 @@
+"""matmul: batched, broadcast over batch dimensions, 1-D operands as in NumPy.
+
+Bilinear: each operand's transpose is a matmul with the other, summed back
+over broadcast batch dimensions.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..ad import defbilinear, defvjp
+from ..backend.errors import KernelError
+from .registry import broadcast_shapes, declare, result_dtype, shape_of
+from .shape import _Shape, reshape, sum_to_shape, swap_last
+
+
+def _as_matrices(sa: tuple, sb: tuple) -> tuple[tuple, tuple]:
+    """The operands' shapes with 1-D operands promoted to matrices, as NumPy does."""
+    return ((1,) + sa if len(sa) == 1 else sa), (sb + (1,) if len(sb) == 1 else sb)
+
+
+def _matmul_shape(a: Any, b: Any) -> tuple:
+    sa, sb = shape_of(a), shape_of(b)
+    if not sa or not sb:
+        raise KernelError("matmul", (a, b), "operands must have at least one dimension")
+    a2, b2 = _as_matrices(sa, sb)
+    if a2[-1] != b2[-2]:
+        raise KernelError("matmul", (a, b), f"inner dimensions {a2[-1]} and {b2[-2]} differ")
+    batch = broadcast_shapes("matmul", _Shape(a2[:-2]), _Shape(b2[:-2]))
+    out = batch + (a2[-2:-1] if len(sa) > 1 else ()) + (b2[-1:] if len(sb) > 1 else ())
+    return out, result_dtype("matmul", a, b)
+
+
+matmul_p = declare("matmul", lambda backend, a, b: backend.matmul(a, b), _matmul_shape)
+
+
+def _matrix_ct(ct: Any, sa: tuple, sb: tuple) -> Any:
+    """The output cotangent with the dimensions that 1-D operands dropped put back."""
+    a2, b2 = _as_matrices(sa, sb)
+    batch = broadcast_shapes("matmul", _Shape(a2[:-2]), _Shape(b2[:-2]))
+    return reshape(ct, batch + (a2[-2], b2[-1]))
+
+
+def _transpose_lhs(ct: Any, a: Any, b: Any) -> Any:
+    sa, sb = shape_of(a), shape_of(b)
+    a2, b2 = _as_matrices(sa, sb)
+    grad = matmul(_matrix_ct(ct, sa, sb), swap_last(reshape(b, b2)))
+    return reshape(sum_to_shape(grad, a2), sa)
+
+
+def _transpose_rhs(ct: Any, a: Any, b: Any) -> Any:
+    sa, sb = shape_of(a), shape_of(b)
+    a2, b2 = _as_matrices(sa, sb)
+    grad = matmul(swap_last(reshape(a, a2)), _matrix_ct(ct, sa, sb))
+    return reshape(sum_to_shape(grad, b2), sb)
+
+
+defbilinear(matmul_p, _transpose_lhs, _transpose_rhs)
+defvjp(matmul_p, lambda be, g, n: be.matmul_backward(
+    g, *n.inputs, needed=tuple(p is not None for p in n.parents)))
+
+
+def matmul(a: Any, b: Any) -> Any:
+    return matmul_p.bind(a, b)

@@ -1,0 +1,114 @@
+"""Reductions and row-wise normalizations: sum, max, mean, softmax, log_softmax."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..ad import defjvp, deflinear, defvjp
+from ..backend.errors import KernelError
+from .elementwise import astype, div, equal, exp, mul, sub
+from .registry import declare, dtype_of, normalize_axes, reduced_shape, shape_of
+from .shape import broadcast_to, reshape
+
+
+def _reduce_shape(op: str) -> Any:
+    def rule(x: Any, axes: tuple, keepdims: bool) -> tuple:
+        return reduced_shape(shape_of(x), axes, keepdims), dtype_of(x)
+
+    return rule
+
+
+def _expand(ct: Any, shape: tuple, axes: tuple, keepdims: bool) -> Any:
+    """Broadcast a reduced value back over the reduced axes of `shape`."""
+    if not keepdims:
+        ct = reshape(ct, reduced_shape(shape, axes, True))
+    return broadcast_to(ct, shape)
+
+
+reduce_sum_p = declare(
+    "sum",
+    lambda backend, x, axes, keepdims: backend.reduce_sum(x, axes, keepdims),
+    _reduce_shape("sum"),
+)
+deflinear(reduce_sum_p, lambda ct, x, axes, keepdims: (_expand(ct, x.shape, axes, keepdims),))
+defvjp(reduce_sum_p, lambda be, g, n: (
+    be.reduce_sum_backward(g, n.in_shapes[0], n.params["axes"], n.params["keepdims"]),))
+
+
+def sum(x: Any, axis: Any = None, keepdims: bool = False) -> Any:  # noqa: A001 - public name
+    axes = normalize_axes("sum", x, axis)
+    if not axes and not keepdims and shape_of(x) != ():
+        return x
+    return reduce_sum_p.bind(x, axes=axes, keepdims=keepdims)
+
+
+def mean(x: Any, axis: Any = None, keepdims: bool = False) -> Any:
+    axes = normalize_axes("mean", x, axis)
+    count = 1
+    for a in axes:
+        count *= shape_of(x)[a]
+    if count == 0:
+        raise KernelError("mean", (x,), "mean of an empty selection")
+    return mul(sum(x, axes, keepdims), 1.0 / count)
+
+
+def _max_shape(x: Any, axes: tuple, keepdims: bool) -> tuple:
+    if any(shape_of(x)[a] == 0 for a in axes):
+        raise KernelError("max", (x,), "max of an empty selection")
+    return reduced_shape(shape_of(x), axes, keepdims), dtype_of(x)
+
+
+reduce_max_p = declare(
+    "max",
+    lambda backend, x, axes, keepdims: backend.reduce_max(x, axes, keepdims),
+    _max_shape,
+    saves_inputs=True,
+    saves_output=True,
+)
+
+
+def _max_jvp(t: Any, out: Any, x: Any, axes: tuple, keepdims: bool) -> Any:
+    # Ties share the derivative equally, as torch.amax does.
+    hits = astype(equal(x, _expand(out, shape_of(x), axes, keepdims)), dtype_of(x))
+    share = div(hits, _expand(sum(hits, axes, keepdims), shape_of(x), axes, keepdims))
+    return sum(mul(t, share), axes, keepdims)
+
+
+defjvp(reduce_max_p, _max_jvp)
+defvjp(reduce_max_p, lambda be, g, n: (be.reduce_max_backward(
+    g, n.inputs[0], n.output, n.params["axes"], n.params["keepdims"]),))
+
+
+def max(x: Any, axis: Any = None, keepdims: bool = False) -> Any:  # noqa: A001 - public name
+    return reduce_max_p.bind(x, axes=normalize_axes("max", x, axis), keepdims=keepdims)
+
+
+def _row_shape(op: str) -> Any:
+    def rule(x: Any, axis: int) -> tuple:
+        return shape_of(x), dtype_of(x)
+
+    return rule
+
+
+softmax_p = declare("softmax", lambda backend, x, axis: backend.softmax(x, axis),
+                    _row_shape("softmax"), saves_output=True)
+defjvp(softmax_p, lambda t, y, x, axis: mul(y, sub(t, sum(mul(y, t), axis, True))))
+defvjp(softmax_p, lambda be, g, n: (be.softmax_backward(g, n.output, n.params["axis"]),))
+
+log_softmax_p = declare("log_softmax", lambda backend, x, axis: backend.log_softmax(x, axis),
+                        _row_shape("log_softmax"), saves_output=True)
+defjvp(log_softmax_p, lambda t, y, x, axis: sub(t, sum(mul(exp(y), t), axis, True)))
+defvjp(log_softmax_p, lambda be, g, n: (be.log_softmax_backward(g, n.output, n.params["axis"]),))
+
+
+def _one_axis(op: str, x: Any, axis: int) -> int:
+    (axis,) = normalize_axes(op, x, axis)
+    return axis
+
+
+def softmax(x: Any, axis: int = -1) -> Any:
+    return softmax_p.bind(x, axis=_one_axis("softmax", x, axis))
+
+
+def log_softmax(x: Any, axis: int = -1) -> Any:
+    return log_softmax_p.bind(x, axis=_one_axis("log_softmax", x, axis))

@@ -1,0 +1,113 @@
+"""Declaring primitives: the registry and the shape-rule helpers every op file uses.
+
+`declare` makes a primitive with its forward (a backend call) and shape rule;
+the op's file then adds its derivative rules right beside it. `PRIMITIVES`
+lists every primitive the ops layer declares, for `pullback check`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from ..ad import Primitive
+from ..backend.errors import KernelError
+
+#: Every primitive pullback declares, by its public name.
+PRIMITIVES: dict[str, Primitive] = {}
+
+FLOAT_DTYPES = ("float32", "float64")
+
+
+def declare(
+    name: str,
+    impl: Callable[..., Any],
+    shape_rule: Callable[..., tuple],
+    *,
+    saves_inputs: bool = False,
+    saves_output: bool = False,
+    differentiable: bool = True,
+    register: bool = True,
+) -> Primitive:
+    """A new primitive: `impl(backend, *arrays, **params)` computes it forward."""
+    prim = Primitive(
+        name, saves_inputs=saves_inputs, saves_output=saves_output, differentiable=differentiable
+    )
+    prim.impl = impl
+    prim.abstract_eval = shape_rule
+    if register:
+        if name in PRIMITIVES:
+            raise ValueError(f"a primitive named {name!r} is already declared")
+        PRIMITIVES[name] = prim
+    return prim
+
+
+def shape_of(x: Any) -> tuple:
+    return tuple(x.shape) if hasattr(x, "shape") else ()
+
+
+def dtype_of(x: Any) -> Any:
+    return getattr(x, "dtype", None)
+
+
+def is_float(dtype: Any) -> bool:
+    return str(dtype) in FLOAT_DTYPES
+
+
+def broadcast_shapes(op: str, *operands: Any) -> tuple:
+    """NumPy's broadcast of the operands' shapes, or a KernelError naming them."""
+    shapes = [shape_of(x) for x in operands]
+    ndim = max(len(s) for s in shapes)
+    result = []
+    for axis in range(ndim):
+        size = 1
+        for s in shapes:
+            dim = s[axis - ndim + len(s)] if axis - ndim + len(s) >= 0 else 1
+            if dim != 1:
+                if size not in (1, dim):
+                    raise KernelError(op, operands, "shapes cannot be broadcast together")
+                size = dim
+        result.append(size)
+    return tuple(result)
+
+
+def result_dtype(op: str, *operands: Any) -> Any:
+    """The dtype of an elementwise result: that of the array operands, which must agree
+    when they are floating; Python scalars take the arrays' dtype."""
+    dtypes = [dtype_of(x) for x in operands if dtype_of(x) is not None]
+    floats = {str(d) for d in dtypes if is_float(d)}
+    if len(floats) > 1:
+        raise KernelError(op, operands, "operands have different floating dtypes; cast one with astype")
+    for d in dtypes:
+        if is_float(d):
+            return d
+    return dtypes[0] if dtypes else None
+
+
+def elementwise_rule(op: str) -> Callable[..., tuple]:
+    def rule(*operands: Any, **params: Any) -> tuple:
+        return broadcast_shapes(op, *operands), result_dtype(op, *operands)
+
+    return rule
+
+
+def normalize_axes(op: str, x: Any, axis: Any) -> tuple[int, ...]:
+    """Sorted non-negative axes from None, an int or a sequence; KernelError if out of range."""
+    ndim = len(shape_of(x))
+    if axis is None:
+        return tuple(range(ndim))
+    axes = (axis,) if isinstance(axis, int) else tuple(axis)
+    normalized = []
+    for a in axes:
+        if not isinstance(a, int) or not -ndim <= a < max(ndim, 1):
+            raise KernelError(op, (x,), f"axis {a} is out of range for {ndim} dimensions")
+        normalized.append(a % ndim if ndim else 0)
+    if len(set(normalized)) != len(normalized):
+        raise KernelError(op, (x,), f"axis {axis} repeats an axis")
+    return tuple(sorted(normalized))
+
+
+def reduced_shape(shape: tuple, axes: tuple, keepdims: bool) -> tuple:
+    if keepdims:
+        return tuple(1 if i in axes else d for i, d in enumerate(shape))
+    return tuple(d for i, d in enumerate(shape) if i not in axes)

@@ -1,0 +1,318 @@
+"""Shape primitives: all linear, each with its transpose beside it.
+
+broadcast_to and sum_to_shape are each other's transpose, as are getitem and
+scatter_add, and pad2d and its crop; a gradient that must be reduced back to
+a broadcast operand's shape always goes through `sum_to_shape`.
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Any
+
+from ..ad import ALL_ARGS, LinearVar, Zero, defjvp, defjvp_full, deflinear
+from ..backend.current import get_backend
+from ..backend.errors import KernelError
+from .registry import broadcast_shapes, declare, dtype_of, shape_of
+
+
+def _with_shape(shape_param: str) -> Any:
+    return lambda x, **params: (tuple(params[shape_param]), dtype_of(x))
+
+
+# ---------------------------------------------------------------- reshape / transpose
+
+
+def _reshape_shape(x: Any, shape: tuple) -> tuple:
+    size = 1
+    for d in shape_of(x):
+        size *= d
+    target = 1
+    for d in shape:
+        target *= d
+    if size != target or any(d < 0 for d in shape):
+        raise KernelError("reshape", (x,), f"cannot reshape {size} elements into {shape}")
+    return shape, dtype_of(x)
+
+
+reshape_p = declare("reshape", lambda backend, x, shape: backend.reshape(x, shape), _reshape_shape)
+deflinear(reshape_p, lambda ct, x, shape: (reshape(ct, x.shape),))
+
+
+def reshape(x: Any, *shape: Any) -> Any:
+    """Reshape to `shape` (a tuple or separate ints; one entry may be -1)."""
+    if len(shape) == 1 and not isinstance(shape[0], int):
+        shape = tuple(shape[0])
+    shape = tuple(operator.index(d) for d in shape)
+    if -1 in shape:
+        known = 1
+        for d in shape:
+            if d != -1:
+                known *= d
+        size = 1
+        for d in shape_of(x):
+            size *= d
+        if shape.count(-1) > 1 or known == 0 or size % known:
+            raise KernelError("reshape", (x,), f"cannot reshape {size} elements into {shape}")
+        shape = tuple(size // known if d == -1 else d for d in shape)
+    if shape == shape_of(x):
+        return x
+    return reshape_p.bind(x, shape=shape)
+
+
+def _transpose_shape(x: Any, axes: tuple) -> tuple:
+    shape = shape_of(x)
+    if sorted(axes) != list(range(len(shape))):
+        raise KernelError("transpose", (x,), f"axes {axes} are not a permutation of {len(shape)} axes")
+    return tuple(shape[a] for a in axes), dtype_of(x)
+
+
+transpose_p = declare("transpose", lambda backend, x, axes: backend.transpose(x, axes),
+                      _transpose_shape)
+
+
+def _inverse(axes: tuple) -> tuple:
+    inverse = [0] * len(axes)
+    for i, a in enumerate(axes):
+        inverse[a] = i
+    return tuple(inverse)
+
+
+deflinear(transpose_p, lambda ct, x, axes: (transpose_p.bind(ct, axes=_inverse(axes)),))
+
+
+def transpose(x: Any, axes: Any = None) -> Any:
+    """Permute axes; with no `axes`, reverse them (as NumPy)."""
+    ndim = len(shape_of(x))
+    if axes is None:
+        axes = tuple(reversed(range(ndim)))
+    else:
+        axes = tuple(a % ndim if isinstance(a, int) and -ndim <= a < ndim else a for a in axes)
+    if axes == tuple(range(ndim)):
+        return x
+    return transpose_p.bind(x, axes=axes)
+
+
+def swap_last(x: Any) -> Any:
+    """Swap the last two axes (a matrix transpose over any batch)."""
+    ndim = len(shape_of(x))
+    return transpose(x, tuple(range(ndim - 2)) + (ndim - 1, ndim - 2))
+
+
+# ---------------------------------------------------------------- broadcasting
+
+
+def _broadcast_shape(x: Any, shape: tuple) -> tuple:
+    target = _Shape(shape)
+    if broadcast_shapes("broadcast_to", x, target) != shape:
+        raise KernelError("broadcast_to", (x, target), "cannot broadcast to the second shape")
+    return shape, dtype_of(x)
+
+
+class _Shape:
+    """A bare shape standing in for an operand in shape rules and error messages."""
+
+    def __init__(self, shape: tuple):
+        self.shape = tuple(shape)
+        self.dtype = "shape"
+
+
+broadcast_to_p = declare("broadcast_to", lambda backend, x, shape: backend.broadcast_to(x, shape),
+                         _broadcast_shape)
+deflinear(broadcast_to_p, lambda ct, x, shape: (sum_to_shape(ct, x.shape),))
+
+
+def broadcast_to(x: Any, shape: Any) -> Any:
+    shape = tuple(shape)
+    if type(x) is Zero:
+        return Zero(shape, x.dtype)
+    if shape_of(x) == shape:
+        return x
+    return broadcast_to_p.bind(x, shape=shape)
+
+
+def _sum_to_shape_rule(x: Any, shape: tuple) -> tuple:
+    if broadcast_shapes("sum_to_shape", x, _Shape(shape)) != shape_of(x):
+        raise KernelError("sum_to_shape", (x, _Shape(shape)), "the first does not broadcast from the second")
+    return shape, dtype_of(x)
+
+
+sum_to_shape_p = declare("sum_to_shape", lambda backend, x, shape: backend.sum_to_shape(x, shape),
+                         _sum_to_shape_rule)
+deflinear(sum_to_shape_p, lambda ct, x, shape: (broadcast_to(ct, x.shape),))
+
+
+def sum_to_shape(x: Any, shape: Any) -> Any:
+    """Sum a broadcast value back to `shape`: the transpose of broadcast_to."""
+    shape = tuple(shape)
+    if shape_of(x) == shape:
+        return x
+    return sum_to_shape_p.bind(x, shape=shape)
+
+
+# ---------------------------------------------------------------- indexing
+
+
+def normalize_index(index: Any) -> Any:
+    """Tensors in an index become arrays (indices are never differentiated)."""
+    if isinstance(index, tuple):
+        return tuple(getattr(i, "_data", i) for i in index)
+    return getattr(index, "_data", index)
+
+
+def _index_shape(x: Any, index: Any) -> tuple:
+    import numpy as np  # shape arithmetic only: NumPy's indexing rules are the spec
+
+    try:
+        probe = np.broadcast_to(np.empty((), dtype=np.int8), shape_of(x))[index]
+    except (IndexError, ValueError, TypeError) as err:
+        raise KernelError("getitem", (x,), f"invalid index {index!r}: {err}") from None
+    return tuple(probe.shape), dtype_of(x)
+
+
+getitem_p = declare("getitem", lambda backend, x, index: backend.getitem(x, index), _index_shape)
+deflinear(getitem_p, lambda ct, x, index: (scatter_add(ct, index, x.shape),))
+
+
+def getitem(x: Any, index: Any) -> Any:
+    return getitem_p.bind(x, index=normalize_index(index))
+
+
+def _scatter_shape(values: Any, index: Any, shape: tuple) -> tuple:
+    expected, _ = _index_shape(_Shape(shape), index)
+    if broadcast_shapes("scatter_add", values, _Shape(expected)) != expected:
+        raise KernelError("scatter_add", (values, _Shape(expected)), "values do not fit the index")
+    return tuple(shape), dtype_of(values)
+
+
+scatter_add_p = declare(
+    "scatter_add",
+    lambda backend, values, index, shape: backend.scatter_add(values, index, shape),
+    _scatter_shape,
+)
+deflinear(scatter_add_p, lambda ct, values, index, shape: (
+    sum_to_shape(getitem_p.bind(ct, index=index), values.shape),))
+
+
+def scatter_add(values: Any, index: Any, shape: Any) -> Any:
+    """Zeros of `shape` with `values` added at `index`: the transpose of getitem."""
+    return scatter_add_p.bind(values, index=normalize_index(index), shape=tuple(shape))
+
+
+# ---------------------------------------------------------------- joining
+
+
+def _concat_shape(*xs: Any, axis: int) -> tuple:
+    shapes = [shape_of(x) for x in xs]
+    first = shapes[0]
+    for s in shapes[1:]:
+        if len(s) != len(first) or any(a != b for i, (a, b) in enumerate(zip(s, first)) if i != axis):
+            raise KernelError("concatenate", xs, f"shapes differ outside axis {axis}")
+    dtypes = {str(dtype_of(x)) for x in xs}
+    if len(dtypes) > 1:
+        raise KernelError("concatenate", xs, "operands have different dtypes")
+    size = sum(s[axis] for s in shapes)
+    return first[:axis] + (size,) + first[axis + 1 :], dtype_of(xs[0])
+
+
+concatenate_p = declare(
+    "concatenate", lambda backend, *xs, axis: backend.concatenate(xs, axis), _concat_shape
+)
+
+
+def _concat_jvp(tangents: tuple, output: Any, inputs: tuple, axis: int) -> Any:
+    parts = [zeros_for(t) if type(t) is Zero else t for t in tangents]
+    return concatenate_p.bind(*parts, axis=axis)
+
+
+def zeros_for(zero: Zero) -> Any:
+    """Materialize a symbolic zero: only where an op needs every operand (concatenate)."""
+    return get_backend().zeros(zero.shape, zero.dtype)
+
+
+def _concat_transpose(ct: Any, *xs: Any, axis: int) -> tuple:
+    cts = []
+    start = 0
+    for x in xs:
+        stop = start + shape_of(x)[axis]
+        if type(x) is LinearVar:
+            index = (slice(None),) * axis + (slice(start, stop),)
+            cts.append(getitem_p.bind(ct, index=index))
+        else:
+            cts.append(None)
+        start = stop
+    return tuple(cts)
+
+
+defjvp_full(concatenate_p, _concat_jvp)
+deflinear(concatenate_p, _concat_transpose, linear_args=ALL_ARGS)
+
+
+def concatenate(xs: Any, axis: int = 0) -> Any:
+    xs = tuple(xs)
+    if not xs:
+        raise KernelError("concatenate", (), "needs at least one operand")
+    ndim = len(shape_of(xs[0]))
+    if not -ndim <= axis < ndim:
+        raise KernelError("concatenate", xs, f"axis {axis} is out of range for {ndim} dimensions")
+    if len(xs) == 1:
+        return xs[0]
+    return concatenate_p.bind(*xs, axis=axis % ndim)
+
+
+def stack(xs: Any, axis: int = 0) -> Any:
+    xs = tuple(xs)
+    if not xs:
+        raise KernelError("stack", (), "needs at least one operand")
+    shape = shape_of(xs[0])
+    if any(shape_of(x) != shape for x in xs):
+        raise KernelError("stack", xs, "all operands must have the same shape")
+    if not -len(shape) - 1 <= axis <= len(shape):
+        raise KernelError("stack", xs, f"axis {axis} is out of range for {len(shape) + 1} dimensions")
+    axis %= len(shape) + 1
+    expanded = shape[:axis] + (1,) + shape[axis:]
+    return concatenate_p.bind(*(reshape_p.bind(x, shape=expanded) for x in xs), axis=axis) \
+        if len(xs) > 1 else reshape_p.bind(xs[0], shape=expanded)
+
+
+# ---------------------------------------------------------------- padding
+
+
+def _pad_shape(x: Any, padding: tuple, value: float) -> tuple:
+    shape = shape_of(x)
+    if len(shape) < 2:
+        raise KernelError("pad2d", (x,), "needs at least two dimensions")
+    ph, pw = padding
+    return shape[:-2] + (shape[-2] + 2 * ph, shape[-1] + 2 * pw), dtype_of(x)
+
+
+pad2d_p = declare("pad2d", lambda backend, x, padding, value: backend.pad2d(x, padding, value),
+                  _pad_shape)
+
+
+def _pad_transpose(ct: Any, x: Any, padding: tuple, value: float) -> tuple:
+    ph, pw = padding
+    h, w = shape_of(x)[-2:]
+    return (getitem_p.bind(ct, index=(Ellipsis, slice(ph, ph + h), slice(pw, pw + w))),)
+
+
+# Affine in x when value != 0; its tangent is always padded with zeros.
+deflinear(pad2d_p, _pad_transpose)
+defjvp(pad2d_p, lambda t, out, x, padding, value: pad2d_p.bind(t, padding=padding, value=0.0))
+
+
+def pad2d(x: Any, padding: tuple, value: float = 0.0) -> Any:
+    return pad2d_p.bind(x, padding=tuple(padding), value=value)
+
+
+# ---------------------------------------------------------------- identity (for transforms)
+
+
+identity_p = declare("identity", lambda backend, x: x, lambda x: (shape_of(x), dtype_of(x)),
+                     register=False)
+deflinear(identity_p, lambda ct, x: (ct,))
+
+
+def identity(x: Any) -> Any:
+    """x itself, as a new recorded node: marks where a nested transform's input begins."""
+    return identity_p.bind(x)

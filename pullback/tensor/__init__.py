@@ -1,0 +1,50 @@
+"""Tensors, eager recording, and the transforms over them."""
+
+from .creation import (
+    arange,
+    bool_,
+    float32,
+    float64,
+    full,
+    int32,
+    int64,
+    manual_seed,
+    ones,
+    ones_like,
+    rand,
+    randn,
+    tensor,
+    zeros,
+    zeros_like,
+)
+from .state import enable_grad, is_grad_enabled, no_grad
+from .tensor import Tensor
+from .transforms import grad, jvp, linear_transpose, linearize, value_and_grad, vjp
+
+__all__ = [
+    "Tensor",
+    "arange",
+    "bool_",
+    "enable_grad",
+    "float32",
+    "float64",
+    "full",
+    "grad",
+    "int32",
+    "int64",
+    "is_grad_enabled",
+    "jvp",
+    "linear_transpose",
+    "linearize",
+    "manual_seed",
+    "no_grad",
+    "ones",
+    "ones_like",
+    "rand",
+    "randn",
+    "tensor",
+    "value_and_grad",
+    "vjp",
+    "zeros",
+    "zeros_like",
+]

@@ -1,0 +1,226 @@
+"""The eager executor: how recorded graphs are run backwards on the current backend.
+
+Per node it takes the cheapest correct path: the backend's fused backward
+kernel (when the backend has `BackwardOps` and the backward is not itself
+recorded), the primitive's own transpose rule (a linear primitive is its own
+linearization), or the core's linearize-then-transpose.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import numpy as np
+
+from ..ad import (
+    BackwardExecutor,
+    DerivativeError,
+    GraphReleasedError,
+    LinearGraph,
+    LinearVar,
+    Zero,
+    backward_pass,
+    leaves_above,
+    linearize_node,
+    transpose_linear,
+)
+from ..backend.backward_ops import BackwardOps
+from ..backend.current import get_backend
+from .state import grad_mode
+from .tensor import Tensor, _wrap
+
+
+# Whether eager backward may use backends' fused kernels; off, every node goes through
+# the primitive's rules (transpose of its JVP), which is what checks compare against.
+_FUSED = [True]
+
+
+@contextmanager
+def fused_kernels(enabled: bool) -> Iterator[None]:
+    """Allow or forbid fused backward kernels inside the block (for checking rules)."""
+    previous = _FUSED[0]
+    _FUSED[0] = enabled
+    try:
+        yield
+    finally:
+        _FUSED[0] = previous
+
+
+class EagerExecutor(BackwardExecutor):
+    """Executes the core's backward plans on arrays, or on recorded tensors for
+    `create_graph`; memoizes each node's linearization when asked to (`vjp`
+    functions called many times)."""
+
+    def __init__(self, create_graph: bool = False, memoize: bool = False):
+        self.backend = get_backend()
+        self.create_graph = create_graph
+        self.fused = _FUSED[0] and not create_graph and isinstance(self.backend, BackwardOps)
+        self.memo: dict[int, Any] | None = {} if memoize else None
+
+    def execute_forward(self, prim: Any, args: tuple, params: dict) -> Any:
+        with grad_mode(self.create_graph):
+            return prim.bind(*args, **params)
+
+    def saved_operands(self, node: Any) -> tuple[Any, Any]:
+        if node.released:
+            raise GraphReleasedError(
+                f"backward: the saved values of {node.primitive.name} were freed by an earlier "
+                "backward; pass retain_graph=True to the first backward to go through the "
+                "graph twice"
+            )
+        if not self.create_graph:
+            return node.inputs, node.output
+        # Higher order: the saved values must stay connected to the graph that made them.
+        inputs = node.inputs
+        if inputs is not None:
+            inputs = tuple(
+                _wrap(v, p) if type(v) is np.ndarray else v for v, p in zip(inputs, node.parents)
+            )
+        output = _wrap(node.output, node) if node.output is not None else None
+        return inputs, output
+
+    def linearize_recorded_graph(self, node: Any) -> Any:
+        prim = node.primitive
+        if self.fused and prim.vjp is not None or _transposes_directly(node):
+            if node.released:
+                self.saved_operands(node)  # raises the clear error
+            return node
+        memo = self.memo
+        if memo is not None and id(node) in memo:
+            return memo[id(node)]
+        inputs, output = self.saved_operands(node)
+        with grad_mode(self.create_graph):
+            graph = linearize_node(node, inputs, output)
+        if memo is not None:
+            memo[id(node)] = graph
+        return graph
+
+    def run_transposed_linear(self, linearization: Any, ct: Any) -> tuple:
+        if type(linearization) is LinearGraph:
+            with grad_mode(self.create_graph):
+                cts = transpose_linear(linearization, (ct,), self.add_operands)
+            return self._unwrap(cts)
+        node = linearization
+        prim = node.primitive
+        if self.fused and prim.vjp is not None:
+            return prim.vjp(self.backend, ct, node)
+        inputs, _ = self.saved_operands(node)
+        if inputs is None:
+            inputs = (None,) * len(node.parents)
+        n = len(node.parents)
+        with grad_mode(self.create_graph):
+            if prim.bilinear:
+                # Bilinear: transpose in each active operand with the other held constant.
+                cts = [
+                    None if parent is None else prim.transpose(ct, *(
+                        LinearVar(None, node.in_shapes[i], node.dtype) if i == index else inputs[i]
+                        for i in range(n)), **node.params)[index]
+                    for index, parent in enumerate(node.parents)
+                ]
+            else:
+                # Jointly linear: one transpose; an inactive operand that was not saved
+                # is passed as a symbolic zero, which carries its shape.
+                args = tuple(
+                    LinearVar(None, node.in_shapes[i], node.dtype) if node.parents[i] is not None
+                    else inputs[i] if inputs[i] is not None
+                    else Zero(node.in_shapes[i], node.dtype)
+                    for i in range(n)
+                )
+                cts = [c if p is not None else None
+                       for c, p in zip(prim.transpose(ct, *args, **node.params), node.parents)]
+        return self._unwrap(cts)
+
+    def _unwrap(self, cts: Any) -> tuple:
+        if self.create_graph:
+            return tuple(cts)
+        return tuple(c._data if type(c) is Tensor else c for c in cts)
+
+    def add_operands(self, a: Any, b: Any) -> Any:
+        if self.create_graph or type(a) is not np.ndarray or type(b) is not np.ndarray:
+            with grad_mode(self.create_graph):
+                return a + b
+        return self.backend.add(a, b)
+
+    def derivative_error(self, node: Any, err: DerivativeError) -> Exception:
+        return DerivativeError(
+            f"backward: {err}, and it lies between {describe_leaves(node)} and the output; "
+            "give the op a derivative rule, or keep it off the path to the loss "
+            "(detach its input)"
+        )
+
+
+def _transposes_directly(node: Any) -> bool:
+    """Whether the node's own transpose rule gives every needed cotangent: the
+    primitive is linear in each active operand with the others held constant."""
+    prim = node.primitive
+    if prim.transpose is None:
+        return False
+    linear = prim.linear_args
+    return all(p is None or i in linear for i, p in enumerate(node.parents))
+
+
+def describe_leaves(node: Any) -> str:
+    """Name the differentiation inputs a node depends on, for error messages."""
+    names = []
+    for leaf in leaves_above(node):
+        owner = leaf.owner() if leaf.owner is not None else None
+        label = getattr(owner, "name", None) if owner is not None else None
+        names.append(f"{label or 'the tensor'} of shape {leaf.shape} ({leaf.dtype})")
+    return " and ".join(names[:3]) + (" and others" if len(names) > 3 else "") or "no input"
+
+
+def run_backward(output: Tensor, grad: Any, retain_graph: bool | None,
+                 create_graph: bool) -> None:
+    """`Tensor.backward`: push `grad` from `output` to every leaf's `.grad`."""
+    node = output._node
+    if node is None:
+        raise RuntimeError(
+            f"backward: this tensor (shape {output.shape}, {output.dtype}) does not require "
+            "grad: none of the tensors it was computed from requires grad"
+        )
+    ct = initial_cotangent("backward", output, grad)
+    if create_graph:
+        ct = ct if isinstance(ct, Tensor) else _wrap(ct, None)
+    elif isinstance(ct, Tensor):
+        ct = ct._data
+    retain = create_graph if retain_graph is None else retain_graph
+    executor = EagerExecutor(create_graph=create_graph)
+    leaf_cts = backward_pass([(node, ct)], executor, release=not retain)
+    for leaf, leaf_ct in leaf_cts.items():
+        owner = leaf.owner() if leaf.owner is not None else None
+        if owner is not None:
+            accumulate_grad(owner, leaf_ct, create_graph)
+
+
+def initial_cotangent(op: str, output: Tensor, grad: Any) -> Any:
+    if grad is None:
+        if output.size != 1:
+            raise RuntimeError(
+                f"{op}: grad can be left out only for a one-element output; this one has "
+                f"shape {output.shape}: pass grad= with that shape"
+            )
+        return np.ones(output.shape, dtype=output.dtype)
+    data = grad._data if isinstance(grad, Tensor) else np.asarray(grad, dtype=output.dtype)
+    if data.shape != output.shape or data.dtype != output.dtype:
+        raise ValueError(
+            f"{op}: grad has shape {data.shape} and dtype {data.dtype}, but the output has "
+            f"shape {output.shape} and dtype {output.dtype}"
+        )
+    return grad if isinstance(grad, Tensor) and grad._node is not None else data
+
+
+def accumulate_grad(tensor: Tensor, ct: Any, create_graph: bool) -> None:
+    """Add a cotangent to a leaf's `.grad`, as PyTorch accumulates."""
+    if create_graph:
+        value = ct if isinstance(ct, Tensor) else _wrap(ct, None)
+        tensor.grad = value if tensor.grad is None else tensor.grad + value
+        return
+    if isinstance(ct, Tensor):
+        ct = ct._data
+    if tensor.grad is None:
+        # Own the buffer: a cotangent may be a view or shared with another leaf.
+        tensor.grad = _wrap(np.array(ct, dtype=tensor.dtype, copy=True), None)
+    else:
+        tensor.grad = _wrap(tensor.grad._data + ct, None)

@@ -1,0 +1,231 @@
+"""Function transforms in the JAX manner: grad, value_and_grad, vjp, jvp,
+linearize, linear_transpose.
+
+Each records the function once on fresh inputs, then asks the autodiff core
+for what it needs. Transforms nest: when a transform's inputs or the values
+it closes over are themselves being differentiated by an outer transform,
+its backward is recorded (create_graph), so grad(grad(f)) works.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from ..ad import (
+    Leaf,
+    LinearGraph,
+    LinearVar,
+    Zero,
+    backward_pass,
+    evaluate_linear,
+    linearize_graph,
+    toposort,
+    transpose_linear,
+)
+from ..ops.shape import identity
+from .backward import EagerExecutor, initial_cotangent
+from .creation import as_array
+from .state import GRAD_ENABLED, grad_mode
+from .tensor import Tensor, _wrap
+
+
+def _trace_inputs(op: str, primals: Sequence[Any]) -> tuple[list[Tensor], bool]:
+    """Fresh differentiation inputs for `primals`; True if any is already being traced."""
+    inputs, nested = [], False
+    for index, p in enumerate(primals):
+        t = p if isinstance(p, Tensor) else _wrap(as_array(p), None)
+        if t.dtype.kind != "f":
+            raise TypeError(
+                f"{op}: argument {index} has dtype {t.dtype} (shape {t.shape}); "
+                "only floating inputs can be differentiated"
+            )
+        if t._node is not None and GRAD_ENABLED[0]:
+            nested = True
+            with grad_mode(True):
+                inputs.append(identity(t))
+        else:
+            fresh = _wrap(t._data, None)
+            fresh._node = Leaf(t.shape, t.dtype)
+            inputs.append(fresh)
+    return inputs, nested
+
+
+def _outputs(op: str, out: Any) -> tuple[tuple, bool]:
+    if isinstance(out, Tensor):
+        return (out,), True
+    if isinstance(out, (tuple, list)) and all(isinstance(o, Tensor) for o in out):
+        return tuple(out), False
+    raise TypeError(f"{op}: the function must return a tensor or a tuple of tensors, "
+                    f"not {type(out).__name__}")
+
+
+def _records_outside(outs: Sequence[Tensor], inputs: Sequence[Tensor]) -> bool:
+    """Whether the outputs depend on tensors an outer computation differentiates."""
+    if not GRAD_ENABLED[0]:
+        return False
+    ours = {id(i._node) for i in inputs}
+    roots = [o._node for o in outs if o._node is not None]
+    return any(n.primitive is None and id(n) not in ours for n in toposort(roots))
+
+
+def _result(ct: Any, like: Tensor) -> Tensor:
+    if ct is None:
+        return _wrap(np.zeros(like.shape, like.dtype), None)  # the output does not depend on it
+    return ct if isinstance(ct, Tensor) else _wrap(ct, None)
+
+
+def vjp(f: Callable, *primals: Any) -> tuple[Any, Callable]:
+    """`(f(*primals), vjp_fn)`; `vjp_fn(cotangent)` returns one gradient per primal."""
+    inputs, nested = _trace_inputs("vjp", primals)
+    with grad_mode(True):
+        out = f(*inputs)
+    outs, single = _outputs("vjp", out)
+    targets = [i._node for i in inputs]
+    outer = nested or _records_outside(outs, inputs)
+    executors: dict[bool, EagerExecutor] = {}
+
+    def vjp_fn(cotangent: Any) -> tuple:
+        cts = (cotangent,) if single else tuple(cotangent)
+        if len(cts) != len(outs):
+            raise ValueError(f"vjp: expected {len(outs)} cotangents, got {len(cts)}")
+        cts = [initial_cotangent("vjp", o, c) for o, c in zip(outs, cts)]
+        create = outer or any(isinstance(c, Tensor) for c in cts)
+        executor = executors.get(create) or executors.setdefault(
+            create, EagerExecutor(create_graph=create, memoize=True))
+        roots = [(o._node, c if create else _data(c)) for o, c in zip(outs, cts)
+                 if o._node is not None]
+        results = backward_pass(roots, executor, targets=targets)
+        return tuple(_result(results.get(t), i) for t, i in zip(targets, inputs))
+
+    return (out if outer else _detached(out)), vjp_fn
+
+
+def _detached(out: Any) -> Any:
+    """Outputs cut from the transform's private graph (nothing outside can use it)."""
+    if isinstance(out, Tensor):
+        return _wrap(out._data, None)
+    return type(out)(_wrap(o._data, None) for o in out)
+
+
+def _data(x: Any) -> Any:
+    return x._data if isinstance(x, Tensor) else x
+
+
+def value_and_grad(f: Callable, argnums: int | Sequence[int] = 0) -> Callable:
+    """A function returning `(f(*args), gradient)`; with a tuple `argnums`, a tuple of
+    gradients. `f` must return a one-element tensor."""
+    nums = (argnums,) if isinstance(argnums, int) else tuple(argnums)
+
+    def value_and_grad_f(*args: Any, **kwargs: Any) -> tuple[Any, Any]:
+        if any(not -len(args) <= n < len(args) for n in nums):
+            raise ValueError(f"grad: argnums {argnums} out of range for {len(args)} arguments")
+
+        def partial(*chosen: Any) -> Any:
+            full = list(args)
+            for n, value in zip(nums, chosen):
+                full[n] = value
+            return f(*full, **kwargs)
+
+        out, vjp_fn = vjp(partial, *(args[n] for n in nums))
+        if not isinstance(out, Tensor) or out.size != 1:
+            shape = getattr(out, "shape", type(out).__name__)
+            raise TypeError(f"grad: the function must return a one-element tensor, got {shape}")
+        grads = vjp_fn(None)
+        return out, grads[0] if isinstance(argnums, int) else grads
+
+    return value_and_grad_f
+
+
+def grad(f: Callable, argnums: int | Sequence[int] = 0) -> Callable:
+    """A function returning the gradient of one-element `f` with respect to `argnums`."""
+    value_and_grad_f = value_and_grad(f, argnums)
+
+    def grad_f(*args: Any, **kwargs: Any) -> Any:
+        return value_and_grad_f(*args, **kwargs)[1]
+
+    return grad_f
+
+
+def linearize(f: Callable, *primals: Any) -> tuple[Any, Callable]:
+    """`(f(*primals), f_jvp)` where `f_jvp(*tangents)` is the linear map at the primals."""
+    inputs, nested = _trace_inputs("linearize", primals)
+    with grad_mode(True):
+        out = f(*inputs)
+    outs, single = _outputs("linearize", out)
+    create = nested or _records_outside(outs, inputs)
+    executor = EagerExecutor(create_graph=create)
+    with grad_mode(create):
+        graph = linearize_graph([o._node for o in outs if o._node is not None],
+                                [i._node for i in inputs], executor)
+    produced = iter(graph.outputs)
+    graph.outputs = [next(produced) if o._node is not None else Zero(o.shape, o.dtype)
+                     for o in outs]
+
+    def f_jvp(*tangents: Any) -> Any:
+        if len(tangents) != len(inputs):
+            raise ValueError(f"linearize: expected {len(inputs)} tangents, got {len(tangents)}")
+        ts = [_tangent("linearize", t, i) for t, i in zip(tangents, inputs)]
+        active = create or any(isinstance(t, Tensor) and t._node is not None for t in ts)
+        with grad_mode(active):
+            results = evaluate_linear(graph, ts)
+        results = [_result(None, o) if type(r) is Zero else r for r, o in zip(results, outs)]
+        return results[0] if single else tuple(results)
+
+    return (out if create else _detached(out)), f_jvp
+
+
+def _tangent(op: str, t: Any, like: Tensor) -> Any:
+    if type(t) is LinearVar:
+        return t
+    data = t._data if isinstance(t, Tensor) else np.asarray(t, dtype=like.dtype)
+    if data.shape != like.shape or data.dtype != like.dtype:
+        raise ValueError(f"{op}: a tangent has shape {data.shape} and dtype {data.dtype}, but "
+                         f"its primal has shape {like.shape} and dtype {like.dtype}")
+    return t if isinstance(t, Tensor) and t._node is not None else data
+
+
+def jvp(f: Callable, primals: Sequence[Any], tangents: Sequence[Any]) -> tuple[Any, Any]:
+    """`(f(*primals), J(primals) @ tangents)`: forward mode, from the same JVP rules."""
+    primals, tangents = tuple(primals), tuple(tangents)
+    if len(primals) != len(tangents):
+        raise ValueError(f"jvp: {len(primals)} primals but {len(tangents)} tangents")
+    out, f_jvp = linearize(f, *primals)
+    return out, f_jvp(*tangents)
+
+
+def linear_transpose(f_lin: Callable, *primals: Any) -> Callable:
+    """The transpose of linear `f_lin`; `primals` give its inputs' shapes and dtypes.
+
+    The result, called with one output cotangent (a tuple for several outputs),
+    returns a tuple with one cotangent per input.
+    """
+    likes = [p if isinstance(p, Tensor) else _wrap(as_array(p), None) for p in primals]
+    graph = LinearGraph()
+    variables = [graph.new_input(p.shape, p.dtype) for p in likes]
+    out = f_lin(*variables)
+    single = not isinstance(out, (tuple, list))
+    outs = (out,) if single else tuple(out)
+    for o in outs:
+        if type(o) is not LinearVar and type(o) is not Zero and np.any(_data(o) != 0):
+            raise TypeError("linear_transpose: the function's output is not a linear function "
+                            "of its inputs (it has a constant part)")
+    graph.outputs = [o if type(o) is LinearVar else None for o in outs]
+
+    def f_transpose(cotangent: Any) -> tuple:
+        cts = (cotangent,) if single else tuple(cotangent)
+        if len(cts) != len(outs):
+            raise ValueError(f"linear_transpose: expected {len(outs)} cotangents, got {len(cts)}")
+        values = []
+        for c, o in zip(cts, outs):
+            data = c if isinstance(c, Tensor) else _wrap(np.asarray(c, dtype=o.dtype), None)
+            if data.shape != o.shape:
+                raise ValueError(f"linear_transpose: cotangent has shape {data.shape}, "
+                                 f"the output has shape {o.shape}")
+            values.append(data)
+        results = transpose_linear(graph, values, lambda a, b: a + b)
+        return tuple(_result(r, p) for r, p in zip(results, likes))
+
+    return f_transpose
