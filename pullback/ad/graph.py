@@ -92,17 +92,17 @@ class GraphReleasedError(RuntimeError):
 def toposort(roots: Iterable[Any]) -> list:
     """Nodes reachable from `roots`, each after all of its parents."""
     order: list = []
-    seen: set[int] = set()
+    seen: set = set()
     for root in roots:
-        if id(root) in seen:
+        if root in seen:
             continue
-        seen.add(id(root))
+        seen.add(root)
         stack = [(root, iter(root.parents))]
         while stack:
             node, parents = stack[-1]
             for parent in parents:
-                if parent is not None and id(parent) not in seen:
-                    seen.add(id(parent))
+                if parent is not None and parent not in seen:
+                    seen.add(parent)
                     stack.append((parent, iter(parent.parents)))
                     break
             else:
@@ -176,14 +176,16 @@ def backward_pass(
     if targets is not None:
         order = relevant_to(order, targets)
         stops = {id(t) for t in targets}
-    cts: dict[int, Any] = {}
+    cts: dict = {}
     add = executor.add_operands
     for node, ct in roots:
-        previous = cts.get(id(node))
-        cts[id(node)] = ct if previous is None else add(previous, ct)
+        previous = cts.get(node)
+        cts[node] = ct if previous is None else add(previous, ct)
     results: dict = {}
+    linearize = executor.linearize_recorded_graph
+    transpose = executor.run_transposed_linear
     for node in reversed(order):
-        ct = cts.pop(id(node), None)
+        ct = cts.pop(node, None)
         if node.primitive is None or (stops is not None and id(node) in stops):
             if ct is not None:
                 results[node] = ct
@@ -193,18 +195,17 @@ def backward_pass(
                 node.release()
             continue
         try:
-            lin = executor.linearize_recorded_graph(node)
+            lin = linearize(node)
         except DerivativeError as err:
             raise executor.derivative_error(node, err) from None
-        in_cts = executor.run_transposed_linear(lin, ct)
+        in_cts = transpose(lin, ct)
         if release:
             node.release()
         for parent, in_ct in zip(node.parents, in_cts):
             if parent is None or in_ct is None:
                 continue
-            key = id(parent)
-            previous = cts.get(key)
-            cts[key] = in_ct if previous is None else add(previous, in_ct)
+            previous = cts.get(parent)
+            cts[parent] = in_ct if previous is None else add(previous, in_ct)
     return results
 
 

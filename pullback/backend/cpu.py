@@ -25,7 +25,7 @@ _GELU_CUBIC = 0.044715
 
 # erf(x) = x * P(x**2) for |x| < 2; erfc(x) = exp(-x**2) * Q(6/x - 2) for 2 <= |x| < 6
 # (erf is +-1 in f64 beyond). Least-squares Chebyshev fits to math.erf / math.erfc,
-# written highest power first; max error against math.erf below 2.3e-16 in f64.
+# written highest power first; max error against math.erf 1.8e-15 in f64, 3.5e-7 in f32.
 _ERF_SERIES = (
     -4.5357453717597164e-15, 2.094654907251799e-13, -5.010109617527907e-12,
     8.544054714813639e-11, -1.1958431371167904e-09, 1.4714312608702773e-08,
@@ -477,7 +477,10 @@ class CpuBackend(BackwardOps, Backend):
         self, x: np.ndarray, kernel: Pair, stride: Pair, padding: Pair, pad_value: float = 0.0
     ) -> np.ndarray:
         kernel, stride, padding, out_hw = conv.check_windows("unfold2d", x, kernel, stride, padding)
-        return conv.unfold(x, kernel, stride, padding, out_hw, pad_value)
+        try:
+            return conv.unfold(x, kernel, stride, padding, out_hw, pad_value)
+        except (ValueError, TypeError, OverflowError) as exc:
+            raise KernelError("unfold2d", [x], f"cannot pad with {pad_value!r}: {exc}") from None
 
     def fold2d(
         self, cols: np.ndarray, input_shape: Shape, kernel: Pair, stride: Pair, padding: Pair

@@ -29,7 +29,8 @@ def _same(x: Any, **params: Any) -> tuple:
 
 
 def _needed(node: Any) -> tuple:
-    return tuple(p is not None for p in node.parents)
+    a, b = node.parents
+    return a is not None, b is not None
 
 
 # ---------------------------------------------------------------- binary arithmetic
@@ -39,7 +40,8 @@ def _binary_impl(name: str) -> Any:
     def impl(backend: Any, a: Any, b: Any) -> Any:
         out = getattr(backend, name)(a, b)
         dtype = out.dtype
-        if getattr(a, "dtype", dtype) != dtype or getattr(b, "dtype", dtype) != dtype:
+        # Identity first: the common case costs two attribute reads.
+        if getattr(a, "dtype", dtype) is not dtype or getattr(b, "dtype", dtype) is not dtype:
             return _mixed_dtypes(backend, name, a, b, out)
         return out
 
@@ -50,7 +52,7 @@ def _mixed_dtypes(backend: Any, name: str, a: Any, b: Any, out: Any) -> Any:
     """Integer or bool operands take the floating operand's dtype; two floats must agree."""
     dtype = result_dtype(name, a, b)
     if dtype is None or out.dtype == dtype or not is_float(dtype):
-        return out
+        return out  # equal dtypes that were not the same object, or no float involved
     cast = [backend.astype(x, dtype) if hasattr(x, "dtype") and x.dtype != dtype else x
             for x in (a, b)]
     return getattr(backend, name)(*cast)

@@ -18,7 +18,7 @@ from .creation import (
     zeros_like,
 )
 from .state import enable_grad, is_grad_enabled, no_grad
-from .tensor import Tensor
+from .eager import Tensor
 from .transforms import grad, jvp, linear_transpose, linearize, value_and_grad, vjp
 
 __all__ = [

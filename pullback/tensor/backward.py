@@ -29,7 +29,7 @@ from ..ad import (
 from ..backend.backward_ops import BackwardOps
 from ..backend.current import get_backend
 from .state import grad_mode
-from .tensor import Tensor, _wrap
+from .eager import Tensor, _wrap
 
 
 # Whether eager backward may use backends' fused kernels; off, every node goes through

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from .tensor import Tensor, _wrap
+from .eager import Tensor, _wrap
 
 float32 = np.dtype(np.float32)
 float64 = np.dtype(np.float64)

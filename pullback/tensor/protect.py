@@ -18,17 +18,14 @@ from ..ad import Node
 _protected: dict[int, list] = {}
 
 
-def protect(array: Any, op: str) -> None:
-    if type(array) is not np.ndarray:
-        return
+def protect(array: np.ndarray, op: str) -> None:
     entry = _protected.get(id(array))
     if entry is not None:
         entry[0] += 1
-        return
-    if not array.flags.writeable:
-        return  # read-only already (a broadcast view, a user's frozen array): not ours to lift
-    array.flags.writeable = False
-    _protected[id(array)] = [1, op]
+    elif array.flags.writeable:
+        array.flags.writeable = False
+        _protected[id(array)] = [1, op]
+    # else: read-only already (a broadcast view, a user's frozen array): not ours to lift
 
 
 def unprotect(array: Any) -> None:
@@ -55,25 +52,22 @@ class TensorNode(Node):
 
     __slots__ = ()
 
-    def protect_saved(self) -> None:
-        name = self.primitive.name
-        if self.inputs is not None:
-            for array in self.inputs:
-                protect(array, name)
-        if self.output is not None:
-            protect(self.output, name)
-
-    def _unprotect_saved(self) -> None:
-        if self.inputs is not None:
-            for array in self.inputs:
-                unprotect(array)
-        if self.output is not None:
-            unprotect(self.output)
-
     def release(self) -> None:
-        self._unprotect_saved()
-        super().release()
+        # Inlined: this runs once per node in every backward.
+        inputs = self.inputs
+        if inputs is not None:
+            if _protected:
+                for array in inputs:
+                    if type(array) is np.ndarray:
+                        unprotect(array)
+            self.inputs = None
+        output = self.output
+        if output is not None:
+            if _protected:
+                unprotect(output)
+            self.output = None
+        self.released = True
 
     def __del__(self) -> None:
         if self.inputs is not None or self.output is not None:
-            self._unprotect_saved()
+            self.release()

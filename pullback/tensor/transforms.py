@@ -29,7 +29,7 @@ from ..ops.shape import identity
 from .backward import EagerExecutor, initial_cotangent
 from .creation import as_array
 from .state import GRAD_ENABLED, grad_mode
-from .tensor import Tensor, _wrap
+from .eager import Tensor, _wrap
 
 
 def _trace_inputs(op: str, primals: Sequence[Any]) -> tuple[list[Tensor], bool]:

@@ -18,7 +18,7 @@ from .. import ops
 from ..ad import Leaf, LinearVar, set_evaluator
 from ..backend.current import _current, get_backend
 from ..backend.errors import KernelError
-from .protect import TensorNode, saved_by
+from .protect import TensorNode, protect, saved_by
 from .state import GRAD_ENABLED
 
 _new = object.__new__
@@ -35,17 +35,33 @@ def _wrap(data: Any, node: Any) -> Tensor:
 def evaluate(prim: Any, args: tuple, params: dict) -> Tensor:
     """Run `prim` on concrete operands (tensors, arrays, scalars); record if active."""
     backend = _current[-1] if _current else get_backend()
-    arrays = tuple([a._data if type(a) is Tensor else a for a in args])
-    out = prim.impl(backend, *arrays, **params)
-    if not GRAD_ENABLED[0] or not prim.differentiable:
-        return _wrap(out, None)
-    parents = tuple([a._node if type(a) is Tensor else None for a in args])
-    for parent in parents:
-        if parent is not None:
-            break
+    active = False
+    if len(args) == 1:  # the common cases, without building lists
+        a = args[0]
+        if type(a) is Tensor:
+            arrays = (a._data,)
+            parents = (a._node,)
+            active = a._node is not None
+        else:
+            arrays, parents = args, (None,)
+    elif len(args) == 2:
+        a, b = args
+        if type(a) is Tensor:
+            x, pa = a._data, a._node
+        else:
+            x, pa = a, None
+        if type(b) is Tensor:
+            y, pb_ = b._data, b._node
+        else:
+            y, pb_ = b, None
+        arrays, parents = (x, y), (pa, pb_)
+        active = pa is not None or pb_ is not None
     else:
-        return _wrap(out, None)
-    if out.dtype.kind != "f":
+        arrays = tuple([a._data if type(a) is Tensor else a for a in args])
+        parents = tuple([a._node if type(a) is Tensor else None for a in args])
+        active = any(p is not None for p in parents)
+    out = prim.impl(backend, *arrays, **params)
+    if not active or not GRAD_ENABLED[0] or not prim.differentiable or out.dtype.kind != "f":
         return _wrap(out, None)  # integer and bool results carry no gradient
     node = TensorNode(
         prim,
@@ -53,12 +69,16 @@ def evaluate(prim: Any, args: tuple, params: dict) -> Tensor:
         parents,
         arrays if prim.saves_inputs else None,
         out if prim.saves_output else None,
-        tuple([a.shape if type(a) is np.ndarray else () for a in arrays]),
+        tuple([x.shape if type(x) is np.ndarray else () for x in arrays]),
         out.shape,
         out.dtype,
     )
-    if prim.saves_inputs or prim.saves_output:
-        node.protect_saved()
+    if prim.saves_inputs:
+        for x in arrays:
+            if type(x) is np.ndarray:
+                protect(x, prim.name)
+    if prim.saves_output:
+        protect(out, prim.name)
     return _wrap(out, node)
 
 

@@ -1,0 +1,25 @@
+"""Shared timing helpers for the benchmarks: best-of-repeats wall time, pinned threads."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+
+
+def pin_threads(n: int = 2) -> None:
+    """Give every library the same thread count before any of them starts its pool."""
+    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(var, str(n))
+
+
+def best_time(fn: Callable[[], object], repeats: int = 7, number: int = 200) -> float:
+    """Seconds per call: the best of `repeats` runs of `number` calls (least noise)."""
+    fn()  # warm up caches and lazy imports
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(number):
+            fn()
+        best = min(best, (time.perf_counter() - start) / number)
+    return best

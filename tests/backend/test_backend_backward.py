@@ -1,0 +1,232 @@
+"""Every backward kernel of CpuBackend against (a) the BackwardOps default built from
+forward ops and (b) central differences of the forward op, plus dtype preservation.
+
+A case is (primals, forward, backward): backward(backend, upstream, *primals, output)
+returns one gradient per primal; the checks run over one table of cases.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+import pytest
+
+
+@dataclass
+class Case:
+    name: str
+    shapes: tuple  # one shape per primal
+    forward: Callable[..., Any]
+    backward: Callable[..., tuple]
+    domain: str = "real"
+
+    def primals(self, rng, dtype):
+        low, high = {"real": (-2, 2), "positive": (0.5, 2), "no_kink": (0.2, 2)}[self.domain]
+        arrays = [rng.uniform(low, high, size=s) for s in self.shapes]
+        if self.domain == "no_kink":  # keep |x| away from relu/abs kinks and max/min ties
+            arrays = [a * rng.choice([-1, 1], size=a.shape) for a in arrays]
+        return [a.astype(dtype) for a in arrays]
+
+
+UNARY = [
+    ("relu_backward", "relu", "input", "no_kink"),
+    ("sigmoid_backward", "sigmoid", "output", "real"),
+    ("tanh_backward", "tanh", "output", "real"),
+    ("exp_backward", "exp", "output", "real"),
+    ("log_backward", "log", "input", "positive"),
+    ("sqrt_backward", "sqrt", "output", "positive"),
+    ("abs_backward", "abs", "input", "no_kink"),
+    ("silu_backward", "silu", "input", "real"),
+    ("softplus_backward", "softplus", "input", "real"),
+]
+BROADCAST = [((3, 4), (3, 4)), ((3, 1), (1, 4)), ((2, 3, 4), (4,)), ((4,), ())]
+MATMUL = [
+    ((3, 4), (4, 5)), ((2, 3, 4), (4, 5)), ((4,), (4, 5)), ((3, 4), (4,)), ((4,), (4,)),
+    ((2, 1, 3, 4), (5, 4, 2)), ((3, 4), (2, 4, 5)), ((2, 3, 4), (2, 4, 5)),
+]
+
+
+def _unary(kernel, op, saved, domain):
+    def backward(b, u, x, y):
+        return (getattr(b, kernel)(u, x if saved == "input" else y),)
+
+    return Case(kernel, ((3, 5),), lambda b, x: getattr(b, op)(x), backward, domain)
+
+
+def _binary(op, shapes):
+    if op in ("add", "sub"):
+        backward = lambda b, u, x, z, y: getattr(b, f"{op}_backward")(u, x.shape, z.shape)
+    else:
+        backward = lambda b, u, x, z, y: getattr(b, f"{op}_backward")(u, x, z)
+    domain = {"div": "positive", "maximum": "no_kink", "minimum": "no_kink"}.get(op, "real")
+    return Case(f"{op}_backward{shapes}", shapes, lambda b, x, z: getattr(b, op)(x, z),
+                backward, domain)
+
+
+def _cases():
+    cases = [_unary(*row) for row in UNARY]
+    for approximate in ("none", "tanh"):
+        cases.append(Case(
+            f"gelu_backward[{approximate}]", ((3, 5),),
+            lambda b, x, a=approximate: b.gelu(x, a),
+            lambda b, u, x, y, a=approximate: (b.gelu_backward(u, x, a),),
+        ))
+    for axis in (0, -1):
+        cases.append(Case(f"softmax_backward[{axis}]", ((3, 5),),
+                          lambda b, x, a=axis: b.softmax(x, a),
+                          lambda b, u, x, y, a=axis: (b.softmax_backward(u, y, a),)))
+        cases.append(Case(f"log_softmax_backward[{axis}]", ((3, 5),),
+                          lambda b, x, a=axis: b.log_softmax(x, a),
+                          lambda b, u, x, y, a=axis: (b.log_softmax_backward(u, y, a),)))
+    for shape, axes, keep in [((2, 3, 4), (0, 2), False), ((2, 3, 4), (1,), True),
+                              ((2, 3), (), False), ((2, 3), (0, 1), False)]:
+        cases.append(Case(f"reduce_sum_backward{shape}{axes}{keep}", (shape,),
+                          lambda b, x, a=axes, k=keep: b.reduce_sum(x, a, k),
+                          lambda b, u, x, y, a=axes, k=keep:
+                          (b.reduce_sum_backward(u, x.shape, a, k),)))
+    for shape, axes, keep in [((2, 3, 4), (1,), False), ((2, 3, 4), (0, 2), True)]:
+        cases.append(Case(f"reduce_max_backward{shape}{axes}{keep}", (shape,),
+                          lambda b, x, a=axes, k=keep: b.reduce_max(x, a, k),
+                          lambda b, u, x, y, a=axes, k=keep:
+                          (b.reduce_max_backward(u, x, y, a, k),)))
+    for op in ("add", "sub", "mul", "div", "maximum", "minimum"):
+        cases.extend(_binary(op, shapes) for shapes in BROADCAST)
+    cases.extend(
+        Case(f"matmul_backward{shapes}", shapes, lambda b, x, z: b.matmul(x, z),
+             lambda b, u, x, z, y: b.matmul_backward(u, x, z))
+        for shapes in MATMUL
+    )
+    for stride, padding in [((1, 1), (0, 0)), ((2, 1), (1, 2))]:
+        cases.append(Case(
+            f"conv2d_backward{stride}{padding}", ((2, 3, 7, 6), (4, 3, 3, 2)),
+            lambda b, x, w, s=stride, p=padding: b.conv2d(x, w, s, p),
+            lambda b, u, x, w, y, s=stride, p=padding: (
+                b.conv2d_input_backward(u, w, x.shape, s, p),
+                b.conv2d_weight_backward(u, x, w.shape, s, p),
+            ),
+        ))
+    cases.append(Case(
+        "conv2d_bias_backward", ((3,),),
+        lambda b, bias: b.mul(b.reshape(bias, (1, 3, 1, 1)), np.ones((2, 3, 4, 5), bias.dtype)),
+        lambda b, u, bias, y: (b.conv2d_bias_backward(u),),
+    ))
+    for kernel, stride, padding in [((2, 2), (2, 2), (0, 0)), ((3, 3), (2, 1), (1, 1))]:
+        cases.append(Case(
+            f"max_pool2d_backward{kernel}{stride}{padding}", ((2, 2, 7, 6),),
+            lambda b, x, k=kernel, s=stride, p=padding: b.max_pool2d(x, k, s, p),
+            lambda b, u, x, y, k=kernel, s=stride, p=padding:
+            (b.max_pool2d_backward(u, x, y, k, s, p),),
+        ))
+        cases.append(Case(
+            f"avg_pool2d_backward{kernel}{stride}{padding}", ((2, 2, 7, 6),),
+            lambda b, x, k=kernel, s=stride, p=padding: b.avg_pool2d(x, k, s, p),
+            lambda b, u, x, y, k=kernel, s=stride, p=padding:
+            (b.avg_pool2d_backward(u, x.shape, k, s, p),),
+        ))
+    return cases
+
+
+CASES = _cases()
+
+
+def _run(backend, case, primals, rng):
+    out = case.forward(backend, *primals)
+    upstream = rng.standard_normal(np.shape(out)).astype(out.dtype)
+    return upstream, case.backward(backend, upstream, *primals, out)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_backward_matches_central_differences(cpu, rng, case):
+    primals = case.primals(rng, np.float64)
+    upstream, grads = _run(cpu, case, primals, rng)
+    directions = [rng.standard_normal(np.shape(p)) for p in primals]
+    eps = 1e-6
+    plus = case.forward(cpu, *[p + eps * d for p, d in zip(primals, directions, strict=True)])
+    minus = case.forward(cpu, *[p - eps * d for p, d in zip(primals, directions, strict=True)])
+    numeric = np.sum(upstream * (plus - minus)) / (2 * eps)
+    analytic = sum(np.sum(g * d) for g, d in zip(grads, directions, strict=True))
+    for g, p in zip(grads, primals, strict=True):
+        assert g.shape == np.shape(p)
+    np.testing.assert_allclose(analytic, numeric, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_fused_backward_matches_default(cpu, forward_only, rng, case):
+    primals = case.primals(rng, np.float64)
+    upstream, fused = _run(cpu, case, primals, np.random.default_rng(7))
+    _, default = _run(forward_only, case, primals, np.random.default_rng(7))
+    for f, d in zip(fused, default, strict=True):
+        np.testing.assert_allclose(f, d, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_backward_keeps_f32(cpu, forward_only, rng, case):
+    primals = case.primals(rng, np.float32)
+    for backend in (cpu, forward_only):
+        _, grads = _run(backend, case, primals, rng)
+        assert all(g.dtype == np.float32 for g in grads), backend.name
+
+
+@pytest.mark.parametrize("op", ["mul", "div", "maximum", "matmul"])
+@pytest.mark.parametrize("needed", [(True, False), (False, True)])
+def test_binary_backward_skips_unneeded_grads(cpu, forward_only, rng, op, needed):
+    x = rng.uniform(0.5, 2, (3, 4))
+    z = rng.uniform(0.5, 2, (4, 4) if op == "matmul" else (1, 4))
+    upstream = rng.standard_normal(getattr(cpu, op)(x, z).shape)
+    both = getattr(cpu, f"{op}_backward")(upstream, x, z)
+    for backend in (cpu, forward_only):
+        grads = getattr(backend, f"{op}_backward")(upstream, x, z, needed=needed)
+        for grad, full, wanted in zip(grads, both, needed, strict=True):
+            if wanted:
+                np.testing.assert_allclose(grad, full)
+            else:
+                assert grad is None
+
+
+def test_add_sub_backward_skip_unneeded_grads(cpu):
+    upstream = np.ones((2, 3))
+    assert cpu.add_backward(upstream, (2, 3), (3,), needed=(False, True))[0] is None
+    assert cpu.sub_backward(upstream, (2, 3), (3,), needed=(True, False))[1] is None
+
+
+def test_add_backward_returns_fresh_arrays(cpu):
+    upstream = np.ones((2, 3))
+    grads = cpu.add_backward(upstream, (2, 3), (2, 3))
+    assert all(g is not upstream and not np.shares_memory(g, upstream) for g in grads)
+
+
+@pytest.mark.parametrize(("op", "lhs_share", "rhs_share"),
+                         [("maximum", [0.5, 1.0, 0.0], [0.5, 0.0, 1.0]),
+                          ("minimum", [0.5, 0.0, 1.0], [0.5, 1.0, 0.0])])
+def test_maximum_minimum_split_ties_evenly(cpu, forward_only, op, lhs_share, rhs_share):
+    x, z = np.array([1.0, 2.0, 3.0]), np.array([1.0, 0.0, 5.0])
+    for backend in (cpu, forward_only):
+        grad_lhs, grad_rhs = getattr(backend, f"{op}_backward")(np.ones(3), x, z)
+        assert grad_lhs.tolist() == lhs_share and grad_rhs.tolist() == rhs_share
+
+
+def test_reduce_max_backward_shares_ties_equally(cpu, forward_only):
+    x = np.array([[1.0, 3.0, 3.0], [2.0, 2.0, 0.0]])
+    y = x.max(axis=1)
+    for backend in (cpu, forward_only):
+        grad = backend.reduce_max_backward(np.array([1.0, 4.0]), x, y, (1,), False)
+        assert grad.tolist() == [[0.0, 0.5, 0.5], [2.0, 2.0, 0.0]]
+
+
+def test_max_pool2d_backward_routes_ties_to_first_max(cpu, forward_only):
+    x = np.ones((1, 1, 3, 3))
+    y = cpu.max_pool2d(x, (2, 2), (1, 1), (0, 0))
+    for backend in (cpu, forward_only):
+        grad = backend.max_pool2d_backward(np.ones_like(y), x, y, (2, 2), (1, 1), (0, 0))
+        assert grad[0, 0].tolist() == [[1.0, 1.0, 0.0], [1.0, 1.0, 0.0], [0.0, 0.0, 0.0]]
+
+
+def test_matmul_backward_reduces_broadcast_batch(cpu, rng):
+    x, w = rng.standard_normal((1, 3, 4)), rng.standard_normal((5, 4, 2))
+    upstream = rng.standard_normal((5, 3, 2))
+    grad_x, grad_w = cpu.matmul_backward(upstream, x, w)
+    assert grad_x.shape == (1, 3, 4) and grad_w.shape == (5, 4, 2)
+    expected = sum(upstream[i] @ w[i].T for i in range(5))
+    np.testing.assert_allclose(grad_x[0], expected)
