@@ -6,6 +6,7 @@ linearize, linear_transpose), gradient checking and the backends.
 
 from .backend import Backend, BackwardOps, CpuBackend, KernelError, ThreadedCpuBackend
 from .backend.current import get_backend, set_backend, use_backend
+from .check import GradcheckError, gradcheck
 from .ops import (
     abs,
     add,
@@ -82,6 +83,7 @@ __all__ = [
     "Backend",
     "BackwardOps",
     "CpuBackend",
+    "GradcheckError",
     "KernelError",
     "Tensor",
     "ThreadedCpuBackend",
@@ -105,6 +107,7 @@ __all__ = [
     "gelu",
     "get_backend",
     "grad",
+    "gradcheck",
     "greater",
     "greater_equal",
     "int32",

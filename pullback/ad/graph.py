@@ -221,7 +221,7 @@ def linearize_graph(
     graph = LinearGraph()
     tangent: dict[int, Any] = {}
     for node in input_nodes:
-        var = graph.new_input(node.shape, node.dtype)
+        var = graph.new_input(_shape(node), node.dtype)
         tangent.setdefault(id(node), var)
     order = relevant_to(toposort(output_nodes), input_nodes)
     for node in order:

@@ -55,17 +55,16 @@ def _weak_dtype(value: Any) -> Any:
 
 
 def _split_binary(op: str, ufunc: np.ufunc) -> Callable:
-    whole = getattr(CpuBackend, op)
-
     def method(self: ThreadedCpuBackend, a: Any, b: Any) -> np.ndarray:
-        if max(np.size(a), np.size(b)) < self.parallel_threshold:
-            return whole(self, a, b)
         try:
+            limit = self.parallel_threshold
+            if getattr(a, "size", 1) < limit and getattr(b, "size", 1) < limit:
+                return ufunc(a, b, out=...)
             shape = np.broadcast_shapes(np.shape(a), np.shape(b))
             dtype = ufunc.resolve_dtypes((_weak_dtype(a), _weak_dtype(b), None))[-1]
-        except (ValueError, TypeError):
-            return whole(self, a, b)  # let CpuBackend raise the translated error
-        return self._map(ufunc, (a, b), shape, dtype)
+            return self._map(ufunc, (a, b), shape, dtype)
+        except (ValueError, TypeError) as exc:
+            raise cpu.binary_error(op, a, b, exc) from None
 
     return _named(op, method)
 

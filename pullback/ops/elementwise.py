@@ -163,6 +163,8 @@ def _pow_jvp_base(t: Any, out: Any, a: Any, b: Any) -> Any:
 
 def _pow_jvp_exponent(t: Any, out: Any, a: Any, b: Any) -> Any:
     # d/db a**b = a**b * log(a); defined as 0 where a == 0 (as PyTorch does for a**b at 0).
+    if isinstance(a, (int, float)):  # a Python base keeps the exponent's dtype
+        return mul(t, mul(out, math.log(a) if a > 0 else 0.0))
     positive = greater(a, 0.0)
     safe_log = log(where(positive, a, 1.0))
     return mul(t, mul(out, safe_log))
@@ -372,7 +374,16 @@ def _where_shape(a: Any, b: Any, cond: Any) -> tuple:
 
 
 # The condition is a parameter, not an operand: it is never differentiated.
-where_p = declare("where", lambda backend, a, b, cond: backend.where(cond, a, b), _where_shape)
+def _where_impl(backend: Any, a: Any, b: Any, cond: Any) -> Any:
+    out = backend.where(cond, a, b)
+    if getattr(a, "dtype", out.dtype) is not out.dtype or getattr(b, "dtype", out.dtype) is not out.dtype:
+        dtype = result_dtype("where", a, b)  # raises for two floating dtypes
+        if dtype is not None and dtype != out.dtype:
+            out = backend.astype(out, dtype)
+    return out
+
+
+where_p = declare("where", _where_impl, _where_shape)
 
 
 def where(cond: Any, a: Any, b: Any) -> Any:

@@ -31,7 +31,13 @@ def _matmul_shape(a: Any, b: Any) -> tuple:
     return out, result_dtype("matmul", a, b)
 
 
-matmul_p = declare("matmul", lambda backend, a, b: backend.matmul(a, b), _matmul_shape)
+def _matmul_impl(backend: Any, a: Any, b: Any) -> Any:
+    if a.dtype is not b.dtype and a.dtype != b.dtype:
+        result_dtype("matmul", a, b)  # raises for two floating dtypes
+    return backend.matmul(a, b)
+
+
+matmul_p = declare("matmul", _matmul_impl, _matmul_shape)
 
 
 def _matrix_ct(ct: Any, sa: tuple, sb: tuple) -> Any:

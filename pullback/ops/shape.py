@@ -215,9 +215,14 @@ def _concat_shape(*xs: Any, axis: int) -> tuple:
     return first[:axis] + (size,) + first[axis + 1 :], dtype_of(xs[0])
 
 
-concatenate_p = declare(
-    "concatenate", lambda backend, *xs, axis: backend.concatenate(xs, axis), _concat_shape
-)
+def _concat_impl(backend: Any, *xs: Any, axis: int) -> Any:
+    dtype = xs[0].dtype
+    if any(x.dtype != dtype for x in xs[1:]):
+        raise KernelError("concatenate", xs, "operands have different dtypes; cast with astype")
+    return backend.concatenate(xs, axis)
+
+
+concatenate_p = declare("concatenate", _concat_impl, _concat_shape)
 
 
 def _concat_jvp(tangents: tuple, output: Any, inputs: tuple, axis: int) -> Any:

@@ -48,28 +48,39 @@ floor_p = _primitive("floor_no_rule")
 scale_by_p = _primitive("scale_by", saves_inputs=True)
 
 
+# The functions work on floats, `LinearVar`s (inside rules) and `Var`s (recorded).
+
+
 def sin(x: Any) -> Any:
-    return sin_p.bind(x)
+    return apply(sin_p, x)
 
 
 def cos(x: Any) -> Any:
-    return cos_p.bind(x)
+    return apply(cos_p, x)
 
 
 def exp(x: Any) -> Any:
-    return exp_p.bind(x)
+    return apply(exp_p, x)
 
 
 def mul(a: Any, b: Any) -> Any:
-    return mul_p.bind(a, b)
+    return apply(mul_p, a, b)
 
 
 def add(a: Any, b: Any) -> Any:
-    return add_p.bind(a, b)
+    return apply(add_p, a, b)
 
 
 def neg(x: Any) -> Any:
-    return neg_p.bind(x)
+    return apply(neg_p, x)
+
+
+def floor_no_rule(x: Any) -> Any:
+    return apply(floor_p, x)
+
+
+def scale_by(x: Any, s: Any) -> Any:
+    return apply(scale_by_p, x, s)
 
 
 defjvp(sin_p, lambda t, out, x: mul(t, cos(x)))
@@ -132,11 +143,26 @@ class Var:
     def leaf(cls, value: float) -> Var:
         return cls(float(value), Leaf(SCALAR, DTYPE))
 
+    def __mul__(self, other: Any) -> Any:
+        return mul(self, other)
+
+    def __rmul__(self, other: Any) -> Any:
+        return mul(other, self)
+
+    def __add__(self, other: Any) -> Any:
+        return add(self, other)
+
+    def __radd__(self, other: Any) -> Any:
+        return add(other, self)
+
+    def __neg__(self) -> Any:
+        return neg(self)
+
 
 def apply(prim: Primitive, *operands: Any) -> Any:
     """Apply `prim` to floats and `Var`s, recording a node when an operand is active."""
     values = tuple(o.value if isinstance(o, Var) else o for o in operands)
-    out = prim.bind(*values)
+    out = prim.bind(*values)  # evaluated, or recorded into a linear graph
     parents = tuple(o.node if isinstance(o, Var) else None for o in operands)
     if all(p is None for p in parents):
         return out

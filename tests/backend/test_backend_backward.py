@@ -7,8 +7,9 @@ returns one gradient per primal; the checks run over one table of cases.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import pytest
@@ -155,7 +156,7 @@ def test_backward_matches_central_differences(cpu, rng, case):
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 def test_fused_backward_matches_default(cpu, forward_only, rng, case):
     primals = case.primals(rng, np.float64)
-    upstream, fused = _run(cpu, case, primals, np.random.default_rng(7))
+    _, fused = _run(cpu, case, primals, np.random.default_rng(7))
     _, default = _run(forward_only, case, primals, np.random.default_rng(7))
     for f, d in zip(fused, default, strict=True):
         np.testing.assert_allclose(f, d, rtol=1e-10, atol=1e-12)

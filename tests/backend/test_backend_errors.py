@@ -63,7 +63,7 @@ ERRORS = [
      "stride (0, 1) must be positive"),
     (lambda b: b.unfold2d(f32(1, 1, 5, 5), (3, 3), (1, 1), (-1, 0)), "unfold2d",
      "padding (-1, 0) must be non-negative"),
-    (lambda b: b.fold2d(f32(1, 1, 3, 3, 2, 2), (1, 1, 4, 4), (3, 3), (1, 1), (0, 0)), "fold2d",
+    (lambda b: b.fold2d(f32(1, 1, 3, 3, 3, 3), (1, 1, 4, 4), (3, 3), (1, 1), (0, 0)), "fold2d",
      "expected windows of shape (1, 1, 3, 3, 2, 2)"),
     (lambda b: b.max_pool2d(f32(1, 1, 5), (2, 2), (2, 2), (0, 0)), "max_pool2d", "4-D"),
     (lambda b: b.max_pool2d(f32(1, 1, 5, 5), (2, 2), (2, 2), (2, 2)), "max_pool2d",
