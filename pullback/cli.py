@@ -1,8 +1,7 @@
 """The `pullback` command: `pullback check` checks every primitive's derivatives.
 
-Each subcommand is a `_add_<name>` function that declares its arguments and
-sets `run`; `main` dispatches. (`pullback train` joins here once the training
-layers exist.)
+Each subcommand is an `_add_<name>` function that declares its arguments and
+the function that runs it; `main` dispatches.
 """
 
 from __future__ import annotations
@@ -29,7 +28,7 @@ def main(
     if args.command is None:
         parser.print_help()
         return 2
-    return args.run(args, parser, {"primitives": primitives, "specs": specs})
+    return args.run(args, {"primitives": primitives, "specs": specs})
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -38,6 +37,7 @@ def _parser() -> argparse.ArgumentParser:
         "backward pass.")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     _add_check(commands)
+    # `pullback train` goes here (an `_add_train`) once the training layers exist.
     return parser
 
 
@@ -51,17 +51,16 @@ def _add_check(commands: Any) -> None:
                        help="check only this primitive (repeatable)")
     check.add_argument("--backend", choices=[*BACKENDS, "all"], default="all",
                        help="which backend to check on (default: all)")
-    check.set_defaults(run=_run_check)
+    check.set_defaults(run=_run_check, command_parser=check)
 
 
-def _run_check(args: argparse.Namespace, parser: argparse.ArgumentParser,
-               injected: dict[str, Any]) -> int:
+def _run_check(args: argparse.Namespace, injected: dict[str, Any]) -> int:
     backends = list(BACKENDS) if args.backend == "all" else [args.backend]
     start = time.perf_counter()
     try:
         rows = run_checks(args.ops, backends, **injected)
     except KeyError as err:
-        parser.error(str(err.args[0]))
+        args.command_parser.error(str(err.args[0]))
     print(format_table(rows))
     print(summary(rows, time.perf_counter() - start))
     sys.stdout.flush()

@@ -68,6 +68,13 @@ class LinearGraph:
                 f"it is linear in {tuple(sorted(prim.linear_args))}"
                 + (" one at a time" if prim.bilinear else "")
             )
+        if not prim.bilinear:
+            for i, arg in enumerate(args):
+                if i in prim.linear_args and type(arg) is not LinearVar and not _is_zero(arg):
+                    raise NotLinearError(
+                        f"{prim.name} of a tangent and a constant (argument {i}) is affine, "
+                        "not linear"
+                    )
         shape, dtype = prim.abstract_eval(*args, **params)
         out = LinearVar(self, shape, dtype)
         self.equations.append(Equation(prim, args, params, out))
@@ -77,6 +84,11 @@ class LinearGraph:
         lines = [f"LinearGraph(inputs={len(self.inputs)})"]
         lines += [f"  {eq!r}" for eq in self.equations]
         return "\n".join(lines)
+
+
+def _is_zero(value: Any) -> bool:
+    """A constant that keeps a jointly linear op linear: a symbolic or a literal zero."""
+    return type(value) is Zero or (isinstance(value, (int, float)) and value == 0)
 
 
 def transpose_linear(

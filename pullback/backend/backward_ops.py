@@ -10,6 +10,7 @@ import math
 from typing import Any
 
 from pullback.backend.base import Array, Pair, Shape
+from pullback.backend.errors import KernelError
 
 Needed = tuple[bool, bool]
 Grads = tuple[Any, Any]
@@ -92,10 +93,13 @@ class BackwardOps:
             )
             right = self.mul(self.mul(x, self.sub(1, self.mul(t, t))), dinner)
             slope = self.mul(self.add(self.add(1, t), right), 0.5)
-        else:
+        elif approximate == "none":
             cdf = self.mul(self.add(self.erf(self.mul(x, _SQRT1_2)), 1), 0.5)
             pdf = self.mul(self.exp(self.mul(self.mul(x, x), -0.5)), _INV_SQRT_2PI)
             slope = self.add(cdf, self.mul(x, pdf))
+        else:
+            raise KernelError("gelu_backward", [upstream, x],
+                              f"approximate must be 'none' or 'tanh', not {approximate!r}")
         return self.mul(upstream, slope)
 
     def softmax_backward(self, upstream: Array, forward_output: Array, axis: int) -> Array:

@@ -15,7 +15,8 @@ from pullback.backend.errors import KernelError
 Pair = tuple[int, int]
 
 
-def _pair(op: str, operands: Sequence[Any], name: str, value: Any, least: int) -> Pair:
+def pair(op: str, operands: Sequence[Any], name: str, value: Any, least: int) -> Pair:
+    """value as an (int, int) pair, each at least `least`, or a KernelError for op."""
     try:
         first, second = (int(v) for v in value)
     except (TypeError, ValueError):
@@ -34,9 +35,9 @@ def check_windows(
     operands = [x] if operands is None else operands
     if x.ndim != 4:
         raise KernelError(op, operands, f"expected a 4-D (N, C, H, W) input, got {x.ndim}-D")
-    kernel = _pair(op, operands, "kernel", kernel, 1)
-    stride = _pair(op, operands, "stride", stride, 1)
-    padding = _pair(op, operands, "padding", padding, 0)
+    kernel = pair(op, operands, "kernel", kernel, 1)
+    stride = pair(op, operands, "stride", stride, 1)
+    padding = pair(op, operands, "padding", padding, 0)
     padded = (x.shape[2] + 2 * padding[0], x.shape[3] + 2 * padding[1])
     if kernel[0] > padded[0] or kernel[1] > padded[1]:
         raise KernelError(
@@ -199,11 +200,13 @@ def max_pool2d_backward(
     grad = np.zeros(xp.shape, dtype=upstream.dtype)
     taken = np.zeros(y.shape, dtype=bool)
     hit = np.empty(y.shape, dtype=bool)
+    share = np.empty(y.shape, dtype=upstream.dtype)
     for _, _, window in _offsets(kernel, stride, y.shape[-2:]):
         np.equal(xp[window], y, out=hit)
-        hit &= ~taken
+        np.greater(hit, taken, out=hit)  # a max not taken by an earlier offset
         taken |= hit
-        grad[window] += upstream * hit
+        np.multiply(upstream, hit, out=share)
+        grad[window] += share
     if ph or pw:
         grad = np.ascontiguousarray(grad[:, :, ph:ph + h, pw:pw + w])
     return grad

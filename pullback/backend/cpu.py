@@ -501,9 +501,7 @@ class CpuBackend(BackwardOps, Backend):
     def pad2d(self, x: np.ndarray, padding: Pair, value: float = 0.0) -> np.ndarray:
         if x.ndim < 2:
             raise KernelError("pad2d", [x], "expected at least 2 dims")
-        ph, pw = padding
-        if ph < 0 or pw < 0:
-            raise KernelError("pad2d", [x], f"padding {tuple(padding)} must be non-negative")
+        ph, pw = conv.pair("pad2d", [x], "padding", padding, 0)
         try:
             return conv.pad(x, (ph, pw), value) if ph or pw else x.copy()
         except (ValueError, TypeError, OverflowError) as exc:
@@ -606,8 +604,9 @@ class CpuBackend(BackwardOps, Backend):
     def gelu_backward(
         self, upstream: np.ndarray, forward_input: np.ndarray, approximate: str = "none"
     ) -> np.ndarray:
-        kernel = gelu_backward_kernel if approximate != "tanh" else gelu_tanh_backward_kernel
-        return kernel(upstream, forward_input)
+        return gelu_backward_kernel_for(upstream, forward_input, approximate)(
+            upstream, forward_input
+        )
 
     def softmax_backward(
         self, upstream: np.ndarray, forward_output: np.ndarray, axis: int
@@ -698,6 +697,16 @@ def gelu_kernel_for(op: str, x: np.ndarray, approximate: str) -> Callable:
     if approximate == "tanh":
         return gelu_tanh_kernel
     raise KernelError(op, [x], f"approximate must be 'none' or 'tanh', not {approximate!r}")
+
+
+def gelu_backward_kernel_for(upstream: np.ndarray, x: np.ndarray, approximate: str) -> Callable:
+    """The gelu backward kernel for `approximate`, after checking the mode."""
+    if approximate == "none":
+        return gelu_backward_kernel
+    if approximate == "tanh":
+        return gelu_tanh_backward_kernel
+    raise KernelError("gelu_backward", [upstream, x],
+                      f"approximate must be 'none' or 'tanh', not {approximate!r}")
 
 
 def rowwise_op(op: str, kernel: Callable, x: np.ndarray, axis: int) -> np.ndarray:

@@ -69,16 +69,6 @@ def _split_binary(op: str, ufunc: np.ufunc) -> Callable:
     return _named(op, method)
 
 
-def _split_backward(op: str, kernel: Callable, keep_upstream_dtype: bool = False) -> Callable:
-    def method(self: ThreadedCpuBackend, upstream: np.ndarray, saved: np.ndarray) -> np.ndarray:
-        if upstream.size < self.parallel_threshold or upstream.shape != saved.shape:
-            return kernel(upstream, saved)
-        dtype = upstream.dtype if keep_upstream_dtype else np.result_type(upstream, saved)
-        return self._map(kernel, (upstream, saved), upstream.shape, dtype)
-
-    return _named(op, method)
-
-
 class ThreadedCpuBackend(CpuBackend):
     """CpuBackend whose large elementwise ops run over `num_threads` threads."""
 
@@ -254,25 +244,47 @@ class ThreadedCpuBackend(CpuBackend):
 
     # -- split backward kernels ----------------------------------------------------------------
 
-    relu_backward = _split_backward("relu_backward", cpu.relu_backward_kernel, True)
-    sigmoid_backward = _split_backward("sigmoid_backward", cpu.sigmoid_backward_kernel)
-    tanh_backward = _split_backward("tanh_backward", cpu.tanh_backward_kernel)
-    exp_backward = _split_backward("exp_backward", np.multiply)
-    log_backward = _split_backward("log_backward", np.divide)
-    sqrt_backward = _split_backward("sqrt_backward", cpu.sqrt_backward_kernel)
-    abs_backward = _split_backward("abs_backward", cpu.abs_backward_kernel)
-    silu_backward = _split_backward("silu_backward", cpu.silu_backward_kernel)
-    softplus_backward = _split_backward("softplus_backward", cpu.softplus_backward_kernel)
+    def _backward(
+        self, kernel: Callable, upstream: np.ndarray, saved: np.ndarray, dtype: Any = None
+    ) -> np.ndarray:
+        if upstream.size < self.parallel_threshold or upstream.shape != saved.shape:
+            return kernel(upstream, saved)
+        dtype = np.result_type(upstream, saved) if dtype is None else dtype
+        return self._map(kernel, (upstream, saved), upstream.shape, dtype)
+
+    def relu_backward(self, upstream: np.ndarray, forward_input: np.ndarray) -> np.ndarray:
+        # upstream times a bool mask keeps upstream's dtype.
+        return self._backward(cpu.relu_backward_kernel, upstream, forward_input, upstream.dtype)
+
+    def sigmoid_backward(self, upstream: np.ndarray, forward_output: np.ndarray) -> np.ndarray:
+        return self._backward(cpu.sigmoid_backward_kernel, upstream, forward_output)
+
+    def tanh_backward(self, upstream: np.ndarray, forward_output: np.ndarray) -> np.ndarray:
+        return self._backward(cpu.tanh_backward_kernel, upstream, forward_output)
+
+    def exp_backward(self, upstream: np.ndarray, forward_output: np.ndarray) -> np.ndarray:
+        return self._backward(np.multiply, upstream, forward_output)
+
+    def log_backward(self, upstream: np.ndarray, forward_input: np.ndarray) -> np.ndarray:
+        return self._backward(np.divide, upstream, forward_input)
+
+    def sqrt_backward(self, upstream: np.ndarray, forward_output: np.ndarray) -> np.ndarray:
+        return self._backward(cpu.sqrt_backward_kernel, upstream, forward_output)
+
+    def abs_backward(self, upstream: np.ndarray, forward_input: np.ndarray) -> np.ndarray:
+        return self._backward(cpu.abs_backward_kernel, upstream, forward_input)
+
+    def silu_backward(self, upstream: np.ndarray, forward_input: np.ndarray) -> np.ndarray:
+        return self._backward(cpu.silu_backward_kernel, upstream, forward_input)
+
+    def softplus_backward(self, upstream: np.ndarray, forward_input: np.ndarray) -> np.ndarray:
+        return self._backward(cpu.softplus_backward_kernel, upstream, forward_input)
 
     def gelu_backward(
         self, upstream: np.ndarray, forward_input: np.ndarray, approximate: str = "none"
     ) -> np.ndarray:
-        if upstream.size < self.parallel_threshold or upstream.shape != forward_input.shape:
-            return super().gelu_backward(upstream, forward_input, approximate)
-        kernel = (cpu.gelu_tanh_backward_kernel if approximate == "tanh"
-                  else cpu.gelu_backward_kernel)
-        dtype = np.result_type(upstream, forward_input)
-        return self._map(kernel, (upstream, forward_input), upstream.shape, dtype)
+        kernel = cpu.gelu_backward_kernel_for(upstream, forward_input, approximate)
+        return self._backward(kernel, upstream, forward_input)
 
     def softmax_backward(
         self, upstream: np.ndarray, forward_output: np.ndarray, axis: int

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from ..tensor import linearize, vjp
+from ..tensor import jvp, vjp
 from .problem import Finding, GradcheckError, Problem, Tolerance, worst
 
 __all__ = ["Finding", "GradcheckError", "adjoint_check", "gradcheck", "measure"]
@@ -42,8 +42,8 @@ def gradcheck(
 
     `mode="fast"` compares along random directions (and, on a mismatch, builds
     the Jacobian to find the element); `mode="full"` builds the whole Jacobian.
-    `order=2` also checks the derivative of the vjp (for a random cotangent). Non-floating
-    inputs are passed to `f` unchanged and not checked.
+    `order=2` also checks the derivatives of the vjp and of the jvp (along random
+    directions). Non-floating inputs are passed to `f` unchanged and not checked.
     """
     found = measure(f, inputs, eps=eps, atol=atol, rtol=rtol, order=order, mode=mode)
     if found is not None and not found.passed:
@@ -90,28 +90,34 @@ def _measure(problem: Problem, tol: Tolerance, order: int, min_order: int, mode:
         found.append(check(problem, tol, rng, label))
     if order >= 2:
         for name, derivative in _derivatives(problem, rng):
-            inner = Problem(derivative, problem.primals)
+            inner = Problem(derivative, problem.primals, numbers=problem.numbers)
             found.append(_measure(inner, tol, order - 1, min_order - 1, mode, rng,
                                   f"{label}the derivative of {name}: "))
     return worst(found)
 
 
 def _derivatives(problem: Problem, rng: np.random.Generator) -> list[tuple[str, Callable]]:
-    """The vjp for a fixed random cotangent, as a function of the floating inputs,
-    recorded so that it can itself be differentiated (as HIPS autograd recurses)."""
+    """The vjp (for a fixed random cotangent) and the jvp (for a fixed random tangent) as
+    functions of the floating inputs, recorded so that they can themselves be
+    differentiated, as HIPS autograd's check_grads recurses."""
     cotangent = problem.cotangent_arg(problem.random_outputs(rng))
+    tangents = [t.astype(p.dtype)
+                for t, p in zip(problem.random_inputs(rng), problem.primals, strict=True)]
 
     def reverse(*xs: Any) -> tuple:
         _, vjp_fn = vjp(problem, *xs)
         return tuple(vjp_fn(cotangent))
 
-    return [("the vjp", reverse)]
+    def forward(*xs: Any) -> Any:
+        _, tangent_out = jvp(problem, xs, tangents)
+        return problem.floating(tangent_out)
+
+    return [("the vjp", reverse), ("the jvp", forward)]
 
 
 def _fast(problem: Problem, tol: Tolerance, rng: np.random.Generator,
           label: str) -> Finding | None:
     _, vjp_fn = vjp(problem, *problem.primals)
-    _, f_jvp = linearize(problem, *problem.primals)
     found = []
     for _ in range(DIRECTIONS):
         u = problem.random_outputs(rng)
@@ -127,7 +133,7 @@ def _fast(problem: Problem, tol: Tolerance, rng: np.random.Generator,
         tangents = [s / (2 * tol.eps) for s in step]
         grads = problem.pullback(vjp_fn, u)
         reverse = sum(float(np.sum(g * t)) for g, t in zip(grads, tangents, strict=True))
-        pushed = problem.pushforward(f_jvp, tangents)
+        pushed = problem.pushforward(tangents)
         forward = sum(float(np.sum(c * t)) for c, t in zip(u, pushed, strict=True))
         where = "a random direction (all inputs at once)"
         found.append(_scalar(f"{label}reverse mode (vjp)", where, reverse, numerical, noise, tol))
@@ -168,7 +174,8 @@ def _elementwise(problem: Problem, i: int, what: str, analytical: np.ndarray,
         return None
     error = np.abs(analytical - numerical)
     allowed = tol.atol + tol.rtol * np.maximum(np.abs(analytical), np.abs(numerical)) + noise
-    k, j = np.unravel_index(int(np.argmax(error / allowed)), error.shape)
+    with np.errstate(divide="ignore", invalid="ignore"):  # atol=rtol=0 is allowed
+        k, j = np.unravel_index(int(np.argmax(error / allowed)), error.shape)
     return Finding(what, problem.describe(i, int(j), int(k)), float(analytical[k, j]),
                    float(numerical[k, j]), float(error[k, j]), float(allowed[k, j]))
 
@@ -188,13 +195,12 @@ def adjoint_check(
     tol = Tolerance(0.0, d_atol if atol is None else atol, d_rtol if rtol is None else rtol)
     rng = np.random.default_rng(seed)
     _, vjp_fn = vjp(problem, *problem.primals)
-    _, f_jvp = linearize(problem, *problem.primals)
     found = []
     for _ in range(DIRECTIONS):
         u = problem.random_outputs(rng)
         t = [x.astype(p.dtype)
              for x, p in zip(problem.random_inputs(rng), problem.primals, strict=True)]
-        pushed = problem.pushforward(f_jvp, t)
+        pushed = problem.pushforward(t)
         grads = problem.pullback(vjp_fn, u)
         forward = [c * p for c, p in zip(u, pushed, strict=True)]
         reverse = [g * x.astype(np.float64) for g, x in zip(grads, t, strict=True)]

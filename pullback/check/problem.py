@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from ..tensor import Tensor, linearize, no_grad, tensor, vjp
+from ..tensor import Tensor, jvp, no_grad, tensor, vjp
 
 # Central differences lose about this many ulps of each output to rounding.
 ROUNDING_ULPS = 8.0
@@ -99,9 +99,10 @@ class Problem:
         with no_grad():
             result = self(*self.primals)
         self.single = isinstance(result, Tensor)
-        outs = (result,) if self.single else tuple(result) if isinstance(result, (tuple, list)) \
-            else None
-        if outs is None or not all(isinstance(o, Tensor) for o in outs):
+        outs: tuple = ()
+        if self.single or isinstance(result, (tuple, list)):
+            outs = (result,) if self.single else tuple(result)
+        if not outs or not all(isinstance(o, Tensor) for o in outs):
             raise TypeError("gradcheck: the function must return a tensor or a tuple of "
                             f"tensors, not {type(result).__name__}")
         self.outputs = [(o.shape, o.dtype) for o in outs]
@@ -122,6 +123,12 @@ class Problem:
         return self.f(*args)
 
     # -- values --------------------------------------------------------------------------
+
+    def floating(self, result: Any) -> Any:
+        """The floating entries of a result structured like the function's."""
+        if self.single:
+            return result
+        return tuple(result[k] for k in self.float_outs)
 
     def evaluate(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
         with no_grad():
@@ -172,9 +179,10 @@ class Problem:
                     f"dtype {g.dtype}, but input {n} has shape {p.shape} and dtype {p.dtype}")
         return [np.array(g.numpy(), dtype=np.float64) for g in grads]
 
-    def pushforward(self, f_jvp: Callable, t: list[np.ndarray]) -> list[np.ndarray]:
-        tangents = zip(t, self.primals, strict=True)
-        result = f_jvp(*[np.asarray(x, dtype=p.dtype) for x, p in tangents])
+    def pushforward(self, t: list[np.ndarray]) -> list[np.ndarray]:
+        """The jvp's output tangents for input tangents `t` (pb.jvp, the JVP rules)."""
+        tangents = [np.asarray(x, dtype=p.dtype) for x, p in zip(t, self.primals, strict=True)]
+        _, result = jvp(self, self.primals, tangents)
         outs = (result,) if self.single else tuple(result)
         pushed = []
         for k in self.float_outs:
@@ -221,14 +229,13 @@ class Problem:
         return rows
 
     def forward_jacobian(self) -> list[np.ndarray]:
-        _, f_jvp = linearize(self, *self.primals)
         cols = []
         for i, n in enumerate(self.in_sizes):
             jac = np.zeros((sum(self.out_sizes), n))
             for j in range(n):
                 t = [np.zeros(p.shape) for p in self.primals]
                 t[i].flat[j] = 1.0
-                jac[:, j] = np.concatenate([o.ravel() for o in self.pushforward(f_jvp, t)])
+                jac[:, j] = np.concatenate([o.ravel() for o in self.pushforward(t)])
             cols.append(jac)
         return cols
 

@@ -11,7 +11,6 @@ import operator
 from typing import Any
 
 from ..ad import ALL_ARGS, LinearVar, Zero, defjvp, defjvp_full, deflinear
-from ..backend.current import get_backend
 from ..backend.errors import KernelError
 from .registry import broadcast_shapes, declare, dtype_of, shape_of
 
@@ -226,13 +225,26 @@ concatenate_p = declare("concatenate", _concat_impl, _concat_shape)
 
 
 def _concat_jvp(tangents: tuple, output: Any, inputs: tuple, axis: int) -> Any:
-    parts = [zeros_for(t) if type(t) is Zero else t for t in tangents]
-    return concatenate_p.bind(*parts, axis=axis)
+    if not any(type(t) is Zero for t in tangents):
+        return concatenate_p.bind(*tangents, axis=axis)
+    # Place each nonzero tangent in its slice of the output: no zeros are built.
+    out_shape = list(tangents[0].shape)
+    out_shape[axis] = sum(t.shape[axis] for t in tangents)
+    result, start = None, 0
+    for t in tangents:
+        stop = start + t.shape[axis]
+        if type(t) is not Zero:
+            index = (slice(None),) * axis + (slice(start, stop),)
+            part = scatter_add_p.bind(t, index=index, shape=tuple(out_shape))
+            result = part if result is None else add_tangents(result, part)
+        start = stop
+    return result
 
 
-def zeros_for(zero: Zero) -> Any:
-    """Materialize a symbolic zero: only where an op needs every operand (concatenate)."""
-    return get_backend().zeros(zero.shape, zero.dtype)
+def add_tangents(a: Any, b: Any) -> Any:
+    from ..ad.core import _tangent_add
+
+    return _tangent_add[0].bind(a, b)
 
 
 def _concat_transpose(ct: Any, *xs: Any, axis: int) -> tuple:
@@ -272,6 +284,8 @@ def stack(xs: Any, axis: int = 0) -> Any:
     shape = shape_of(xs[0])
     if any(shape_of(x) != shape for x in xs):
         raise KernelError("stack", xs, "all operands must have the same shape")
+    if len({str(dtype_of(x)) for x in xs}) > 1:
+        raise KernelError("stack", xs, "operands have different dtypes; cast with astype")
     if not -len(shape) - 1 <= axis <= len(shape):
         raise KernelError("stack", xs, f"axis {axis} is out of range for {len(shape) + 1} dimensions")
     axis %= len(shape) + 1

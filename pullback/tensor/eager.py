@@ -18,7 +18,7 @@ from .. import ops
 from ..ad import Leaf, LinearVar, set_evaluator
 from ..backend.current import _current, get_backend
 from ..backend.errors import KernelError
-from .protect import TensorNode, protect, saved_by
+from .protect import TensorNode, protect, saved_by, writeable_if_free
 from .state import GRAD_ENABLED
 
 _new = object.__new__
@@ -247,8 +247,12 @@ class Tensor(_Operators):
     # ------------------------------------------------------------ conversions
 
     def numpy(self) -> np.ndarray:
-        """The data as a NumPy array, sharing memory with the tensor."""
-        return self._data
+        """The data as a NumPy array, sharing memory with the tensor (read-only while
+        a pending backward needs it)."""
+        data = self._data
+        if not data.flags.writeable:
+            writeable_if_free(data)
+        return data
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
         if dtype is not None and dtype != self._data.dtype:
@@ -329,7 +333,7 @@ class Tensor(_Operators):
             raise KernelError("setitem", (self._data, np.asarray(value)), str(err)) from None
 
     def _check_writeable(self, op: str) -> None:
-        if not self._data.flags.writeable:
+        if not writeable_if_free(self._data):
             saver = saved_by(self._data)
             reason = (f"a pending backward of {saver} needs its values; run backward first "
                       "(or drop the graph), or write into a copy") if saver else \

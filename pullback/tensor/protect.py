@@ -19,6 +19,14 @@ _protected: dict[int, list] = {}
 
 
 def protect(array: np.ndarray, op: str) -> None:
+    """Make `array`, and the array it views if any, read-only on behalf of `op`."""
+    base = array.base
+    if type(base) is np.ndarray:
+        _protect_one(base, op)  # a write through the viewed array would change the view
+    _protect_one(array, op)
+
+
+def _protect_one(array: np.ndarray, op: str) -> None:
     entry = _protected.get(id(array))
     if entry is not None:
         entry[0] += 1
@@ -29,6 +37,13 @@ def protect(array: np.ndarray, op: str) -> None:
 
 
 def unprotect(array: Any) -> None:
+    base = array.base
+    if type(base) is np.ndarray:
+        _unprotect_one(base)  # first: a view can be writeable only if its base is
+    _unprotect_one(array)
+
+
+def _unprotect_one(array: Any) -> None:
     entry = _protected.get(id(array))
     if entry is None:
         return
@@ -36,7 +51,27 @@ def unprotect(array: Any) -> None:
         entry[0] -= 1
         return
     del _protected[id(array)]
-    array.flags.writeable = True
+    try:
+        array.flags.writeable = True
+    except ValueError:
+        pass  # its base is still saved by another node: it stays read-only until then
+
+
+def writeable_if_free(array: np.ndarray) -> bool:
+    """Whether `array` may be written, lifting a stale read-only flag: a view made
+    while its base was saved inherits the flag and keeps it after the base is freed."""
+    if array.flags.writeable:
+        return True
+    base = array.base
+    if id(array) in _protected or type(base) is not np.ndarray:
+        return False
+    if id(base) in _protected or not base.flags.writeable:
+        return False
+    try:
+        array.flags.writeable = True
+    except ValueError:
+        return False  # read-only by nature (a broadcast view)
+    return True
 
 
 def saved_by(array: Any) -> str | None:

@@ -11,6 +11,7 @@ import math
 from typing import Any
 
 from pullback.ad import (
+    Leaf,
     LinearVar,
     Node,
     Primitive,
@@ -20,7 +21,6 @@ from pullback.ad import (
     defjvp_full,
     deflinear,
 )
-from pullback.ad.graph import Leaf
 
 SCALAR = ()
 DTYPE = "float"

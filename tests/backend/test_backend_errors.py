@@ -28,6 +28,8 @@ ERRORS = [
     (lambda b: b.sigmoid(i32(3)), "sigmoid", "expected a floating dtype"),
     (lambda b: b.gelu(i32(3)), "gelu", "expected a floating dtype"),
     (lambda b: b.gelu(f32(3), approximate="cubic"), "gelu", "approximate must be"),
+    (lambda b: b.gelu_backward(f32(3), f32(3), "cubic"), "gelu_backward",
+     "approximate must be"),
     (lambda b: b.softmax(i32(2, 3), 1), "softmax", "expected a floating dtype"),
     (lambda b: b.softmax(f32(2, 3), 2), "softmax", "out of range"),
     (lambda b: b.neg(np.ones(2, bool)), "neg", "neg: (2,): unsupported dtype bool"),
@@ -81,6 +83,11 @@ def test_invalid_call_raises_kernel_error(call, op, text):
     assert info.value.op == op
     assert str(info.value).startswith(f"{op}: ")
     assert text in str(info.value)
+
+
+def test_default_gelu_backward_rejects_unknown_mode(forward_only):
+    with pytest.raises(KernelError, match=r"gelu_backward: .*approximate must be"):
+        forward_only.gelu_backward(f32(3), f32(3), "cubic")
 
 
 def test_fold2d_with_the_wrong_window_shape_names_both(cpu):

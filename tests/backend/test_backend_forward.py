@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import math
 import operator
 import warnings
@@ -9,7 +10,7 @@ import warnings
 import numpy as np
 import pytest
 
-from pullback.backend import Backend
+from pullback.backend import Backend, BackwardOps, CpuBackend, ThreadedCpuBackend
 
 FLOATS = [np.float32, np.float64]
 TOL = {np.float32: {"rtol": 3e-6, "atol": 1e-6}, np.float64: {"rtol": 1e-12, "atol": 1e-14}}
@@ -340,3 +341,14 @@ def test_every_backend_op_has_a_docstring():
            if callable(value) and not name.startswith("_")]
     assert len(ops) == 53
     assert all(getattr(Backend, name).__doc__ for name in ops)
+
+
+def test_overrides_keep_the_contract_argument_names():
+    for base in (Backend, BackwardOps):
+        for name, method in vars(base).items():
+            if name.startswith("_") or not callable(method):
+                continue
+            expected = list(inspect.signature(method).parameters)
+            for backend in (CpuBackend, ThreadedCpuBackend):
+                assert list(inspect.signature(getattr(backend, name)).parameters) == expected, (
+                    backend.__name__, name)

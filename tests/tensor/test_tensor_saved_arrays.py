@@ -149,7 +149,7 @@ def test_writing_the_base_of_a_saved_view_raises(view) -> None:
     x, _ = _leaves()
     w = pb.tensor([[3.0], [4.0]], requires_grad=True)
     y = view(x) * w  # mul saves a view that shares x's memory
-    with pytest.raises((ValueError, RuntimeError)):
+    with pytest.raises(ValueError, match="read-only"):
         x.numpy()[0] = 100.0
     with pytest.raises(RuntimeError, match="mul"):
         _setitem(x, 100.0)
