@@ -308,7 +308,7 @@ def _float_unary(op: str, kernel: Callable) -> Callable:
     def method(self: Any, x: np.ndarray) -> np.ndarray:
         if x.dtype.kind != "f":
             raise KernelError(op, [x], "expected a floating dtype")
-        return kernel(x)
+        return kernel(x, out=...)
 
     return _named(op, method)
 

@@ -32,7 +32,7 @@ def _split_float_unary(op: str, kernel: Callable) -> Callable:
         if x.dtype.kind != "f":
             raise KernelError(op, [x], "expected a floating dtype")
         if x.size < self.parallel_threshold:
-            return kernel(x)
+            return kernel(x, out=...)
         return self._map(kernel, (x,), x.shape, x.dtype)
 
     return _named(op, method)
@@ -187,8 +187,9 @@ class ThreadedCpuBackend(CpuBackend):
     not_equal = _split_binary("not_equal", np.not_equal)
 
     def where(self, cond: Any, a: Any, b: Any) -> np.ndarray:
-        if max(np.size(cond), np.size(a), np.size(b)) < self.parallel_threshold:
-            return super().where(cond, a, b)
+        small = max(np.size(cond), np.size(a), np.size(b)) < self.parallel_threshold
+        if small or getattr(cond, "dtype", None) != np.bool_:
+            return super().where(cond, a, b)  # np.copyto's mask must be bool
         try:
             shape = np.broadcast_shapes(np.shape(cond), np.shape(a), np.shape(b))
             dtype = np.result_type(_weak_value(a), _weak_value(b))
@@ -248,7 +249,7 @@ class ThreadedCpuBackend(CpuBackend):
         self, kernel: Callable, upstream: np.ndarray, saved: np.ndarray, dtype: Any = None
     ) -> np.ndarray:
         if upstream.size < self.parallel_threshold or upstream.shape != saved.shape:
-            return kernel(upstream, saved)
+            return kernel(upstream, saved, out=...)
         dtype = np.result_type(upstream, saved) if dtype is None else dtype
         return self._map(kernel, (upstream, saved), upstream.shape, dtype)
 
@@ -302,7 +303,7 @@ class ThreadedCpuBackend(CpuBackend):
         self, kernel: Callable, upstream: np.ndarray, y: np.ndarray, axis: int
     ) -> np.ndarray:
         if upstream.size < self.parallel_threshold or upstream.shape != y.shape or y.ndim < 2:
-            return kernel(upstream, y, axis)
+            return kernel(upstream, y, axis, out=...)
         axis %= y.ndim
         dtype = np.result_type(upstream, y)
         return self._map(kernel, (upstream, y), y.shape, dtype, axis, axis=axis)

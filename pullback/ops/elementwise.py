@@ -434,13 +434,18 @@ def clip(x: Any, lo: Any = None, hi: Any = None) -> Any:
     return clip_p.bind(x, lo=lo, hi=hi)
 
 
-def _astype_shape(x: Any, dtype: Any) -> tuple:
+def _astype_shape(x: Any, dtype: Any, source: Any) -> tuple:
     return shape_of(x), dtype
 
 
-astype_p = declare("astype", lambda backend, x, dtype: backend.astype(x, dtype), _astype_shape)
-deflinear(astype_p, lambda ct, x, dtype: (astype(ct, x.dtype),))
+# `source` is the input's dtype: the cotangent is cast back to it.
+astype_p = declare("astype", lambda backend, x, dtype, source: backend.astype(x, dtype),
+                   _astype_shape)
+deflinear(astype_p, lambda ct, x, dtype, source: (astype(ct, source),))
 
 
 def astype(x: Any, dtype: Any) -> Any:
-    return astype_p.bind(x, dtype=dtype)
+    source = dtype_of(x)
+    if source == dtype:
+        return x
+    return astype_p.bind(x, dtype=dtype, source=source)

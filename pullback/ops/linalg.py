@@ -33,7 +33,10 @@ def _matmul_shape(a: Any, b: Any) -> tuple:
 
 def _matmul_impl(backend: Any, a: Any, b: Any) -> Any:
     if a.dtype is not b.dtype and a.dtype != b.dtype:
-        result_dtype("matmul", a, b)  # raises for two floating dtypes
+        dtype = result_dtype("matmul", a, b)  # raises for two floating dtypes
+        # An integer operand takes the floating operand's dtype.
+        a = a if a.dtype == dtype else backend.astype(a, dtype)
+        b = b if b.dtype == dtype else backend.astype(b, dtype)
     return backend.matmul(a, b)
 
 

@@ -43,7 +43,7 @@ def as_array(data: Any, dtype: Any = None) -> np.ndarray:
     array = np.asarray(data)
     if array.dtype.kind == "O" or array.dtype.kind not in "fiub":
         raise TypeError(f"tensor: cannot make a tensor from {type(data).__name__} data")
-    if dtype is None and array.dtype.kind == "f":
+    if dtype is None and array.dtype.kind == "f" and not isinstance(data, np.generic):
         dtype = float32  # Python floats are float32 by default, as in PyTorch
     return array.astype(dtype) if dtype is not None and array.dtype != dtype else array
 

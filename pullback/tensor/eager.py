@@ -76,10 +76,23 @@ def evaluate(prim: Any, args: tuple, params: dict) -> Tensor:
     if prim.saves_inputs:
         for x in arrays:
             if type(x) is np.ndarray:
+                if x.dtype is not out.dtype and x.dtype.kind in "iub":
+                    node.inputs = _saved_as_float(arrays, out.dtype)
+                    break
+        for x in node.inputs:
+            if type(x) is np.ndarray:
                 protect(x, prim.name)
     if prim.saves_output:
         protect(out, prim.name)
     return _wrap(out, node)
+
+
+def _saved_as_float(arrays: tuple, dtype: np.dtype) -> tuple:
+    """Integer operands saved as the result's float dtype, so that backward kernels
+    (g * other) give gradients in their input's dtype."""
+    return tuple(
+        x.astype(dtype) if type(x) is np.ndarray and x.dtype.kind in "iub" else x for x in arrays
+    )
 
 
 set_evaluator(evaluate)

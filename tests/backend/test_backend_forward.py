@@ -352,3 +352,22 @@ def test_overrides_keep_the_contract_argument_names():
             for backend in (CpuBackend, ThreadedCpuBackend):
                 assert list(inspect.signature(getattr(backend, name)).parameters) == expected, (
                     backend.__name__, name)
+
+
+BACKWARD_UNARY = ["relu_backward", "sigmoid_backward", "tanh_backward", "exp_backward",
+                  "log_backward", "sqrt_backward", "abs_backward", "silu_backward",
+                  "softplus_backward", "gelu_backward"]
+
+
+@pytest.mark.parametrize("backend_type", [CpuBackend, ThreadedCpuBackend])
+def test_zero_dim_operands_give_arrays_not_scalars(backend_type):
+    backend = backend_type()
+    x = np.array(0.5, dtype=np.float32)
+    results = [getattr(backend, op)(x) for op, _, _ in UNARY]
+    results += [getattr(backend, op)(x, x) for op, _ in BINARY + COMPARE]
+    results += [getattr(backend, op)(x, x) for op in BACKWARD_UNARY]
+    results += [backend.add(x, 1.5), backend.matmul(np.ones(3), np.ones(3)),
+                backend.reduce_sum(np.ones(3), (0,), False), backend.reduce_max(x, (), False),
+                backend.getitem(np.ones(3), 1), backend.clip(x, 0, 1), backend.where(True, x, x),
+                backend.sum_to_shape(np.ones(3), ())]
+    assert all(isinstance(r, np.ndarray) for r in results)

@@ -70,6 +70,7 @@ def test_split_where_and_clip_match_cpu(cpu, threaded, rng):
     cond = a > 0
     _same(threaded.where(cond, a, b.astype(np.float32)), cpu.where(cond, a, b.astype(np.float32)))
     _same(threaded.where(cond, a, 0.0), cpu.where(cond, a, 0.0))
+    _same(threaded.where(a, a, 1), cpu.where(a, a, 1))  # a truthy float condition
     _same(threaded.clip(a, -0.5, 0.5), cpu.clip(a, -0.5, 0.5))
     _same(threaded.clip(a, None, 0.1), cpu.clip(a, None, 0.1))
     assert threaded._pool is not None  # the split path ran

@@ -18,9 +18,6 @@ from pullback.ops import PRIMITIVES
 
 # astype's gradient comes back in the output's dtype, not the input's (a bug in the
 # tensor layer's transpose of astype); remove this mark once it is fixed.
-KNOWN_FAILURES = {"astype": "astype's vjp returns the gradient in the output dtype"}
-
-
 def _broken_registry(bad_square):
     primitives = {**PRIMITIVES, "bad_square": bad_square}
     specs = {**SPECS, "bad_square": Spec(bad_square.bind, inputs(normal(2, 3)))}
@@ -97,11 +94,7 @@ def test_help_lists_the_subcommands():
     assert "train" not in done.stdout  # not reachable until it exists
 
 
-@pytest.mark.parametrize("name", [
-    pytest.param(n, marks=pytest.mark.xfail(reason=KNOWN_FAILURES[n], strict=True))
-    if n in KNOWN_FAILURES else n
-    for n in sorted(PRIMITIVES)
-])
+@pytest.mark.parametrize("name", sorted(PRIMITIVES))
 def test_every_primitive_passes_the_check(name):
     rows = run_checks([name])
     failed = [r for r in rows if not r.passed]

@@ -79,7 +79,7 @@ def test_wrong_derivative_names_the_output_of_a_tuple(bad_square):
 def test_wrong_second_derivative_fails_only_at_order_two(bad_second_square):
     assert pb.gradcheck(bad_second_square.bind, X, mode="full")
     for mode in MODES:
-        with pytest.raises(pb.GradcheckError, match="the derivative of the vjp") as caught:
+        with pytest.raises(pb.GradcheckError, match=r"the derivative of the (vjp|jvp)") as caught:
             pb.gradcheck(bad_second_square.bind, X, mode=mode, order=2)
         assert "input 0 (shape (2, 3)" in str(caught.value)
 
