@@ -62,4 +62,5 @@ __all__ = [
     "set_evaluator",
     "set_tangent_add",
     "toposort",
+    "transpose_linear",
 ]

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+
 class Zero:
     """A symbolic zero tangent or cotangent: stands for zeros that are never built."""
 

@@ -228,7 +228,8 @@ def linearize_graph(
         if node.primitive is None or id(node) in tangent:
             continue
         tangents = tuple(
-            tangent.get(id(p), Zero(shape, node.dtype)) if p is not None else Zero(shape, node.dtype)
+            tangent.get(id(p), Zero(shape, node.dtype)) if p is not None
+            else Zero(shape, node.dtype)
             for p, shape in zip(node.parents, node.in_shapes)
         )
         inputs, output = executor.saved_operands(node)

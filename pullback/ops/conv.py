@@ -33,7 +33,9 @@ def _out_size(op: str, operands: tuple, size: int, k: int, s: int, p: int) -> in
     if s < 1 or p < 0:
         raise KernelError(op, operands, f"stride must be >= 1 and padding >= 0, not {s} and {p}")
     if size + 2 * p < k:
-        raise KernelError(op, operands, f"kernel size {k} exceeds the padded input size {size + 2 * p}")
+        raise KernelError(
+            op, operands, f"kernel size {k} exceeds the padded input size {size + 2 * p}"
+        )
     return (size + 2 * p - k) // s + 1
 
 
@@ -70,7 +72,9 @@ def unfold2d(x: Any, kernel: tuple, stride: tuple, padding: tuple, pad_value: fl
     return unfold2d_p.bind(x, kernel=kernel, stride=stride, padding=padding, pad_value=pad_value)
 
 
-def _fold_shape(cols: Any, input_shape: tuple, kernel: tuple, stride: tuple, padding: tuple) -> tuple:
+def _fold_shape(
+    cols: Any, input_shape: tuple, kernel: tuple, stride: tuple, padding: tuple
+) -> tuple:
     return tuple(input_shape), dtype_of(cols)
 
 
@@ -102,9 +106,13 @@ deflinear(fold2d_p, lambda ct, cols, input_shape, kernel, stride, padding: (
 def _conv_shape(x: Any, w: Any, stride: tuple, padding: tuple) -> tuple:
     sx, sw = shape_of(x), shape_of(w)
     if len(sx) != 4 or len(sw) != 4:
-        raise KernelError("conv2d", (x, w), "expected a 4-D input (N, C, H, W) and 4-D weight (O, C, kh, kw)")
+        raise KernelError(
+            "conv2d", (x, w), "expected a 4-D input (N, C, H, W) and 4-D weight (O, C, kh, kw)"
+        )
     if sx[1] != sw[1]:
-        raise KernelError("conv2d", (x, w), f"weight has {sw[1]} input channels but input has {sx[1]}")
+        raise KernelError(
+            "conv2d", (x, w), f"weight has {sw[1]} input channels but input has {sx[1]}"
+        )
     if str(dtype_of(x)) != str(dtype_of(w)) or not is_float(dtype_of(x)):
         raise KernelError("conv2d", (x, w), "input and weight must share one floating dtype")
     oh, ow = _window_shape("conv2d", x, sw[2:], stride, padding)

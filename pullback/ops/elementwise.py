@@ -151,7 +151,7 @@ pow_p = declare("pow", _binary_impl("pow"), elementwise_rule("pow"), saves_input
                 saves_output=True)
 
 
-def pow(a: Any, b: Any) -> Any:  # noqa: A001 - the public name, as in torch.pow
+def pow(a: Any, b: Any) -> Any:
     return pow_p.bind(a, b)
 
 
@@ -312,7 +312,9 @@ def _gelu_derivative(x: Any, approximate: str) -> Any:
 
 def _gelu_shape(x: Any, approximate: str) -> tuple:
     if approximate not in ("none", "tanh"):
-        raise KernelError("gelu", (x,), f'approximate must be "none" or "tanh", not {approximate!r}')
+        raise KernelError(
+            "gelu", (x,), f'approximate must be "none" or "tanh", not {approximate!r}'
+        )
     return _same(x)
 
 
@@ -334,7 +336,7 @@ def sqrt(x: Any) -> Any:
     return sqrt_p.bind(x)
 
 
-def abs(x: Any) -> Any:  # noqa: A001 - the public name, as in torch.abs
+def abs(x: Any) -> Any:
     return abs_p.bind(x)
 
 
@@ -376,7 +378,8 @@ def _where_shape(a: Any, b: Any, cond: Any) -> tuple:
 # The condition is a parameter, not an operand: it is never differentiated.
 def _where_impl(backend: Any, a: Any, b: Any, cond: Any) -> Any:
     out = backend.where(cond, a, b)
-    if getattr(a, "dtype", out.dtype) is not out.dtype or getattr(b, "dtype", out.dtype) is not out.dtype:
+    dtype = out.dtype
+    if getattr(a, "dtype", dtype) is not dtype or getattr(b, "dtype", dtype) is not dtype:
         dtype = result_dtype("where", a, b)  # raises for two floating dtypes
         if dtype is not None and dtype != out.dtype:
             out = backend.astype(out, dtype)

@@ -35,7 +35,7 @@ defvjp(reduce_sum_p, lambda be, g, n: (
     be.reduce_sum_backward(g, n.in_shapes[0], n.params["axes"], n.params["keepdims"]),))
 
 
-def sum(x: Any, axis: Any = None, keepdims: bool = False) -> Any:  # noqa: A001 - public name
+def sum(x: Any, axis: Any = None, keepdims: bool = False) -> Any:
     axes = normalize_axes("sum", x, axis)
     if not axes and not keepdims and shape_of(x) != ():
         return x
@@ -79,7 +79,7 @@ defvjp(reduce_max_p, lambda be, g, n: (be.reduce_max_backward(
     g, n.inputs[0], n.output, n.params["axes"], n.params["keepdims"]),))
 
 
-def max(x: Any, axis: Any = None, keepdims: bool = False) -> Any:  # noqa: A001 - public name
+def max(x: Any, axis: Any = None, keepdims: bool = False) -> Any:
     return reduce_max_p.bind(x, axes=normalize_axes("max", x, axis), keepdims=keepdims)
 
 

@@ -77,7 +77,9 @@ def result_dtype(op: str, *operands: Any) -> Any:
     dtypes = [dtype_of(x) for x in operands if dtype_of(x) is not None]
     floats = {str(d) for d in dtypes if is_float(d)}
     if len(floats) > 1:
-        raise KernelError(op, operands, "operands have different floating dtypes; cast one with astype")
+        raise KernelError(
+            op, operands, "operands have different floating dtypes; cast one with astype"
+        )
     for d in dtypes:
         if is_float(d):
             return d

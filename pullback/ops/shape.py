@@ -62,7 +62,9 @@ def reshape(x: Any, *shape: Any) -> Any:
 def _transpose_shape(x: Any, axes: tuple) -> tuple:
     shape = shape_of(x)
     if sorted(axes) != list(range(len(shape))):
-        raise KernelError("transpose", (x,), f"axes {axes} are not a permutation of {len(shape)} axes")
+        raise KernelError(
+            "transpose", (x,), f"axes {axes} are not a permutation of {len(shape)} axes"
+        )
     return tuple(shape[a] for a in axes), dtype_of(x)
 
 
@@ -132,7 +134,9 @@ def broadcast_to(x: Any, shape: Any) -> Any:
 
 def _sum_to_shape_rule(x: Any, shape: tuple) -> tuple:
     if broadcast_shapes("sum_to_shape", x, _Shape(shape)) != shape_of(x):
-        raise KernelError("sum_to_shape", (x, _Shape(shape)), "the first does not broadcast from the second")
+        raise KernelError(
+            "sum_to_shape", (x, _Shape(shape)), "the first does not broadcast from the second"
+        )
     return shape, dtype_of(x)
 
 
@@ -205,7 +209,9 @@ def _concat_shape(*xs: Any, axis: int) -> tuple:
     shapes = [shape_of(x) for x in xs]
     first = shapes[0]
     for s in shapes[1:]:
-        if len(s) != len(first) or any(a != b for i, (a, b) in enumerate(zip(s, first)) if i != axis):
+        if len(s) != len(first) or any(
+            a != b for i, (a, b) in enumerate(zip(s, first)) if i != axis
+        ):
             raise KernelError("concatenate", xs, f"shapes differ outside axis {axis}")
     dtypes = {str(dtype_of(x)) for x in xs}
     if len(dtypes) > 1:
@@ -287,7 +293,9 @@ def stack(xs: Any, axis: int = 0) -> Any:
     if len({str(dtype_of(x)) for x in xs}) > 1:
         raise KernelError("stack", xs, "operands have different dtypes; cast with astype")
     if not -len(shape) - 1 <= axis <= len(shape):
-        raise KernelError("stack", xs, f"axis {axis} is out of range for {len(shape) + 1} dimensions")
+        raise KernelError(
+            "stack", xs, f"axis {axis} is out of range for {len(shape) + 1} dimensions"
+        )
     axis %= len(shape) + 1
     expanded = shape[:axis] + (1,) + shape[axis:]
     return concatenate_p.bind(*(reshape_p.bind(x, shape=expanded) for x in xs), axis=axis) \

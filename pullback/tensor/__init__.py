@@ -17,8 +17,8 @@ from .creation import (
     zeros,
     zeros_like,
 )
-from .state import enable_grad, is_grad_enabled, no_grad
 from .eager import Tensor
+from .state import enable_grad, is_grad_enabled, no_grad
 from .transforms import grad, jvp, linear_transpose, linearize, value_and_grad, vjp
 
 __all__ = [

@@ -28,9 +28,8 @@ from ..ad import (
 )
 from ..backend.backward_ops import BackwardOps
 from ..backend.current import get_backend
-from .state import grad_mode
 from .eager import Tensor, _wrap
-
+from .state import grad_mode
 
 # Whether eager backward may use backends' fused kernels; off, every node goes through
 # the primitive's rules (transpose of its JVP), which is what checks compare against.
@@ -83,7 +82,7 @@ class EagerExecutor(BackwardExecutor):
 
     def linearize_recorded_graph(self, node: Any) -> Any:
         prim = node.primitive
-        if self.fused and prim.vjp is not None or _transposes_directly(node):
+        if (self.fused and prim.vjp is not None) or _transposes_directly(node):
             if node.released:
                 self.saved_operands(node)  # raises the clear error
             return node

@@ -28,7 +28,7 @@ def _dtype(dtype: Any) -> np.dtype | None:
         resolved = np.dtype(dtype)
     except TypeError:
         raise TypeError(f"tensor: unknown dtype {dtype!r}; supported: {_SUPPORTED}") from None
-    if resolved.kind not in "fiub" or resolved.kind == "f" and resolved.itemsize < 4:
+    if resolved.kind not in "fiub" or (resolved.kind == "f" and resolved.itemsize < 4):
         raise TypeError(f"tensor: dtype {resolved} is not supported; supported: {_SUPPORTED}")
     return resolved
 

@@ -75,10 +75,9 @@ def evaluate(prim: Any, args: tuple, params: dict) -> Tensor:
     )
     if prim.saves_inputs:
         for x in arrays:
-            if type(x) is np.ndarray:
-                if x.dtype is not out.dtype and x.dtype.kind in "iub":
-                    node.inputs = _saved_as_float(arrays, out.dtype)
-                    break
+            if type(x) is np.ndarray and x.dtype is not out.dtype and x.dtype.kind in "iub":
+                node.inputs = _saved_as_float(arrays, out.dtype)
+                break
         for x in node.inputs:
             if type(x) is np.ndarray:
                 protect(x, prim.name)
@@ -150,7 +149,7 @@ class _Operators:
         return ops.getitem(self, index)
 
     @property
-    def T(self) -> Any:  # noqa: N802 - as NumPy and PyTorch spell it
+    def T(self) -> Any:
         return ops.transpose(self)
 
     def sum(self, axis: Any = None, keepdims: bool = False) -> Any:

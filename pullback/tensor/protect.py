@@ -8,6 +8,7 @@ node that saved it is released or freed.
 
 from __future__ import annotations
 
+from contextlib import suppress
 from typing import Any
 
 import numpy as np
@@ -51,10 +52,9 @@ def _unprotect_one(array: Any) -> None:
         entry[0] -= 1
         return
     del _protected[id(array)]
-    try:
+    # If its base is still saved by another node, it stays read-only until then.
+    with suppress(ValueError):
         array.flags.writeable = True
-    except ValueError:
-        pass  # its base is still saved by another node: it stays read-only until then
 
 
 def writeable_if_free(array: np.ndarray) -> bool:

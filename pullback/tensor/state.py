@@ -25,7 +25,7 @@ def grad_mode(enabled: bool) -> Iterator[None]:
         GRAD_ENABLED[0] = previous
 
 
-class no_grad:  # noqa: N801 - named as PyTorch names it
+class no_grad:
     """Nothing inside records a graph; usable as a context manager or a decorator."""
 
     def __enter__(self) -> None:
@@ -44,7 +44,7 @@ class no_grad:  # noqa: N801 - named as PyTorch names it
         return wrapper
 
 
-class enable_grad(no_grad):  # noqa: N801
+class enable_grad(no_grad):
     """Record inside, even within `no_grad`."""
 
     def __enter__(self) -> None:

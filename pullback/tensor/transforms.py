@@ -28,8 +28,8 @@ from ..ad import (
 from ..ops.shape import identity
 from .backward import EagerExecutor, initial_cotangent
 from .creation import as_array
-from .state import GRAD_ENABLED, grad_mode
 from .eager import Tensor, _wrap
+from .state import GRAD_ENABLED, grad_mode
 
 
 def _trace_inputs(op: str, primals: Sequence[Any]) -> tuple[list[Tensor], bool]:

@@ -16,6 +16,7 @@ from pullback.check.specs import SPECS, Spec, inputs, normal
 from pullback.cli import main
 from pullback.ops import PRIMITIVES
 
+
 # astype's gradient comes back in the output's dtype, not the input's (a bug in the
 # tensor layer's transpose of astype); remove this mark once it is fixed.
 def _broken_registry(bad_square):
