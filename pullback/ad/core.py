@@ -126,6 +126,15 @@ class Primitive:
                 return arg.graph.record(self, args, params)
         return _evaluator(self, args, params)
 
+    def bind1(self, x: Any) -> Any:
+        """`bind` for one operand and no parameters: the hot path of unary ops."""
+        if type(x) is LinearVar:
+            return x.graph.record(self, (x,), _NO_PARAMS)
+        return _evaluator(self, (x,), _NO_PARAMS)
+
+
+_NO_PARAMS: dict = {}  # shared by parameterless applications; nothing writes into it
+
 
 def _no_evaluator(prim: Primitive, args: tuple, params: dict) -> Any:
     raise RuntimeError(f"{prim.name}: no evaluator is installed for concrete operands")

@@ -148,11 +148,12 @@ defbilinear(conv2d_p, _conv_transpose_input, _conv_transpose_weight)
 
 
 def _conv_vjp(be: Any, g: Any, n: Any) -> tuple:
-    x, w = n.inputs
+    x, w = n.inputs  # only what each active operand's gradient needs was saved
+    x_shape, w_shape = n.in_shapes
     stride, padding = n.params["stride"], n.params["padding"]
     return (
-        be.conv2d_input_backward(g, w, x.shape, stride, padding) if n.parents[0] else None,
-        be.conv2d_weight_backward(g, x, w.shape, stride, padding) if n.parents[1] else None,
+        be.conv2d_input_backward(g, w, x_shape, stride, padding) if n.parents[0] else None,
+        be.conv2d_weight_backward(g, x, w_shape, stride, padding) if n.parents[1] else None,
     )
 
 

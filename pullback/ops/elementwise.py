@@ -128,7 +128,16 @@ defbilinear(
     lambda ct, a, b: sum_to_shape(mul(ct, b), a.shape),
     lambda ct, a, b: sum_to_shape(mul(a, ct), b.shape),
 )
-defvjp(mul_p, lambda be, g, n: be.mul_backward(g, *n.inputs, needed=_needed(n)))
+def _mul_vjp(be: Any, g: Any, n: Any) -> tuple:
+    a, b = n.inputs
+    if a is None:  # only the lhs is active, and only the rhs was saved
+        return be.sum_to_shape(be.mul(g, b), n.in_shapes[0]), None
+    if b is None:
+        return None, be.sum_to_shape(be.mul(g, a), n.in_shapes[1])
+    return be.mul_backward(g, a, b)
+
+
+defvjp(mul_p, _mul_vjp)
 
 div_p = declare("div", _binary_impl("div"), elementwise_rule("div"), saves_inputs=True)
 
@@ -234,7 +243,7 @@ neg_p = _unary("neg")
 
 
 def neg(x: Any) -> Any:
-    return neg_p.bind(x)
+    return neg_p.bind1(x)
 
 
 deflinear(neg_p, lambda ct, x: (neg(ct),))
@@ -325,43 +334,43 @@ defvjp(gelu_p, lambda be, g, n: (be.gelu_backward(g, n.inputs[0], n.params["appr
 
 
 def exp(x: Any) -> Any:
-    return exp_p.bind(x)
+    return exp_p.bind1(x)
 
 
 def log(x: Any) -> Any:
-    return log_p.bind(x)
+    return log_p.bind1(x)
 
 
 def sqrt(x: Any) -> Any:
-    return sqrt_p.bind(x)
+    return sqrt_p.bind1(x)
 
 
 def abs(x: Any) -> Any:
-    return abs_p.bind(x)
+    return abs_p.bind1(x)
 
 
 def relu(x: Any) -> Any:
-    return relu_p.bind(x)
+    return relu_p.bind1(x)
 
 
 def sigmoid(x: Any) -> Any:
-    return sigmoid_p.bind(x)
+    return sigmoid_p.bind1(x)
 
 
 def tanh(x: Any) -> Any:
-    return tanh_p.bind(x)
+    return tanh_p.bind1(x)
 
 
 def silu(x: Any) -> Any:
-    return silu_p.bind(x)
+    return silu_p.bind1(x)
 
 
 def softplus(x: Any) -> Any:
-    return softplus_p.bind(x)
+    return softplus_p.bind1(x)
 
 
 def erf(x: Any) -> Any:
-    return erf_p.bind(x)
+    return erf_p.bind1(x)
 
 
 def gelu(x: Any, approximate: str = "none") -> Any:

@@ -65,8 +65,18 @@ def _transpose_rhs(ct: Any, a: Any, b: Any) -> Any:
 
 
 defbilinear(matmul_p, _transpose_lhs, _transpose_rhs)
-defvjp(matmul_p, lambda be, g, n: be.matmul_backward(
-    g, *n.inputs, needed=tuple(p is not None for p in n.parents)))
+def _matmul_vjp(be: Any, g: Any, n: Any) -> tuple:
+    # An operand that was not saved (its own gradient is not needed) is passed as a
+    # zero-stride stand-in of its shape: the kernel reads only its shape.
+    lhs, rhs = (
+        be.broadcast_to(be.zeros((), n.dtype), shape) if v is None else v
+        for v, shape in zip(n.inputs, n.in_shapes)
+    )
+    return be.matmul_backward(g, lhs, rhs, needed=(n.parents[0] is not None,
+                                                   n.parents[1] is not None))
+
+
+defvjp(matmul_p, _matmul_vjp)
 
 
 def matmul(a: Any, b: Any) -> Any:

@@ -18,10 +18,12 @@ from .. import ops
 from ..ad import Leaf, LinearVar, set_evaluator
 from ..backend.current import _current, get_backend
 from ..backend.errors import KernelError
+from ..ops.elementwise import add_p, div_p, mul_p, sub_p
 from .protect import TensorNode, protect, saved_by, writeable_if_free
 from .state import GRAD_ENABLED
 
 _new = object.__new__
+_FLOATS = frozenset([np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.float16)])
 
 
 def _wrap(data: Any, node: Any) -> Tensor:
@@ -35,16 +37,18 @@ def _wrap(data: Any, node: Any) -> Tensor:
 def evaluate(prim: Any, args: tuple, params: dict) -> Tensor:
     """Run `prim` on concrete operands (tensors, arrays, scalars); record if active."""
     backend = _current[-1] if _current else get_backend()
-    active = False
-    if len(args) == 1:  # the common cases, without building lists
+    n_args = len(args)
+    if n_args == 1:  # the common cases, without building lists
         a = args[0]
         if type(a) is Tensor:
-            arrays = (a._data,)
+            x = a._data
             parents = (a._node,)
-            active = a._node is not None
+            active = parents[0] is not None
         else:
-            arrays, parents = args, (None,)
-    elif len(args) == 2:
+            x, parents, active = a, (None,), False
+        arrays = (x,)
+        out = prim.impl(backend, x, **params) if params else prim.impl(backend, x)
+    elif n_args == 2:
         a, b = args
         if type(a) is Tensor:
             x, pa = a._data, a._node
@@ -56,34 +60,52 @@ def evaluate(prim: Any, args: tuple, params: dict) -> Tensor:
             y, pb_ = b, None
         arrays, parents = (x, y), (pa, pb_)
         active = pa is not None or pb_ is not None
+        out = prim.impl(backend, x, y, **params) if params else prim.impl(backend, x, y)
     else:
         arrays = tuple([a._data if type(a) is Tensor else a for a in args])
         parents = tuple([a._node if type(a) is Tensor else None for a in args])
         active = any(p is not None for p in parents)
-    out = prim.impl(backend, *arrays, **params)
-    if not active or not GRAD_ENABLED[0] or not prim.differentiable or out.dtype.kind != "f":
-        return _wrap(out, None)  # integer and bool results carry no gradient
-    node = TensorNode(
-        prim,
-        params,
-        parents,
-        arrays if prim.saves_inputs else None,
-        out if prim.saves_output else None,
-        tuple([x.shape if type(x) is np.ndarray else () for x in arrays]),
-        out.shape,
-        out.dtype,
-    )
+        out = prim.impl(backend, *arrays, **params)
+    result = _new(Tensor)
+    result._data = out
+    result.grad = None
+    if not active or not GRAD_ENABLED[0] or not prim.differentiable or out.dtype not in _FLOATS:
+        result._node = None  # integer and bool results carry no gradient
+        return result
+    # Record: the node keeps exactly what the primitive's rules read.
+    node = _new(TensorNode)
+    node.primitive = prim
+    node.params = params
+    node.parents = parents
+    node.out_shape = out.shape
+    node.dtype = out.dtype
+    node.released = False
+    if n_args == 1:
+        node.in_shapes = (x.shape if type(x) is np.ndarray else (),)
+    else:
+        node.in_shapes = tuple([v.shape if type(v) is np.ndarray else () for v in arrays])
+    name = prim.name
     if prim.saves_inputs:
-        for x in arrays:
-            if type(x) is np.ndarray and x.dtype is not out.dtype and x.dtype.kind in "iub":
-                node.inputs = _saved_as_float(arrays, out.dtype)
+        for v in arrays:
+            if type(v) is np.ndarray and v.dtype is not out.dtype and v.dtype.kind in "iub":
+                arrays = _saved_as_float(arrays, out.dtype)
                 break
-        for x in node.inputs:
-            if type(x) is np.ndarray:
-                protect(x, prim.name)
+        if prim.bilinear and (parents[0] is None or parents[1] is None):
+            # One operand is active: its derivative needs only the other one.
+            arrays = (None, arrays[1]) if parents[1] is None else (arrays[0], None)
+        node.inputs = arrays
+        for v in arrays:
+            if type(v) is np.ndarray:
+                protect(v, name)
+    else:
+        node.inputs = None
     if prim.saves_output:
-        protect(out, prim.name)
-    return _wrap(out, node)
+        node.output = out
+        protect(out, name)
+    else:
+        node.output = None
+    result._node = node
+    return result
 
 
 def _saved_as_float(arrays: tuple, dtype: np.dtype) -> tuple:
@@ -97,35 +119,38 @@ def _saved_as_float(arrays: tuple, dtype: np.dtype) -> tuple:
 set_evaluator(evaluate)
 
 
+_NO_PARAMS: dict = {}  # shared by parameterless ops; nothing writes into it
+
+
+def _binary_operator(prim: Any, reflected: bool) -> Any:
+    """`self (op) other` straight to the evaluator when no operand is being traced."""
+    if reflected:
+        def operator(self: Any, other: Any) -> Any:
+            if type(self) is LinearVar or type(other) is LinearVar:
+                return prim.bind(other, self)
+            return evaluate(prim, (other, self), _NO_PARAMS)
+    else:
+        def operator(self: Any, other: Any) -> Any:
+            if type(self) is LinearVar or type(other) is LinearVar:
+                return prim.bind(self, other)
+            return evaluate(prim, (self, other), _NO_PARAMS)
+    return operator
+
+
 class _Operators:
     """Operators and methods shared by `Tensor` and the linear variables of transforms."""
 
     __slots__ = ()
     __array_priority__ = 1000  # ndarray (op) Tensor defers to us
 
-    def __add__(self, other: Any) -> Any:
-        return ops.add(self, other)
-
-    def __radd__(self, other: Any) -> Any:
-        return ops.add(other, self)
-
-    def __sub__(self, other: Any) -> Any:
-        return ops.sub(self, other)
-
-    def __rsub__(self, other: Any) -> Any:
-        return ops.sub(other, self)
-
-    def __mul__(self, other: Any) -> Any:
-        return ops.mul(self, other)
-
-    def __rmul__(self, other: Any) -> Any:
-        return ops.mul(other, self)
-
-    def __truediv__(self, other: Any) -> Any:
-        return ops.div(self, other)
-
-    def __rtruediv__(self, other: Any) -> Any:
-        return ops.div(other, self)
+    __add__ = _binary_operator(add_p, False)
+    __radd__ = _binary_operator(add_p, True)
+    __sub__ = _binary_operator(sub_p, False)
+    __rsub__ = _binary_operator(sub_p, True)
+    __mul__ = _binary_operator(mul_p, False)
+    __rmul__ = _binary_operator(mul_p, True)
+    __truediv__ = _binary_operator(div_p, False)
+    __rtruediv__ = _binary_operator(div_p, True)
 
     def __pow__(self, other: Any) -> Any:
         return ops.pow(self, other)

@@ -8,7 +8,6 @@ node that saved it is released or freed.
 
 from __future__ import annotations
 
-from contextlib import suppress
 from typing import Any
 
 import numpy as np
@@ -22,39 +21,45 @@ _protected: dict[int, list] = {}
 def protect(array: np.ndarray, op: str) -> None:
     """Make `array`, and the array it views if any, read-only on behalf of `op`."""
     base = array.base
-    if type(base) is np.ndarray:
+    if base is not None and type(base) is np.ndarray:
         _protect_one(base, op)  # a write through the viewed array would change the view
     _protect_one(array, op)
 
 
 def _protect_one(array: np.ndarray, op: str) -> None:
-    entry = _protected.get(id(array))
+    # Runs for every saved array of every recorded op: kept to a few dict operations.
+    key = id(array)
+    entry = _protected.get(key)
     if entry is not None:
         entry[0] += 1
     elif array.flags.writeable:
-        array.flags.writeable = False
-        _protected[id(array)] = [1, op]
+        array.setflags(write=False)
+        _protected[key] = [1, op]
     # else: read-only already (a broadcast view, a user's frozen array): not ours to lift
 
 
 def unprotect(array: Any) -> None:
     base = array.base
-    if type(base) is np.ndarray:
+    if base is not None and type(base) is np.ndarray:
         _unprotect_one(base)  # first: a view can be writeable only if its base is
     _unprotect_one(array)
 
 
 def _unprotect_one(array: Any) -> None:
-    entry = _protected.get(id(array))
+    key = id(array)
+    entry = _protected.get(key)
     if entry is None:
         return
     if entry[0] > 1:
         entry[0] -= 1
         return
-    del _protected[id(array)]
-    # If its base is still saved by another node, it stays read-only until then.
-    with suppress(ValueError):
-        array.flags.writeable = True
+    del _protected[key]
+    # If its base is still saved elsewhere it stays read-only until then; a bare try
+    # costs nothing here, contextlib.suppress costs a context manager per release.
+    try:  # noqa: SIM105
+        array.setflags(write=True)
+    except ValueError:
+        pass
 
 
 def writeable_if_free(array: np.ndarray) -> bool:

@@ -123,12 +123,23 @@ def test_unsaved_operands_stay_writable() -> None:
 
 def test_array_saved_by_two_nodes_stays_read_only_until_both_are_gone(no_cyclic_gc) -> None:
     x, _ = _leaves()
-    y1, y2 = x * 2.0, x * 3.0
+    y1, y2 = pb.log(x), pb.relu(x)  # both keep x for their backward
     del y1
     with pytest.raises(ValueError, match="read-only"):
         x.numpy()[0] = 5.0
     y2.sum().backward()
     _assert_writable(x)
+
+
+def test_scaling_by_a_constant_keeps_nothing_so_the_input_stays_writable() -> None:
+    # d(x * c)/dx needs only c: rule 4, a backward saves what it needs and nothing else.
+    x, w = _leaves()
+    y = x * 2.0
+    x.numpy()[0] = 5.0
+    z = x * w  # with w active too, x is needed by w's gradient
+    with pytest.raises(ValueError, match="read-only"):
+        x.numpy()[0] = 6.0
+    assert y.requires_grad and z.requires_grad
 
 
 def test_write_through_a_detached_alias_of_a_saved_tensor_raises() -> None:
