@@ -1,8 +1,9 @@
 """Eager forward+backward of a chain of 100 small elementwise ops (shape (4,)).
 
-Measures per-op Python overhead: pullback against PyTorch and against NumPy
-written by hand (forward and backward ufunc calls, no framework), in one run
-on the same data. Run: `python bench/chain.py`.
+Measures per-op Python overhead: pullback against PyTorch, against NumPy
+written by hand (forward and backward ufunc calls, no framework) and, when it
+is installed (`pip install autograd`), HIPS autograd, in one run on the same
+data. Run: `python bench/chain.py`.
 """
 
 from __future__ import annotations
@@ -52,6 +53,23 @@ def numpy_step(x0: np.ndarray) -> None:
         g = g * np.float32(1.01)
 
 
+def autograd_step_maker() -> object:
+    """HIPS autograd has no sigmoid primitive: a second tanh keeps the op count."""
+    try:
+        import autograd.numpy as anp
+        from autograd import grad
+    except ImportError:
+        return None
+
+    def f(x: np.ndarray) -> float:
+        y = x
+        for _ in range(N_OPS // 4):
+            y = anp.tanh(anp.tanh(y * 1.01 + 0.1))
+        return anp.sum(y)
+
+    return grad(f)
+
+
 def main() -> int:
     torch.set_num_threads(2)
     x0 = np.random.default_rng(0).standard_normal(4).astype(np.float32)
@@ -61,6 +79,9 @@ def main() -> int:
         "pytorch": best_time(lambda: torch_step(xt)),
         "numpy by hand": best_time(lambda: numpy_step(x0)),
     }
+    autograd_grad = autograd_step_maker()
+    if autograd_grad is not None:
+        times["hips autograd"] = best_time(lambda: autograd_grad(x0))
     print(f"eager forward+backward, chain of {N_OPS} elementwise ops on shape (4,), float32")
     for name, t in times.items():
         print(f"  {name:14s} {t * 1e6 / N_OPS:6.2f} us per op")
