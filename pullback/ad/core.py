@@ -159,6 +159,11 @@ def set_tangent_add(prim: Primitive) -> None:
     _tangent_add[:] = [prim]
 
 
+def add_tangents(a: Any, b: Any) -> Any:
+    """The sum of two tangents (recorded when either is a `LinearVar`)."""
+    return _tangent_add[0].bind(a, b)
+
+
 def defjvp(prim: Primitive, *rules: Rule | None) -> None:
     """Declare one JVP rule per argument (None: that argument has no derivative)."""
     prim.jvp = rules
@@ -244,5 +249,5 @@ def jvp_of(prim: Primitive, tangents: tuple, output: Any, inputs: tuple, params:
         if rule is None:
             raise DerivativeError(f"{prim.name} is not differentiable in argument {index}")
         contribution = rule(tangent, output, *inputs, **params)
-        result = contribution if result is None else _tangent_add[0].bind(result, contribution)
+        result = contribution if result is None else add_tangents(result, contribution)
     return result

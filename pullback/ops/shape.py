@@ -10,7 +10,7 @@ from __future__ import annotations
 import operator
 from typing import Any
 
-from ..ad import ALL_ARGS, LinearVar, Zero, defjvp, defjvp_full, deflinear
+from ..ad import ALL_ARGS, LinearVar, Zero, add_tangents, defjvp, defjvp_full, deflinear
 from ..backend.errors import KernelError
 from .registry import broadcast_shapes, declare, dtype_of, shape_of
 
@@ -245,12 +245,6 @@ def _concat_jvp(tangents: tuple, output: Any, inputs: tuple, axis: int) -> Any:
             result = part if result is None else add_tangents(result, part)
         start = stop
     return result
-
-
-def add_tangents(a: Any, b: Any) -> Any:
-    from ..ad.core import _tangent_add
-
-    return _tangent_add[0].bind(a, b)
 
 
 def _concat_transpose(ct: Any, *xs: Any, axis: int) -> tuple:

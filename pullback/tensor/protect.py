@@ -54,12 +54,10 @@ def _unprotect_one(array: Any) -> None:
         entry[0] -= 1
         return
     del _protected[key]
-    # If its base is still saved elsewhere it stays read-only until then; a bare try
-    # costs nothing here, contextlib.suppress costs a context manager per release.
-    try:  # noqa: SIM105
+    try:
         array.setflags(write=True)
     except ValueError:
-        pass
+        return  # its base is still saved by another node: read-only until that one is done
 
 
 def writeable_if_free(array: np.ndarray) -> bool:
