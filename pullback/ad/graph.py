@@ -72,13 +72,14 @@ class Node:
 class Leaf:
     """The node of a differentiation input: where cotangents stop and are collected."""
 
-    __slots__ = ("__weakref__", "dtype", "owner", "parents", "shape")
+    __slots__ = ("__weakref__", "dtype", "name", "owner", "parents", "shape")
     primitive = None
 
-    def __init__(self, shape: Any, dtype: Any, owner: Any = None):
+    def __init__(self, shape: Any, dtype: Any, owner: Any = None, name: str | None = None):
         self.shape = shape
         self.dtype = dtype
         self.owner = owner  # set by the layer above: e.g. a weak reference to the tensor
+        self.name = name  # a parameter's name, for error messages
         self.parents = ()
 
     def __repr__(self) -> str:

@@ -164,9 +164,8 @@ def describe_leaves(node: Any) -> str:
     """Name the differentiation inputs a node depends on, for error messages."""
     names = []
     for leaf in leaves_above(node):
-        owner = leaf.owner() if leaf.owner is not None else None
-        label = getattr(owner, "name", None) if owner is not None else None
-        names.append(f"{label or 'the tensor'} of shape {leaf.shape} ({leaf.dtype})")
+        label = f"parameter {leaf.name}" if leaf.name else "the tensor"
+        names.append(f"{label} of shape {leaf.shape} ({leaf.dtype})")
     return " and ".join(names[:3]) + (" and others" if len(names) > 3 else "") or "no input"
 
 

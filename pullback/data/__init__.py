@@ -1,0 +1,1 @@
+"""Data that ships inside the package, so the default training run needs no network."""
