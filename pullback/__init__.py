@@ -7,6 +7,8 @@ linearize, linear_transpose), gradient checking and the backends.
 from .backend import Backend, BackwardOps, CpuBackend, KernelError, ThreadedCpuBackend
 from .backend.current import get_backend, set_backend, use_backend
 from .check import GradcheckError, gradcheck
+from . import nn, optim
+from .io import load, save
 from .ops import (
     abs,
     add,
@@ -118,6 +120,7 @@ __all__ = [
     "less_equal",
     "linear_transpose",
     "linearize",
+    "load",
     "log",
     "log_softmax",
     "manual_seed",
@@ -138,6 +141,7 @@ __all__ = [
     "randn",
     "relu",
     "reshape",
+    "save",
     "set_backend",
     "sigmoid",
     "silu",

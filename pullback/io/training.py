@@ -1,0 +1,156 @@
+"""Training checkpoints: model and optimizer state, step, RNG state and extras in one file.
+
+Arrays go in as safetensors tensors ("model/<name>", "optim/<name>"); the step, the
+NumPy generator's bit-generator state and the user's `extra` go in the string
+metadata as JSON, so resuming reproduces the interrupted run exactly.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from ..tensor import tensor
+from .checkpoint import PathLike, read_arrays, to_arrays, write_arrays
+from .errors import CheckpointError
+from .state_check import check_state_dict
+
+KIND_KEY = "pullback.kind"
+STEP_KEY = "pullback.step"
+RNG_KEY = "pullback.rng"
+EXTRA_KEY = "pullback.extra"
+MODEL_PREFIX = "model/"
+OPTIM_PREFIX = "optim/"
+
+# Bit generators whose `.state` round-trips through JSON (with the array encoding
+# below); looked up by name from a whitelist, never by importing what a file says.
+_BIT_GENERATORS = {
+    cls.__name__: cls
+    for cls in (np.random.PCG64, np.random.PCG64DXSM, np.random.MT19937,
+                np.random.Philox, np.random.SFC64)
+}
+
+
+def _encode_array(value: Any) -> Any:
+    # MT19937, Philox and SFC64 keep NumPy arrays in their state; PCG64 only big
+    # Python ints, which json writes exactly.
+    if isinstance(value, np.ndarray):
+        return {"__ndarray__": value.tolist(), "dtype": value.dtype.str}
+    if isinstance(value, np.integer):
+        return int(value)
+    raise TypeError(f"{type(value).__name__} is not JSON-serializable")
+
+
+def _decode_array(obj: dict[str, Any]) -> Any:
+    if set(obj) == {"__ndarray__", "dtype"}:
+        return np.array(obj["__ndarray__"], dtype=np.dtype(obj["dtype"]))
+    return obj
+
+
+def rng_to_json(rng: np.random.Generator) -> str:
+    """The generator's bit-generator state as JSON."""
+    return json.dumps(rng.bit_generator.state, default=_encode_array)
+
+
+def rng_from_json(text: str) -> np.random.Generator:
+    """A new Generator whose next draws equal those of the one `rng_to_json` saw."""
+    state = json.loads(text, object_hook=_decode_array)
+    cls = _BIT_GENERATORS[state["bit_generator"]]
+    bit_generator = cls()
+    bit_generator.state = state
+    return np.random.Generator(bit_generator)
+
+
+def _check_json(value: Any, where: str) -> None:
+    """Reject what json would change silently on the way back (non-str keys, NaN aside)."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise TypeError(f"{where} has key {key!r}; JSON keys must be strings")
+            _check_json(item, f"{where}[{key!r}]")
+    elif isinstance(value, (list, tuple)):
+        for index, item in enumerate(value):
+            _check_json(item, f"{where}[{index}]")
+    elif not (value is None or isinstance(value, (str, int, float, bool))):
+        raise TypeError(f"{where} is a {type(value).__name__}, not JSON-serializable")
+
+
+def save_training(
+    path: PathLike,
+    *,
+    model: Any,
+    optimizer: Any,
+    step: int,
+    rng: np.random.Generator | None = None,
+    extra: Mapping[str, Any] | None = None,
+) -> None:
+    """Save a resumable training state atomically to one safetensors file.
+
+    `model.state_dict()` gives name -> tensor, `optimizer.state_dict()` a flat
+    name -> NumPy array dict; `extra` must be JSON-serializable (tuples come back
+    as lists). Raises `CheckpointError`, naming the file, for anything unstorable.
+    """
+    name = str(path)
+    if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0:
+        raise CheckpointError(f"{name}: step must be a non-negative int, got {step!r}")
+    if rng is not None and not isinstance(rng, np.random.Generator):
+        raise CheckpointError(
+            f"{name}: rng must be a np.random.Generator or None, got {type(rng).__name__}"
+        )
+    if rng is not None and type(rng.bit_generator).__name__ not in _BIT_GENERATORS:
+        raise CheckpointError(
+            f"{name}: cannot save the state of a {type(rng.bit_generator).__name__} bit generator"
+        )
+    extra = {} if extra is None else extra
+    try:
+        if not isinstance(extra, Mapping):
+            raise TypeError(f"extra is a {type(extra).__name__}, not a dict")
+        _check_json(extra, "extra")
+        extra_json = json.dumps(dict(extra))
+    except (TypeError, ValueError) as error:
+        raise CheckpointError(f"{name}: {error}") from error
+    arrays = to_arrays(model.state_dict(), path, prefix=MODEL_PREFIX)
+    arrays.update(to_arrays(optimizer.state_dict(), path, prefix=OPTIM_PREFIX))
+    metadata = {KIND_KEY: "training", STEP_KEY: str(int(step)), EXTRA_KEY: extra_json}
+    if rng is not None:
+        metadata[RNG_KEY] = rng_to_json(rng)
+    write_arrays(path, arrays, metadata)
+
+
+def load_training(path: PathLike, *, model: Any, optimizer: Any) -> dict[str, Any]:
+    """Restore model and optimizer state from `save_training`'s file.
+
+    Returns {"step": int, "rng": np.random.Generator or None, "extra": dict}.
+    Everything is read and checked before the model or optimizer is touched, so a
+    bad file leaves both as they were.
+    """
+    name = str(path)
+    arrays, metadata = read_arrays(path)
+    if metadata.get(KIND_KEY) != "training":
+        raise CheckpointError(
+            f"{name}: not a training checkpoint (no training metadata); use pb.load for weights"
+        )
+    try:
+        step = int(metadata[STEP_KEY])
+        rng = rng_from_json(metadata[RNG_KEY]) if RNG_KEY in metadata else None
+        extra = json.loads(metadata.get(EXTRA_KEY, "{}"))
+        if not isinstance(extra, dict):
+            raise TypeError("extra is not a dict")
+    except (KeyError, TypeError, ValueError) as error:
+        raise CheckpointError(f"{name}: corrupt training metadata: {error!r}") from error
+
+    model_state = {k.removeprefix(MODEL_PREFIX): tensor(a)
+                   for k, a in arrays.items() if k.startswith(MODEL_PREFIX)}
+    optim_state = {k.removeprefix(OPTIM_PREFIX): a
+                   for k, a in arrays.items() if k.startswith(OPTIM_PREFIX)}
+    stray = [k for k in arrays if not k.startswith((MODEL_PREFIX, OPTIM_PREFIX))]
+    if stray:
+        raise CheckpointError(f"{name}: tensors outside model/ and optim/: {stray}")
+    expected = {k: (v.shape, v.dtype) for k, v in model.state_dict().items()}
+    check_state_dict(expected, model_state, what=f"{name} (model state)")
+    model.load_state_dict(model_state)
+    optimizer.load_state_dict(optim_state)
+    return {"step": step, "rng": rng, "extra": extra}

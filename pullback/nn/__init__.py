@@ -1,0 +1,33 @@
+"""Modules, layers and losses (`from pullback import nn`)."""
+
+from .activations import GELU, Dropout, Flatten, MaxPool2d, ReLU, Sigmoid, Tanh
+from .containers import LR, Residual, Sequential
+from .layers import GLU, Bias1d, Conv2d, Dense, LayerNorm
+from .losses import cross_entropy, mse_loss
+from .module import Module, ModuleList, NoGradientError, Parameter, flatten_tree, unflatten_tree
+
+__all__ = [
+    "GELU",
+    "GLU",
+    "LR",
+    "Bias1d",
+    "Conv2d",
+    "Dense",
+    "Dropout",
+    "Flatten",
+    "LayerNorm",
+    "MaxPool2d",
+    "Module",
+    "ModuleList",
+    "NoGradientError",
+    "Parameter",
+    "ReLU",
+    "Residual",
+    "Sequential",
+    "Sigmoid",
+    "Tanh",
+    "cross_entropy",
+    "flatten_tree",
+    "mse_loss",
+    "unflatten_tree",
+]

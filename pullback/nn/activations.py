@@ -1,0 +1,89 @@
+"""Modules without parameters: activations, Flatten, MaxPool2d, Dropout.
+
+They trace through the autodiff core (the default path) and differentiate by
+the primitives' rules and fused kernels.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .. import ops
+from ..tensor import Tensor
+from ..tensor.creation import _rng
+from .module import Module
+
+
+class ReLU(Module):
+    def forward(self, x: Any) -> Tensor:
+        return ops.relu(x)
+
+
+class Sigmoid(Module):
+    def forward(self, x: Any) -> Tensor:
+        return ops.sigmoid(x)
+
+
+class Tanh(Module):
+    def forward(self, x: Any) -> Tensor:
+        return ops.tanh(x)
+
+
+class GELU(Module):
+    """GELU, exact (erf) by default; `approximate="tanh"` for the approximation."""
+
+    def __init__(self, approximate: str = "none"):
+        super().__init__()
+        self.approximate = approximate
+
+    def forward(self, x: Any) -> Tensor:
+        return ops.gelu(x, self.approximate)
+
+
+class Flatten(Module):
+    """Flatten every axis from `start_dim` on (the batch axis stays)."""
+
+    def __init__(self, start_dim: int = 1):
+        super().__init__()
+        self.start_dim = start_dim
+
+    def forward(self, x: Any) -> Tensor:
+        shape = tuple(x.shape)
+        return ops.reshape(x, shape[: self.start_dim] + (-1,))
+
+
+class MaxPool2d(Module):
+    def __init__(self, kernel_size: Any, stride: Any = None, padding: Any = 0):
+        super().__init__()
+        self.kernel_size, self.stride, self.padding = kernel_size, stride, padding
+
+    def forward(self, x: Any) -> Tensor:
+        return ops.max_pool2d(x, self.kernel_size, self.stride, self.padding)
+
+    def extra_repr(self) -> str:
+        return f"kernel_size={self.kernel_size}, stride={self.stride or self.kernel_size}"
+
+
+class Dropout(Module):
+    """Zero each element with probability `p` in training and scale the rest by 1/(1-p);
+    the identity in eval mode. Masks come from pullback's global generator
+    (`pb.manual_seed`), or from this module's own when `seed` is given."""
+
+    def __init__(self, p: float = 0.5, seed: int | None = None):
+        super().__init__()
+        if not 0.0 <= p < 1.0:
+            raise ValueError(f"Dropout: p must be in [0, 1), not {p}")
+        self.p = p
+        self._rng = np.random.default_rng(seed) if seed is not None else None
+
+    def forward(self, x: Any) -> Tensor:
+        if not self.training or self.p == 0.0:
+            return x
+        rng = self._rng if self._rng is not None else _rng(None)
+        keep = rng.random(tuple(x.shape)) >= self.p
+        return ops.mul(x, (keep / (1.0 - self.p)).astype(x.dtype))
+
+    def extra_repr(self) -> str:
+        return f"p={self.p}"

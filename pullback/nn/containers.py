@@ -1,0 +1,104 @@
+"""Modules made of modules: Sequential, Residual, LR. Each traces and backprops
+by composing its children's traced forwards and backprops."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .. import ops, optim
+from ..tensor import Tensor
+from ..tensor.eager import _wrap
+from .layers import LayerTrace, _data, _own_trace
+from .module import Module
+
+
+class Sequential(Module):
+    """Children applied in order, named "0", "1", ..."""
+
+    def __init__(self, *modules: Module):
+        super().__init__()
+        for i, m in enumerate(modules):
+            if not isinstance(m, Module):
+                raise TypeError(f"Sequential: item {i} is a {type(m).__name__}, not a Module")
+            setattr(self, str(i), m)
+
+    def __iter__(self) -> Any:
+        return iter(self._modules.values())
+
+    def __len__(self) -> int:
+        return len(self._modules)
+
+    def __getitem__(self, index: int) -> Module:
+        return list(self._modules.values())[index]
+
+    def forward(self, x: Any) -> Any:
+        for m in self._modules.values():
+            x = m(x)
+        return x
+
+    def traced_forward(self, x: Any) -> tuple[Any, Any]:
+        traces = []
+        for m in self._modules.values():
+            x, trace = m.traced_forward(x)
+            traces.append(trace)
+        return x, LayerTrace(self, traces)
+
+    def backprop(self, trace: Any, grad_output: Any) -> tuple[Tensor | None, dict]:
+        (traces,) = _own_trace(self, trace)
+        grads: dict = {}
+        g = grad_output
+        for (name, m), t in reversed(list(zip(self._modules.items(), traces))):
+            g, child_grads = m.backprop(t, g)
+            if child_grads:
+                grads[name] = child_grads
+        return g, dict(reversed(list(grads.items())))
+
+
+class Residual(Module):
+    """y = x + module(x)."""
+
+    def __init__(self, module: Module):
+        super().__init__()
+        self.module = module
+
+    def forward(self, x: Any) -> Tensor:
+        return ops.add(x, self.module(x))
+
+    def traced_forward(self, x: Any) -> tuple[Tensor, Any]:
+        y, trace = self.module.traced_forward(x)
+        return _wrap(ops.add(_data(x), _data(y))._data, None), LayerTrace(self, trace)
+
+    def backprop(self, trace: Any, grad_output: Any) -> tuple[Tensor, dict]:
+        (inner,) = _own_trace(self, trace)
+        grad_inner, grads = self.module.backprop(inner, grad_output)
+        grad_x = ops.add(_data(grad_output), _data(grad_inner))
+        return _wrap(grad_x._data, None), ({"module": grads} if grads else {})
+
+
+class LR(Module):
+    """Wraps a module so that its parameters' updates are exactly `scale` times what
+    they would be (a per-module learning-rate multiplier, applied by every applyer)."""
+
+    def __init__(self, module: Module, scale: float):
+        super().__init__()
+        if not scale >= 0:
+            raise ValueError(f"LR: scale must be >= 0, not {scale}")
+        self.module = module
+        self.scale = scale
+        for p in module.parameters():
+            optim.set_lr_scale(p, optim.lr_scale(p) * scale)
+
+    def forward(self, x: Any) -> Any:
+        return self.module(x)
+
+    def traced_forward(self, x: Any) -> tuple[Any, Any]:
+        y, trace = self.module.traced_forward(x)
+        return y, LayerTrace(self, trace)
+
+    def backprop(self, trace: Any, grad_output: Any) -> tuple[Tensor | None, dict]:
+        (inner,) = _own_trace(self, trace)
+        grad_x, grads = self.module.backprop(inner, grad_output)
+        return grad_x, ({"module": grads} if grads else {})
+
+    def extra_repr(self) -> str:
+        return f"scale={self.scale}"

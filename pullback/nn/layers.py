@@ -1,0 +1,188 @@
+"""Layers with parameters: Dense, Bias1d, Conv2d, GLU, LayerNorm.
+
+Dense, Conv2d and GLU trace and backprop by themselves (from the backend's
+backward kernels, with no graph recorded); Bias1d and LayerNorm use the
+default path through the autodiff core. Initializations are PyTorch's.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from .. import ops
+from ..backend import BackwardOps
+from ..backend.current import get_backend
+from ..tensor import Tensor, no_grad, ones, rand, zeros
+from ..tensor.eager import _wrap
+from .module import Module, Parameter
+
+
+def _data(x: Any) -> np.ndarray:
+    return x._data if isinstance(x, Tensor) else np.asarray(x)
+
+
+def uniform(shape: tuple, bound: float, dtype: Any) -> Tensor:
+    """U(-bound, bound) from pullback's global generator (`pb.manual_seed`)."""
+    return Parameter((rand(*shape, dtype=dtype) * 2.0 - 1.0) * bound)
+
+
+class LayerTrace:
+    """What a layer's own backprop needs: the module and the saved values."""
+
+    def __init__(self, module: Module, *saved: Any):
+        self.module = module
+        self.saved = saved
+
+
+def _own_trace(module: Module, trace: Any) -> tuple:
+    if not isinstance(trace, LayerTrace) or trace.module is not module:
+        raise TypeError(f"backprop: the trace was not made by this {type(module).__name__}'s "
+                        "traced_forward")
+    return trace.saved
+
+
+class Dense(Module):
+    """y = x @ weight.T + bias, weight of shape (out_features, in_features), as PyTorch."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True,
+                 dtype: Any = np.float32):
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        bound = 1.0 / math.sqrt(in_features) if in_features else 0.0
+        self.weight = uniform((out_features, in_features), bound, dtype)
+        self.bias = uniform((out_features,), bound, dtype) if bias else None
+
+    def forward(self, x: Any) -> Tensor:
+        y = ops.matmul(x, ops.transpose(self.weight))
+        return ops.add(y, self.bias) if self.bias is not None else y
+
+    def traced_forward(self, x: Any) -> tuple[Tensor, Any]:
+        with no_grad():
+            y = self.forward(x)
+        return y, LayerTrace(self, _data(x))
+
+    def backprop(self, trace: Any, grad_output: Any) -> tuple[Tensor, dict]:
+        (x,) = _own_trace(self, trace)
+        be = get_backend()
+        g = _data(grad_output)
+        g2 = be.reshape(g, (-1, self.out_features))
+        grads = {"weight": _wrap(be.matmul(be.transpose(g2, (1, 0)),
+                                           be.reshape(x, (-1, self.in_features))), None)}
+        if self.bias is not None:
+            grads["bias"] = _wrap(be.reduce_sum(g2, (0,), False), None)
+        return _wrap(be.matmul(g, self.weight._data), None), grads
+
+    def extra_repr(self) -> str:
+        return f"{self.in_features}, {self.out_features}, bias={self.bias is not None}"
+
+
+class Bias1d(Module):
+    """y = x + bias, a learnable bias over the last axis (initialized to zero)."""
+
+    def __init__(self, n: int, dtype: Any = np.float32):
+        super().__init__()
+        self.bias = Parameter(zeros(n, dtype=dtype))
+
+    def forward(self, x: Any) -> Tensor:
+        return ops.add(x, self.bias)
+
+    def extra_repr(self) -> str:
+        return str(self.bias.shape[0])
+
+
+class Conv2d(Module):
+    """2-D convolution, NCHW input, weight (out, in, k, k), as PyTorch's Conv2d."""
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size: Any, stride: Any = 1,
+                 padding: Any = 0, bias: bool = True, dtype: Any = np.float32):
+        super().__init__()
+        kh, kw = ops.conv.pair("Conv2d", kernel_size, "kernel_size")
+        self.stride = ops.conv.pair("Conv2d", stride, "stride")
+        self.padding = ops.conv.pair("Conv2d", padding, "padding")
+        fan_in = in_channels * kh * kw
+        bound = 1.0 / math.sqrt(fan_in) if fan_in else 0.0
+        self.weight = uniform((out_channels, in_channels, kh, kw), bound, dtype)
+        self.bias = uniform((out_channels,), bound, dtype) if bias else None
+
+    def forward(self, x: Any) -> Tensor:
+        return ops.conv2d(x, self.weight, self.bias, self.stride, self.padding)
+
+    def traced_forward(self, x: Any) -> tuple[Tensor, Any]:
+        if not isinstance(get_backend(), BackwardOps):
+            return super().traced_forward(x)  # a forward-only backend: the rules' path
+        with no_grad():
+            y = self.forward(x)
+        return y, LayerTrace(self, _data(x))
+
+    def backprop(self, trace: Any, grad_output: Any) -> tuple[Tensor, dict]:
+        if not isinstance(trace, LayerTrace):
+            return super().backprop(trace, grad_output)
+        (x,) = _own_trace(self, trace)
+        be = get_backend()
+        g = _data(grad_output)
+        w = self.weight._data
+        grads = {"weight": _wrap(be.conv2d_weight_backward(g, x, w.shape, self.stride,
+                                                           self.padding), None)}
+        if self.bias is not None:
+            grads["bias"] = _wrap(be.conv2d_bias_backward(g), None)
+        gx = be.conv2d_input_backward(g, w, x.shape, self.stride, self.padding)
+        return _wrap(gx, None), grads
+
+    def extra_repr(self) -> str:
+        o, i, kh, kw = self.weight.shape
+        return f"{i}, {o}, kernel_size={(kh, kw)}, stride={self.stride}, padding={self.padding}"
+
+
+class GLU(Module):
+    """Gated linear unit: `proj` maps to 2 * out_features, then a * sigmoid(b) of its halves
+    (PyTorch's `nn.GLU(dim=-1)` after a Linear)."""
+
+    def __init__(self, in_features: int, out_features: int, dtype: Any = np.float32):
+        super().__init__()
+        self.out_features = out_features
+        self.proj = Dense(in_features, 2 * out_features, dtype=dtype)
+
+    def forward(self, x: Any) -> Tensor:
+        h = self.proj(x)
+        n = self.out_features
+        return ops.mul(h[..., :n], ops.sigmoid(h[..., n:]))
+
+    def traced_forward(self, x: Any) -> tuple[Tensor, Any]:
+        h, proj_trace = self.proj.traced_forward(x)
+        n = self.out_features
+        with no_grad():
+            a, gate = h[..., :n], ops.sigmoid(h[..., n:])
+            y = ops.mul(a, gate)
+        return y, LayerTrace(self, proj_trace, a._data, gate._data)
+
+    def backprop(self, trace: Any, grad_output: Any) -> tuple[Tensor, dict]:
+        proj_trace, a, gate = _own_trace(self, trace)
+        be = get_backend()
+        g = _data(grad_output)
+        grad_a = be.mul(g, gate)
+        grad_b = be.mul(be.mul(g, a), be.mul(gate, be.sub(1.0, gate)))
+        grad_h = be.concatenate((grad_a, grad_b), grad_a.ndim - 1)
+        grad_x, proj_grads = self.proj.backprop(proj_trace, grad_h)
+        return grad_x, {"proj": proj_grads}
+
+
+class LayerNorm(Module):
+    """Normalize over the last axis, then scale and shift (PyTorch's LayerNorm(n))."""
+
+    def __init__(self, n: int, eps: float = 1e-5, dtype: Any = np.float32):
+        super().__init__()
+        self.eps = eps
+        self.weight = Parameter(ones(n, dtype=dtype))
+        self.bias = Parameter(zeros(n, dtype=dtype))
+
+    def forward(self, x: Any) -> Tensor:
+        centered = ops.sub(x, ops.mean(x, -1, True))
+        variance = ops.mean(ops.mul(centered, centered), -1, True)
+        normed = ops.div(centered, ops.sqrt(ops.add(variance, self.eps)))
+        return ops.add(ops.mul(normed, self.weight), self.bias)
+
+    def extra_repr(self) -> str:
+        return f"{self.weight.shape[0]}, eps={self.eps}"

@@ -1,0 +1,42 @@
+"""Losses: cross_entropy (integer labels, mean) and mse_loss (mean)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .. import ops
+from ..tensor import Tensor
+
+
+def cross_entropy(logits: Any, labels: Any) -> Tensor:
+    """Mean over the batch of -log softmax(logits)[label]; numerically stable.
+
+    `logits` has shape (N, C); `labels` holds N integers in [0, C).
+    """
+    labels = np.asarray(labels._data if isinstance(labels, Tensor) else labels)
+    shape = tuple(logits.shape)
+    if len(shape) != 2:
+        raise ValueError(f"cross_entropy: logits must have shape (N, C), got {shape}")
+    if labels.dtype.kind not in "iu":
+        raise TypeError(f"cross_entropy: labels must be integers, got {labels.dtype}")
+    if labels.shape != (shape[0],):
+        raise ValueError(f"cross_entropy: logits {shape} need labels of shape ({shape[0]},), "
+                         f"got {labels.shape}")
+    if labels.size and (labels.min() < 0 or labels.max() >= shape[1]):
+        raise ValueError(f"cross_entropy: labels must lie in [0, {shape[1]}), got values from "
+                         f"{labels.min()} to {labels.max()}")
+    # A one-hot weight picks each row's label: one multiply, no scatter in backward.
+    pick = np.zeros(shape, dtype=logits.dtype)
+    pick[np.arange(shape[0]), labels] = -1.0 / shape[0]
+    return ops.sum(ops.mul(ops.log_softmax(logits, -1), pick))
+
+
+def mse_loss(pred: Any, target: Any) -> Tensor:
+    """Mean of the squared differences; shapes must match."""
+    if tuple(pred.shape) != tuple(np.shape(target)):
+        raise ValueError(f"mse_loss: pred {tuple(pred.shape)} and target "
+                         f"{tuple(np.shape(target))} must have the same shape")
+    diff = ops.sub(pred, target)
+    return ops.mean(ops.mul(diff, diff))

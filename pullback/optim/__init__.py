@@ -1,0 +1,45 @@
+"""Optimizers ("gradient applyers"): SGD, RMSProp, Adam, AdamW, with `TrainParams`
+(learning rate, schedule, clipping, L1/L2) and per-parameter learning-rate scales.
+
+An applyer updates parameters in place, from their `.grad` (`step()`) or from
+explicit `(param, grad)` pairs (`apply`, what `module.update` calls).
+"""
+
+from .adam import Adam, AdamW
+from .applyer import GradApplyer, StateDictError
+from .rmsprop import RMSProp
+from .scales import lr_scale, set_lr_scale
+from .schedules import (
+    Constant,
+    Cosine,
+    LinearWarmup,
+    Schedule,
+    StepDecay,
+    constant,
+    cosine,
+    linear_warmup,
+    step_decay,
+)
+from .sgd import SGD
+from .train_params import TrainParams
+
+__all__ = [
+    "SGD",
+    "Adam",
+    "AdamW",
+    "Constant",
+    "Cosine",
+    "GradApplyer",
+    "LinearWarmup",
+    "RMSProp",
+    "Schedule",
+    "StateDictError",
+    "StepDecay",
+    "TrainParams",
+    "constant",
+    "cosine",
+    "linear_warmup",
+    "lr_scale",
+    "set_lr_scale",
+    "step_decay",
+]

@@ -1,0 +1,89 @@
+"""Adam and AdamW, as torch.optim.Adam and torch.optim.AdamW (amsgrad off).
+
+Adam's weight decay is coupled (added to the gradient); AdamW's is decoupled
+(`p -= lr * weight_decay * p`, beside the Adam step)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from typing import Any, ClassVar
+
+import numpy as np
+
+from ..tensor import Tensor
+from ._checks import real
+from .applyer import GradApplyer
+from .train_params import TrainParams
+
+
+class Adam(GradApplyer):
+    """`m = lerp(m, g, 1 - beta1)`; `v = beta2 * v + (1 - beta2) * g * g`;
+    `p -= lr / (1 - beta1**t) * m / (sqrt(v) / sqrt(1 - beta2**t) + eps)`, with `t`
+    counted per parameter (a parameter without a gradient in a step keeps its t)."""
+
+    _decoupled: ClassVar[bool] = False
+    _count_buffers: ClassVar[tuple[str, ...]] = ("step",)
+
+    def __init__(self, params: Iterable[Tensor], lr: float | TrainParams,
+                 betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
+                 weight_decay: float = 0.0) -> None:
+        super().__init__(params, lr)
+        name = type(self).__name__
+        try:
+            beta1, beta2 = betas
+        except (TypeError, ValueError):
+            raise ValueError(
+                f"{name}: betas must be a pair (beta1, beta2), got {betas!r}"
+            ) from None
+        self.betas = (real(name, "betas[0]", beta1, low=0.0, high=1.0, high_open=True),
+                      real(name, "betas[1]", beta2, low=0.0, high=1.0, high_open=True))
+        self.eps = real(name, "eps", eps, low=0.0)
+        self.weight_decay = real(name, "weight_decay", weight_decay, low=0.0)
+        if not self._decoupled:
+            self._coupled_decay = self.weight_decay
+        self._buffer_names = ("step", "exp_avg", "exp_avg_sq")
+
+    def _hyper(self) -> dict[str, Any]:
+        return {"betas": self.betas, "eps": self.eps, "weight_decay": self.weight_decay}
+
+    def _rule(self, index: int, param: np.ndarray, grad: np.ndarray, lr: float,
+              tmp: np.ndarray, out: np.ndarray) -> np.ndarray:
+        state = self._state.get(index)
+        if state is None:
+            state = self._state[index] = self._new_state(param)
+        step_array, exp_avg, exp_avg_sq = state["step"], state["exp_avg"], state["exp_avg_sq"]
+        step_array += 1
+        step = int(step_array)
+        beta1, beta2 = self.betas
+        # exp_avg.lerp_(grad, 1 - beta1), with PyTorch's two formulas for small and large weights.
+        weight = 1.0 - beta1
+        np.subtract(grad, exp_avg, out=tmp)
+        if weight < 0.5:
+            np.add(exp_avg, np.multiply(tmp, weight, out=tmp), out=exp_avg)
+        else:
+            np.subtract(grad, np.multiply(tmp, 1.0 - weight, out=tmp), out=exp_avg)
+        np.multiply(exp_avg_sq, beta2, out=exp_avg_sq)
+        np.multiply(grad, 1.0 - beta2, out=tmp)
+        np.add(exp_avg_sq, np.multiply(tmp, grad, out=tmp), out=exp_avg_sq)
+
+        step_size = lr / (1.0 - beta1**step)
+        correction2_sqrt = math.sqrt(1.0 - beta2**step)
+        denom = np.sqrt(exp_avg_sq, out=tmp)
+        np.add(np.divide(denom, correction2_sqrt, out=denom), self.eps, out=denom)
+        update = np.divide(np.multiply(exp_avg, step_size, out=out), denom, out=out)
+        if self._decoupled and self.weight_decay:
+            # Part of the update, so a parameter's lr scale scales the decay as well.
+            np.add(update, np.multiply(param, lr * self.weight_decay, out=tmp), out=update)
+        return update
+
+
+class AdamW(Adam):
+    """Adam with decoupled weight decay: `p -= lr * weight_decay * p` beside the Adam step."""
+
+    _decoupled: ClassVar[bool] = True
+
+    def __init__(self, params: Iterable[Tensor], lr: float | TrainParams,
+                 betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
+                 weight_decay: float = 0.01) -> None:
+        super().__init__(params, lr, betas=betas, eps=eps, weight_decay=weight_decay)

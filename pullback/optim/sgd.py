@@ -1,0 +1,57 @@
+"""SGD with optional momentum, Nesterov momentum and weight decay, as torch.optim.SGD
+(dampening 0)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+
+from ..tensor import Tensor
+from ._checks import real
+from .applyer import GradApplyer
+from .train_params import TrainParams
+
+
+class SGD(GradApplyer):
+    """`p -= lr * g`, or with momentum `buf = momentum * buf + g` (buf = g at the first
+    step) and `p -= lr * buf` (Nesterov: `p -= lr * (g + momentum * buf)`).
+    `weight_decay` adds `weight_decay * p` to the gradient first, as PyTorch does."""
+
+    def __init__(self, params: Iterable[Tensor], lr: float | TrainParams, momentum: float = 0.0,
+                 nesterov: bool = False, weight_decay: float = 0.0) -> None:
+        super().__init__(params, lr)
+        self.momentum = real("SGD", "momentum", momentum, low=0.0)
+        if not isinstance(nesterov, bool):
+            raise TypeError(f"SGD: nesterov must be True or False, got {nesterov!r}")
+        if nesterov and self.momentum == 0.0:
+            raise ValueError("SGD: nesterov momentum needs momentum > 0")
+        self.nesterov = nesterov
+        self.weight_decay = real("SGD", "weight_decay", weight_decay, low=0.0)
+        self._coupled_decay = self.weight_decay
+        self._buffer_names = ("momentum",) if self.momentum else ()
+
+    def _hyper(self) -> dict[str, Any]:
+        return {"momentum": self.momentum, "nesterov": self.nesterov,
+                "weight_decay": self.weight_decay}
+
+    def _rule(self, index: int, param: np.ndarray, grad: np.ndarray, lr: float,
+              tmp: np.ndarray, out: np.ndarray) -> np.ndarray:
+        if self.momentum:
+            state = self._state.get(index)
+            if state is None:
+                # PyTorch starts the buffer at the first gradient, not at zero.
+                buf = np.empty(param.shape, param.dtype)
+                np.copyto(buf, grad)
+                self._state[index] = {"momentum": buf}
+            else:
+                buf = state["momentum"]
+                np.multiply(buf, self.momentum, out=buf)
+                np.add(buf, grad, out=buf)
+            if self.nesterov:
+                np.add(grad, np.multiply(buf, self.momentum, out=out), out=out)
+                grad = out
+            else:
+                grad = buf
+        return np.multiply(grad, lr, out=out)
