@@ -4,10 +4,10 @@
 linearize, linear_transpose), gradient checking and the backends.
 """
 
+from . import nn, optim
 from .backend import Backend, BackwardOps, CpuBackend, KernelError, ThreadedCpuBackend
 from .backend.current import get_backend, set_backend, use_backend
 from .check import GradcheckError, gradcheck
-from . import nn, optim
 from .io import load, save
 from .ops import (
     abs,
@@ -132,10 +132,12 @@ __all__ = [
     "minimum",
     "mul",
     "neg",
+    "nn",
     "no_grad",
     "not_equal",
     "ones",
     "ones_like",
+    "optim",
     "pow",
     "rand",
     "randn",

@@ -19,6 +19,7 @@ from ..ad import Leaf, backward_pass
 from ..tensor import Tensor, enable_grad
 from ..tensor.backward import EagerExecutor, initial_cotangent
 from ..tensor.eager import _wrap
+from .state import state_dict_mismatch
 
 
 class NoGradientError(RuntimeError):
@@ -107,21 +108,13 @@ class Module:
         """Copy values into the parameters and buffers; names, shapes and dtypes must
         match exactly (every problem is listed in one error)."""
         own = self.state_dict()
-        problems = []
-        missing = [n for n in own if n not in state]
-        unexpected = [n for n in state if n not in own]
-        if missing:
-            problems.append(f"missing: {', '.join(missing)}")
-        if unexpected:
-            problems.append(f"unexpected: {', '.join(unexpected)}")
-        for name, target in own.items():
-            if name in state:
-                value = np.asarray(state[name])
-                if value.shape != target.shape or value.dtype != target.dtype:
-                    problems.append(f"{name}: expected {target.shape} {target.dtype}, "
-                                    f"got {value.shape} {value.dtype}")
-        if problems:
-            raise ValueError(f"load_state_dict: {type(self).__name__}: " + "; ".join(problems))
+        message = state_dict_mismatch(
+            {name: (t.shape, t.dtype) for name, t in own.items()},
+            {name: np.asarray(value) for name, value in state.items()},
+            what=f"load_state_dict: {type(self).__name__}",
+        )
+        if message is not None:
+            raise ValueError(message)
         for name, target in own.items():
             target._check_writeable("load_state_dict")
             np.copyto(target._data, np.asarray(state[name]))

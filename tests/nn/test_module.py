@@ -58,8 +58,8 @@ def test_load_state_dict_lists_every_problem_at_once() -> None:
     with pytest.raises(ValueError) as err:
         model.load_state_dict(state)
     message = str(err.value)
-    for part in ("missing: scale", "unexpected: extra", "stem.bias: expected (6,) float32, "
-                 "got (7,) float32", "head.1.bias: expected (2,) float32, got (2,) float64"):
+    for part in ("missing: 'scale'", "unexpected: 'extra'", "'stem.bias': expected (6,) float32, "
+                 "got (7,) float32", "'head.1.bias': expected (2,) float32, got (2,) float64"):
         assert part in message
 
 
