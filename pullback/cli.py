@@ -1,4 +1,5 @@
-"""The `pullback` command: `pullback check` checks every primitive's derivatives.
+"""The `pullback` command: `pullback train` trains the default model on the bundled
+digits; `pullback check` checks every primitive's derivatives.
 
 Each subcommand is an `_add_<name>` function that declares its arguments and
 the function that runs it; `main` dispatches.
@@ -36,9 +37,52 @@ def _parser() -> argparse.ArgumentParser:
         prog="pullback", description="pullback: a deep-learning engine built around the "
         "backward pass.")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    _add_train(commands)
     _add_check(commands)
-    # `pullback train` goes here (an `_add_train`) once the training layers exist.
     return parser
+
+
+def _add_train(commands: Any) -> None:
+    from .training import BACKENDS as TRAIN_BACKENDS
+    from .training import MODELS, OPTIMIZERS, TrainConfig
+
+    defaults = TrainConfig()
+    train = commands.add_parser(
+        "train", help="train the default model on the bundled digits data",
+        description="Train a small CNN (or an MLP) on the 8x8 digits shipped with pullback, "
+        "evaluate it on the held-out split each epoch, and write a resumable checkpoint, the "
+        "final weights and (with matplotlib) a plot of loss and accuracy to the output folder. "
+        "The last line printed is the test accuracy.")
+    train.add_argument("--model", choices=MODELS, default=defaults.model)
+    train.add_argument("--epochs", type=int, default=defaults.epochs)
+    train.add_argument("--batch-size", type=int, default=defaults.batch_size)
+    train.add_argument("--lr", type=float, default=defaults.lr,
+                       help="peak learning rate, decayed along a cosine (default: %(default)s)")
+    train.add_argument("--optimizer", choices=OPTIMIZERS, default=defaults.optimizer)
+    train.add_argument("--seed", type=int, default=defaults.seed)
+    train.add_argument("--backend", choices=tuple(TRAIN_BACKENDS), default=defaults.backend)
+    train.add_argument("--output", default=defaults.output, metavar="DIR",
+                       help="folder for the checkpoint, weights and plot (default: %(default)s)")
+    train.add_argument("--resume", action="store_true",
+                       help="continue from the checkpoint in the output folder")
+    train.add_argument("--no-progress", dest="progress", action="store_false",
+                       help="no progress bar")
+    train.set_defaults(run=_run_train, command_parser=train)
+
+
+def _run_train(args: argparse.Namespace, injected: dict[str, Any]) -> int:
+    from .training import TrainConfig, train
+
+    config = TrainConfig(model=args.model, epochs=args.epochs, batch_size=args.batch_size,
+                         lr=args.lr, optimizer=args.optimizer, seed=args.seed,
+                         backend=args.backend, output=args.output)
+    try:
+        result = train(config, resume=args.resume, progress=args.progress)
+    except (ValueError, FileNotFoundError) as error:
+        print(f"pullback train: {error}", file=sys.stderr)
+        return 2
+    print(f"test accuracy: {result.test_accuracy:.4f}")
+    return 0
 
 
 def _add_check(commands: Any) -> None:

@@ -1,0 +1,215 @@
+"""The default job behind `pullback train`: a small CNN (or an MLP) on the bundled digits.
+
+Training is resumable exactly: every epoch ends with an atomic training
+checkpoint (model, optimizer state, step, and the one random generator that
+drives initialization, shuffling and dropout), so a run interrupted and
+resumed ends with the same weights, bit for bit, as one that never stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from . import nn, optim
+from .backend import CpuBackend, ThreadedCpuBackend
+from .backend.current import use_backend
+from .io import batches, digits_split, load_training, save, save_training
+from .tensor import creation, no_grad, tensor
+
+MODELS = ("cnn", "mlp")
+OPTIMIZERS = ("adam", "adamw", "sgd", "momentum", "rmsprop")
+BACKENDS = {"cpu": CpuBackend, "threaded": ThreadedCpuBackend}
+CHECKPOINT = "checkpoint.safetensors"
+
+
+@dataclass
+class TrainConfig:
+    """Everything a run depends on; stored in its checkpoint."""
+
+    model: str = "cnn"
+    epochs: int = 30
+    batch_size: int = 32
+    lr: float = 2e-3
+    optimizer: str = "adam"
+    seed: int = 0
+    backend: str = "cpu"
+    output: str = "pullback-run"
+
+    def check(self) -> None:
+        if self.model not in MODELS:
+            raise ValueError(f"train: model must be one of {MODELS}, not {self.model!r}")
+        if self.optimizer not in OPTIMIZERS:
+            raise ValueError(f"train: optimizer must be one of {OPTIMIZERS}, not "
+                             f"{self.optimizer!r}")
+        if self.backend not in BACKENDS:
+            raise ValueError(f"train: backend must be one of {tuple(BACKENDS)}, not "
+                             f"{self.backend!r}")
+        if self.epochs < 1 or self.batch_size < 1 or not self.lr > 0:
+            raise ValueError("train: epochs and batch size must be >= 1 and lr > 0, got "
+                             f"{self.epochs}, {self.batch_size} and {self.lr}")
+
+
+@dataclass
+class TrainResult:
+    test_accuracy: float
+    history: list[dict] = field(default_factory=list)
+    model: Any = None
+    steps_per_second: float = 0.0
+
+
+def build_model(name: str) -> nn.Module:
+    if name == "cnn":
+        return nn.Sequential(
+            nn.Conv2d(1, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Flatten(), nn.Dense(64 * 2 * 2, 10),
+        )
+    return nn.Sequential(nn.Flatten(), nn.Dense(64, 256), nn.ReLU(), nn.Dense(256, 256),
+                         nn.ReLU(), nn.Dense(256, 10))
+
+
+def make_optimizer(name: str, params: list, lr: float, total_steps: int) -> optim.GradApplyer:
+    """The named optimizer, its learning rate decayed along a cosine over the whole run."""
+    lr = optim.TrainParams(lr, schedule=optim.cosine(total_steps))
+    if name == "adam":
+        return optim.Adam(params, lr)
+    if name == "adamw":
+        return optim.AdamW(params, lr)
+    if name == "sgd":
+        return optim.SGD(params, lr)
+    if name == "momentum":
+        return optim.SGD(params, lr, momentum=0.9)
+    return optim.RMSProp(params, lr)
+
+
+def evaluate(model: nn.Module, x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+    """(mean loss, accuracy) in eval mode, without recording."""
+    model.eval()
+    with no_grad():
+        logits = model(tensor(x))
+        loss = nn.cross_entropy(logits, y).item()
+    model.train()
+    return loss, float((logits.numpy().argmax(axis=1) == y).mean())
+
+
+def train(config: TrainConfig, *, resume: bool = False, progress: bool = True,
+          log: Callable[[str], None] = print, stop_after: int | None = None) -> TrainResult:
+    """Train, evaluate each epoch on the held-out split, checkpoint each epoch.
+
+    `resume` continues from the checkpoint in `config.output`. `stop_after`
+    ends the run after that many epochs, as an interruption would.
+    """
+    config.check()
+    out = Path(config.output)
+    out.mkdir(parents=True, exist_ok=True)
+    x_train, y_train, x_test, y_test = digits_split()
+    with use_backend(BACKENDS[config.backend]()):
+        creation.manual_seed(config.seed)
+        model = build_model(config.model)
+        steps_per_epoch = -(-len(x_train) // config.batch_size)
+        optimizer = make_optimizer(config.optimizer, model.parameters(), config.lr,
+                                   config.epochs * steps_per_epoch)
+        history: list[dict] = []
+        step = 0
+        if resume:
+            step, history = _resume(out / CHECKPOINT, config, model, optimizer)
+            log(f"resumed from {out / CHECKPOINT} after epoch {len(history)}")
+        # One generator drives initialization, shuffling and dropout: resuming restores it.
+        rng = creation._global_rng[0]
+        started, trained_steps = time.perf_counter(), 0
+        for epoch in range(len(history), config.epochs):
+            if stop_after is not None and epoch >= stop_after:
+                break
+            loss_sum, correct, seen = 0.0, 0, 0
+            order = batches(x_train, y_train, config.batch_size, rng=rng)
+            bar = _progress(order, steps_per_epoch, epoch, config, progress)
+            for xb, yb in bar:
+                optimizer.zero_grad()
+                logits = model(tensor(xb))
+                loss = nn.cross_entropy(logits, yb)
+                loss.backward()
+                optimizer.step()
+                step += 1
+                trained_steps += 1
+                loss_sum += loss.item() * len(yb)
+                correct += int((logits.numpy().argmax(axis=1) == yb).sum())
+                seen += len(yb)
+                if progress:  # shown at the bar's next redraw, not forced every step
+                    bar.set_postfix(loss=f"{loss_sum / seen:.4f}", acc=f"{correct / seen:.4f}",
+                                    refresh=False)
+            test_loss, test_acc = evaluate(model, x_test, y_test)
+            history.append({"epoch": epoch + 1, "train_loss": loss_sum / seen,
+                            "train_accuracy": correct / seen, "test_loss": test_loss,
+                            "test_accuracy": test_acc})
+            if progress:
+                log(f"epoch {epoch + 1}/{config.epochs}: train loss {loss_sum / seen:.4f} "
+                    f"accuracy {correct / seen:.4f}, test loss {test_loss:.4f} "
+                    f"accuracy {test_acc:.4f}")
+            save_training(out / CHECKPOINT, model=model, optimizer=optimizer, step=step,
+                          rng=rng, extra={"history": history, "config": asdict(config)})
+        elapsed = time.perf_counter() - started
+        save(model.state_dict(), out / "model.safetensors")
+        _plot(history, out / "history.png", log)
+        _, accuracy = evaluate(model, x_test, y_test)
+    rate = trained_steps / elapsed if elapsed > 0 else 0.0
+    log(f"{trained_steps} steps in {elapsed:.1f} s ({rate:.0f} steps/s); "
+        f"checkpoint and weights in {out}/")
+    return TrainResult(accuracy, history, model, rate)
+
+
+def _resume(path: Path, config: TrainConfig, model: nn.Module,
+            optimizer: optim.GradApplyer) -> tuple[int, list[dict]]:
+    if not path.exists():
+        raise FileNotFoundError(f"train --resume: no checkpoint at {path}; run without "
+                                "--resume first (or pick that run's --output)")
+    state = load_training(path, model=model, optimizer=optimizer)
+    saved = state["extra"].get("config", {})
+    differs = {k: (v, getattr(config, k)) for k, v in saved.items()
+               if k not in ("output", "backend") and getattr(config, k) != v}
+    if differs:
+        raise ValueError(f"train --resume: the checkpoint was made with other settings "
+                         f"(saved, now): {json.dumps(differs)}")
+    creation._global_rng[0] = state["rng"]
+    return state["step"], list(state["extra"].get("history", []))
+
+
+def _progress(iterable: Any, total: int, epoch: int, config: TrainConfig, enabled: bool) -> Any:
+    if not enabled:
+        return iterable
+    from tqdm import tqdm
+
+    return tqdm(iterable, total=total, desc=f"epoch {epoch + 1}/{config.epochs}",
+                leave=False, dynamic_ncols=True, mininterval=0.25)
+
+
+def _plot(history: list[dict], path: Path, log: Callable[[str], None]) -> None:
+    """Loss and accuracy per epoch as a PNG, when matplotlib is installed."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    epochs = [h["epoch"] for h in history]
+    figure, (left, right) = plt.subplots(1, 2, figsize=(9, 3.5))
+    for key, label in (("train_loss", "train"), ("test_loss", "test")):
+        left.plot(epochs, [h[key] for h in history], marker="o", label=label)
+    for key, label in (("train_accuracy", "train"), ("test_accuracy", "test")):
+        right.plot(epochs, [h[key] for h in history], marker="o", label=label)
+    left.set(xlabel="epoch", ylabel="cross-entropy", title="loss")
+    right.set(xlabel="epoch", ylabel="accuracy", title="accuracy")
+    for axes in (left, right):
+        axes.legend()
+        axes.grid(alpha=0.3)
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+    log(f"wrote {path}")
