@@ -457,7 +457,7 @@ class CpuBackend(BackwardOps, Backend):
     def sum_to_shape(self, x: np.ndarray, shape: Shape) -> np.ndarray:
         shape = tuple(shape)
         if x.shape == shape:
-            return x.copy()
+            return x  # nothing to reduce; cotangents are never written in place
         lead = x.ndim - len(shape)
         if lead < 0 or any(s not in (1, d) for s, d in zip(shape, x.shape[lead:], strict=True)):
             raise KernelError("sum_to_shape", [x], f"cannot sum to shape {shape}")

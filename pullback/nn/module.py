@@ -17,7 +17,7 @@ import numpy as np
 from .. import optim
 from ..ad import Leaf, backward_pass
 from ..tensor import Tensor, enable_grad
-from ..tensor.backward import EagerExecutor, initial_cotangent
+from ..tensor.backward import EagerExecutor, initial_cotangent, owned
 from ..tensor.eager import _wrap
 from .state import state_dict_mismatch
 
@@ -243,10 +243,13 @@ class GraphTrace:
                 f"backprop: {type(self.module).__name__}: parameters got no gradient (the "
                 f"output does not depend on them): {', '.join(ungraded)}"
             )
-        grads = unflatten_tree({n: _wrap(results[p._node], None) for n, p in params})
+        given = (grad_output._data if isinstance(grad_output, Tensor) else grad_output,)
+        arrays = owned([results[p._node] for _, p in params] + [
+            results.get(self.input._node) if self.input is not None else None], given)
+        grads = unflatten_tree({n: _wrap(a, None) for (n, _), a in zip(params, arrays)})
         grad_input = None
         if self.input is not None:
-            g = results.get(self.input._node)
+            g = arrays[-1]
             grad_input = _wrap(g if g is not None else np.zeros_like(self.input._data), None)
         return grad_input, grads
 

@@ -192,6 +192,20 @@ def run_backward(output: Tensor, grad: Any, retain_graph: bool | None,
             accumulate_grad(owner, leaf_ct, create_graph)
 
 
+def owned(arrays: list, given: tuple = ()) -> list:
+    """Gradients handed to the caller, each with its own buffer: a cotangent may be
+    passed through unchanged, so one array can reach two inputs, or be the caller's."""
+    seen = {id(a) for a in given}
+    result = []
+    for a in arrays:
+        if type(a) is np.ndarray:
+            if id(a) in seen:
+                a = a.copy()
+            seen.add(id(a))
+        result.append(a)
+    return result
+
+
 def initial_cotangent(op: str, output: Tensor, grad: Any) -> Any:
     if grad is None:
         if output.size != 1:

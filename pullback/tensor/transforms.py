@@ -26,7 +26,7 @@ from ..ad import (
     transpose_linear,
 )
 from ..ops.shape import identity
-from .backward import EagerExecutor, initial_cotangent
+from .backward import EagerExecutor, initial_cotangent, owned
 from .creation import as_array
 from .eager import Tensor, _wrap
 from .state import GRAD_ENABLED, grad_mode
@@ -98,7 +98,8 @@ def vjp(f: Callable, *primals: Any) -> tuple[Any, Callable]:
         roots = [(o._node, c if create else _data(c)) for o, c in zip(outs, cts)
                  if o._node is not None]
         results = backward_pass(roots, executor, targets=targets)
-        return tuple(_result(results.get(t), i) for t, i in zip(targets, inputs))
+        grads = owned([results.get(t) for t in targets], tuple(c for _, c in roots))
+        return tuple(_result(g, i) for g, i in zip(grads, inputs))
 
     return (out if outer else _detached(out)), vjp_fn
 
