@@ -80,3 +80,8 @@ def test_bad_settings_are_clear_errors(tmp_path: Path, field: str, value, match:
     setattr(config, field, value)
     with pytest.raises(ValueError, match=match):
         train(config, progress=False, log=_quiet)
+
+
+def test_the_plot_of_loss_and_accuracy_is_a_png(tmp_path: Path) -> None:
+    train(TrainConfig(epochs=2, model="mlp", output=str(tmp_path)), progress=False, log=_quiet)
+    assert (tmp_path / "history.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -165,3 +165,41 @@ def test_lr_scales_updates_exactly() -> None:
         changes.append([p.numpy() - b for p, b in zip(model.parameters(), before)])
     for c_plain, c_scaled in zip(*changes):
         np.testing.assert_allclose(c_scaled, 0.25 * c_plain, rtol=1e-6)
+
+
+def test_dropout_backprop_agrees_with_autograd_for_the_same_mask() -> None:
+    x0, g = pb.randn(6, 5, seed=1), pb.randn(6, 5, seed=2)
+    traced = nn.Dropout(0.5, seed=3)
+    y, trace = traced.traced_forward(x0)
+    grad_x, grads = traced.backprop(trace, g)
+    x = pb.tensor(x0.numpy(), requires_grad=True)
+    y_auto = nn.Dropout(0.5, seed=3)(x)  # same seed, same mask
+    (y_auto * g).sum().backward()
+    np.testing.assert_array_equal(y.numpy(), y_auto.numpy())
+    np.testing.assert_array_equal(grad_x.numpy(), x.grad.numpy())
+    assert grads == {} and (grad_x.numpy() == 0).any()
+
+
+@pytest.mark.parametrize("make, torch_kwargs", [
+    (lambda m, tp: m.new_rmsprop(tp, 0.95), {"alpha": 0.95}),
+    (lambda m, tp: m.new_rmsprop_with_momentum(tp, 0.8, 0.95), {"alpha": 0.95, "momentum": 0.8}),
+])
+def test_module_rmsprop_applyers_match_torch(make, torch_kwargs) -> None:
+    pb.manual_seed(0)
+    model = nn.Dense(4, 3, dtype=np.float64)
+    tmodel = torch.nn.Linear(4, 3).double()
+    with torch.no_grad():
+        for tp, p in zip(tmodel.parameters(), model.parameters()):
+            tp.copy_(torch.from_numpy(p.numpy().copy()))
+    applyer = make(model, optim.TrainParams(lr=0.01))
+    topt = torch.optim.RMSprop(tmodel.parameters(), lr=0.01, eps=1e-8, **torch_kwargs)
+    x = np.random.default_rng(0).standard_normal((5, 4))
+    for _ in range(4):
+        _, trace = model.traced_forward(pb.tensor(x))
+        _, grads = model.backprop(trace, pb.ones(5, 3, dtype=np.float64))
+        model.update(applyer, grads)
+        topt.zero_grad()
+        tmodel(torch.from_numpy(x)).sum().backward()
+        topt.step()
+    for p, tp in zip(model.parameters(), tmodel.parameters()):
+        np.testing.assert_allclose(p.numpy(), tp.detach().numpy(), rtol=1e-10)
