@@ -122,7 +122,7 @@ def train(config: TrainConfig, *, resume: bool = False, progress: bool = True,
             step, history = _resume(out / CHECKPOINT, config, model, optimizer)
             log(f"resumed from {out / CHECKPOINT} after epoch {len(history)}")
         # One generator drives initialization, shuffling and dropout: resuming restores it.
-        rng = creation._global_rng[0]
+        rng = creation.default_generator()
         started, trained_steps = time.perf_counter(), 0
         for epoch in range(len(history), config.epochs):
             if stop_after is not None and epoch >= stop_after:
@@ -176,7 +176,7 @@ def _resume(path: Path, config: TrainConfig, model: nn.Module,
     if differs:
         raise ValueError(f"train --resume: the checkpoint was made with other settings "
                          f"(saved, now): {json.dumps(differs)}")
-    creation._global_rng[0] = state["rng"]
+    creation.set_default_generator(state["rng"])
     return state["step"], list(state["extra"].get("history", []))
 
 

@@ -12,7 +12,7 @@ import numpy as np
 
 from .. import ops
 from ..tensor import Tensor
-from ..tensor.creation import _rng
+from ..tensor.creation import default_generator
 from .module import Module
 
 
@@ -81,7 +81,7 @@ class Dropout(Module):
     def forward(self, x: Any) -> Tensor:
         if not self.training or self.p == 0.0:
             return x
-        rng = self._rng if self._rng is not None else _rng(None)
+        rng = self._rng if self._rng is not None else default_generator()
         keep = rng.random(tuple(x.shape)) >= self.p
         return ops.mul(x, (keep / (1.0 - self.p)).astype(x.dtype))
 

@@ -115,6 +115,19 @@ def manual_seed(seed: int) -> None:
     _global_rng[0] = np.random.default_rng(seed)
 
 
+def default_generator() -> np.random.Generator:
+    """The generator that `randn`, `rand`, layer initializers and dropout draw from when
+    given no seed (a training checkpoint saves it; resuming restores it)."""
+    return _global_rng[0]
+
+
+def set_default_generator(rng: np.random.Generator) -> None:
+    if not isinstance(rng, np.random.Generator):
+        raise TypeError(f"set_default_generator: expected a np.random.Generator, got "
+                        f"{type(rng).__name__}")
+    _global_rng[0] = rng
+
+
 def _rng(seed: Any) -> np.random.Generator:
     return _global_rng[0] if seed is None else np.random.default_rng(seed)
 
