@@ -140,9 +140,10 @@ class Module:
         """`(output, trace)`: the output and what `backprop` needs (here, the recorded graph)."""
         data = x._data if isinstance(x, Tensor) else np.asarray(x)
         if data.dtype.kind != "f":
-            # An integer input (token ids, labels) gets no gradient.
+            # An integer input (token ids, indices) gets no gradient; the parameters do.
             with enable_grad():
-                return self(_wrap(data, None)), GraphTrace(self, None, None)
+                y = self(_wrap(data, None))
+            return y, GraphTrace(self, None, y)
         traced = _wrap(data, None)
         traced._node = Leaf(data.shape, data.dtype, None, "input")
         with enable_grad():

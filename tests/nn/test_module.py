@@ -203,3 +203,19 @@ def test_module_rmsprop_applyers_match_torch(make, torch_kwargs) -> None:
         topt.step()
     for p, tp in zip(model.parameters(), tmodel.parameters()):
         np.testing.assert_allclose(p.numpy(), tp.detach().numpy(), rtol=1e-10)
+
+
+def test_backprop_of_an_integer_input_gives_parameter_gradients_only() -> None:
+    class Lookup(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.table = nn.Parameter(pb.randn(5, 3, seed=0))
+
+        def forward(self, ids):
+            return self.table[ids.numpy()]
+
+    module = Lookup()
+    _, trace = module.traced_forward(np.array([0, 2, 2]))
+    grad_input, grads = module.backprop(trace, pb.ones(3, 3))
+    assert grad_input is None
+    np.testing.assert_array_equal(grads["table"].numpy()[:, 0], [1, 0, 2, 0, 0])
