@@ -121,7 +121,10 @@ class GradApplyer:
               tmp: np.ndarray, out: np.ndarray) -> np.ndarray:
         """Update buffers for parameter `index` and return its update (to subtract),
         written into `tmp` or `out`. `grad` must not be written; `param` not yet."""
-        raise NotImplementedError
+        raise TypeError(
+            f"{type(self).__name__} has no update rule: GradApplyer is the base of SGD, "
+            "RMSProp, Adam and AdamW; use one of them, or subclass it and define _rule"
+        )
 
     def _hyper(self) -> dict[str, Any]:
         return {}

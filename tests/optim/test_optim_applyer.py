@@ -315,3 +315,13 @@ def test_state_dict_survives_a_safetensors_round_trip() -> None:
     for key, value in opt.state_dict().items():
         np.testing.assert_array_equal(value, state[key])
         assert value.dtype == state[key].dtype
+
+
+def test_the_bare_base_applyer_says_it_has_no_update_rule() -> None:
+    import pullback as pb
+    from pullback import optim
+
+    p = pb.tensor([1.0, 2.0], requires_grad=True)
+    p.grad = pb.tensor([0.5, 0.5])
+    with pytest.raises(TypeError, match=r"no update rule.*SGD"):
+        optim.GradApplyer([p], 0.1).step()
