@@ -10,6 +10,7 @@ from .backend.current import get_backend, set_backend, use_backend
 from .check import GradcheckError, gradcheck
 from .io import load, save
 from .ops import (
+    CustomOp,
     abs,
     add,
     avg_pool2d,
@@ -85,6 +86,7 @@ __all__ = [
     "Backend",
     "BackwardOps",
     "CpuBackend",
+    "CustomOp",
     "GradcheckError",
     "KernelError",
     "Tensor",

@@ -7,6 +7,7 @@ what the installed evaluator makes of them (tensors, under `pullback.tensor`).
 
 from ..ad import set_tangent_add
 from .conv import avg_pool2d, conv2d, fold2d, max_pool2d, unfold2d
+from .custom import CustomOp
 from .elementwise import (
     abs,
     add,
@@ -59,6 +60,7 @@ set_tangent_add(add_p)
 
 __all__ = [
     "PRIMITIVES",
+    "CustomOp",
     "abs",
     "add",
     "astype",

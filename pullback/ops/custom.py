@@ -1,0 +1,142 @@
+"""`CustomOp`: users' own ops, written in NumPy, with an optional backward and JVP.
+
+Each subclass becomes a primitive named after it. Its derivative is a linear
+companion primitive: evaluated forwards it calls the op's `jvp`, transposed it
+calls the op's `backward`, so forward mode, reverse mode and gradcheck all go
+through the core's usual machinery without tracing the user's NumPy code. An
+op without `backward` is inference-only: differentiating through it is an
+error naming the class, never a zero.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..ad import ALL_ARGS, DerivativeError, Zero, defjvp_full, deflinear, defvjp
+from ..backend.errors import KernelError
+from .registry import declare
+
+
+class CustomOp:
+    """Subclass with `forward(self, *arrays) -> array` and, to be trainable,
+    `backward(self, upstream, inputs, output) -> tuple` (one gradient or None per
+    input); optionally `jvp(self, tangents, inputs, output) -> array` (tangents
+    has None for inputs that carry none) for forward mode. Call an instance on
+    tensors: `MyOp()(x, y)`. Forward and backward see and return NumPy arrays.
+    """
+
+    def forward(self, *arrays: np.ndarray) -> np.ndarray:
+        raise TypeError(f"{type(self).__name__} defines no forward()")
+
+    def __call__(self, *args: Any) -> Any:
+        return _primitives(type(self))[0].bind(*args, op=self)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
+
+def _defines(op: CustomOp | type, method: str) -> bool:
+    cls = op if isinstance(op, type) else type(op)
+    return getattr(cls, method, None) is not getattr(CustomOp, method, None)
+
+
+def _primitives(cls: type) -> tuple:
+    """The op's primitive and its linear companion, made once per subclass."""
+    cached = cls.__dict__.get("_pullback_primitives")
+    if cached is None:
+        cached = _declare(cls)
+        cls._pullback_primitives = cached
+    return cached
+
+
+def _declare(cls: type) -> tuple:
+    name = cls.__name__
+
+    def impl(backend: Any, *arrays: Any, op: CustomOp) -> np.ndarray:
+        out = op.forward(*arrays)
+        if not isinstance(out, np.ndarray):
+            raise KernelError(name, arrays, f"forward returned a {type(out).__name__}, not a "
+                              "NumPy array")
+        return out
+
+    def no_shape_rule(*args: Any, op: CustomOp) -> tuple:
+        raise DerivativeError(f"{name} is not linear; it cannot be applied to a tangent")
+
+    prim = declare(name, impl, no_shape_rule, saves_inputs=True, saves_output=True,
+                   register=False)
+
+    def linear_impl(backend: Any, *tangents: Any, op: CustomOp, inputs: tuple,
+                    output: np.ndarray) -> np.ndarray:
+        if not _defines(op, "jvp"):
+            raise DerivativeError(f"{name} defines no jvp(): forward mode through it is "
+                                  "unsupported (reverse mode needs only backward())")
+        tangents = tuple(None if type(t) is Zero else t for t in tangents)
+        return _checked(name, "jvp", op.jvp(tangents, inputs, output), output)
+
+    def linear_shape(*tangents: Any, op: CustomOp, inputs: tuple, output: np.ndarray) -> tuple:
+        return output.shape, output.dtype
+
+    linear = declare(f"{name}.jvp", linear_impl, linear_shape, register=False)
+
+    def transpose(ct: Any, *tangents: Any, op: CustomOp, inputs: tuple,
+                  output: np.ndarray) -> tuple:
+        if getattr(ct, "_node", None) is not None:
+            raise DerivativeError(f"{name}.backward is NumPy code: second derivatives through "
+                                  f"{name} are unsupported")
+        return _backward(op, getattr(ct, "_data", ct), inputs, output)
+
+    # Linear in its tangents: its own JVP is itself.
+    defjvp_full(linear, lambda tangents, _output, _inputs, **params: linear.bind(*tangents,
+                                                                                  **params))
+    deflinear(linear, transpose, linear_args=ALL_ARGS)
+
+    def jvp(tangents: tuple, output: Any, inputs: tuple, op: CustomOp) -> Any:
+        if not (_defines(op, "backward") or _defines(op, "jvp")):
+            raise DerivativeError(f"{name} has no backward(): it is inference-only")
+        if any(getattr(v, "_node", None) is not None for v in (*inputs, output)):
+            # The derivative is being recorded to be differentiated again, but the op's
+            # backward and jvp are NumPy code: the result would silently be a constant.
+            raise DerivativeError(f"{name}.backward is NumPy code: second derivatives "
+                                  f"through {name} are unsupported")
+        return linear.bind(*tangents, op=op, inputs=_arrays(inputs), output=_array(output))
+
+    defjvp_full(prim, jvp)
+
+    def vjp(backend: Any, upstream: Any, node: Any) -> tuple:
+        return _backward(node.params["op"], upstream, node.inputs, node.output)
+
+    if _defines(cls, "backward"):  # without it, reverse mode meets the JVP rule's error
+        defvjp(prim, vjp)
+    return prim, linear
+
+
+def _backward(op: CustomOp, upstream: Any, inputs: tuple, output: Any) -> tuple:
+    name = type(op).__name__
+    if not _defines(op, "backward"):
+        raise DerivativeError(f"{name} has no backward(): it is inference-only, so it cannot "
+                              "be differentiated in reverse mode")
+    grads = op.backward(upstream, _arrays(inputs), _array(output))
+    if not isinstance(grads, (tuple, list)) or len(grads) != len(inputs):
+        raise KernelError(name, inputs, f"backward must return a tuple of {len(inputs)} "
+                          "gradients (None where an input has none)")
+    return tuple(None if g is None else _checked(name, f"backward (input {i})", g, inputs[i])
+                 for i, g in enumerate(grads))
+
+
+def _checked(name: str, where: str, value: Any, like: Any) -> np.ndarray:
+    value = np.asarray(value)
+    if value.shape != np.shape(like) or value.dtype != getattr(like, "dtype", value.dtype):
+        raise KernelError(name, (value, like), f"{where} returned shape {value.shape} "
+                          f"{value.dtype} for an operand of shape {np.shape(like)} "
+                          f"{getattr(like, 'dtype', '')}")
+    return value
+
+
+def _array(value: Any) -> Any:
+    return getattr(value, "_data", value)
+
+
+def _arrays(values: tuple) -> tuple:
+    return tuple(_array(v) for v in values)

@@ -1,0 +1,110 @@
+"""pb.CustomOp: users' NumPy ops with backward and jvp; inference-only ops refuse to
+be differentiated, naming the op."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import pullback as pb
+from pullback.ad import DerivativeError
+
+
+class Cube(pb.CustomOp):
+    def forward(self, x):
+        return x ** 3
+
+    def backward(self, upstream, inputs, output):
+        (x,) = inputs
+        return (upstream * 3 * x ** 2,)
+
+    def jvp(self, tangents, inputs, output):
+        (t,), (x,) = tangents, inputs
+        return t * 3 * x ** 2
+
+
+class MaskedScale(pb.CustomOp):
+    """x * scale where mask: a second, non-differentiable input."""
+
+    def forward(self, x, mask):
+        return np.where(mask, x * 2.0, x)
+
+    def backward(self, upstream, inputs, output):
+        _, mask = inputs
+        return (np.where(mask, upstream * 2.0, upstream), None)
+
+
+class Opaque(pb.CustomOp):
+    def forward(self, x):
+        return np.sort(x)
+
+
+def test_custom_op_forward_and_backward_match_torch() -> None:
+    x0 = np.random.default_rng(0).standard_normal(5)
+    x = pb.tensor(x0, requires_grad=True)
+    Cube()(x).sum().backward()
+    t = torch.tensor(x0, requires_grad=True)
+    (t ** 3).sum().backward()
+    np.testing.assert_allclose(x.grad.numpy(), t.grad.numpy(), rtol=1e-12)
+
+
+@pytest.mark.parametrize("mode", ["fast", "full"])
+def test_gradcheck_works_on_custom_ops(mode: str) -> None:
+    x = pb.randn(4, dtype=np.float64, seed=1)
+    assert pb.gradcheck(lambda x: Cube()(pb.tanh(x)) * 2.0, (x,), mode=mode)
+
+
+def test_custom_op_jvp_gives_forward_mode() -> None:
+    x, t = pb.randn(4, dtype=np.float64, seed=1), pb.randn(4, dtype=np.float64, seed=2)
+    _, tangent = pb.jvp(Cube(), (x,), (t,))
+    np.testing.assert_allclose(tangent.numpy(), t.numpy() * 3 * x.numpy() ** 2)
+
+
+def test_a_none_gradient_leaves_a_non_differentiable_input_alone() -> None:
+    x = pb.tensor([1.0, 2.0, 3.0], requires_grad=True)
+    MaskedScale()(x, np.array([True, False, True])).sum().backward()
+    np.testing.assert_array_equal(x.grad.numpy(), [2.0, 1.0, 2.0])
+
+
+def test_an_inference_only_op_runs_but_refuses_backward_naming_op_and_parameter() -> None:
+    w = pb.tensor([3.0, 1.0, 2.0], requires_grad=True)
+    with pb.no_grad():
+        np.testing.assert_array_equal(Opaque()(w).numpy(), [1.0, 2.0, 3.0])
+    loss = Opaque()(w * 2.0).sum()
+    with pytest.raises(DerivativeError, match=r"Opaque.*shape \(3,\)"):
+        loss.backward()
+    with pytest.raises(DerivativeError, match="Opaque"):
+        pb.grad(lambda w: Opaque()(w).sum())(w)
+
+
+def test_forward_mode_without_jvp_is_an_error_naming_the_op() -> None:
+    with pytest.raises(DerivativeError, match="MaskedScale defines no jvp"):
+        pb.jvp(lambda x: MaskedScale()(x, np.array([True])), (pb.ones(1),), (pb.ones(1),))
+
+
+def test_second_derivatives_through_numpy_backward_are_refused() -> None:
+    with pytest.raises(DerivativeError, match="second derivatives through Cube"):
+        pb.grad(lambda x: pb.grad(lambda y: Cube()(y).sum())(x).sum())(pb.ones(2))
+
+
+class WrongShape(pb.CustomOp):
+    def forward(self, x):
+        return x * 2.0
+
+    def backward(self, upstream, inputs, output):
+        return (upstream[:1],)
+
+
+class NotAnArray(pb.CustomOp):
+    def forward(self, x):
+        return float(x.sum())
+
+
+def test_bad_custom_op_results_are_errors_naming_the_op() -> None:
+    x = pb.ones(3, requires_grad=True)
+    with pytest.raises(pb.KernelError, match=r"WrongShape.*backward \(input 0\) returned "
+                       r"shape \(1,\)"):
+        WrongShape()(x).sum().backward()
+    with pytest.raises(pb.KernelError, match=r"NotAnArray: .*forward returned a float"):
+        NotAnArray()(x)
