@@ -44,6 +44,11 @@ def normal(*shape: int) -> Sampler:
     return lambda rng: rng.standard_normal(shape)
 
 
+def labels(classes: int, *shape: int) -> Sampler:
+    """Integer class labels: an operand that is never differentiated."""
+    return lambda rng: rng.integers(0, classes, shape)
+
+
 def positive(*shape: int) -> Sampler:
     return lambda rng: rng.uniform(0.5, 2.0, shape)
 
@@ -118,6 +123,12 @@ SPECS: dict[str, Spec] = {
     # unary
     "neg": Spec(ops.neg, inputs(normal(3, 4))),
     "sign": Spec(ops.sign, inputs(nonzero(3, 4)), reference=np.sign),
+    # losses and sampling: labels and masks are operands without gradients
+    "cross_entropy": Spec(ops.cross_entropy, inputs(normal(4, 5), labels(5, 4))),
+    "one_hot": Spec(lambda y: ops.one_hot(y, 5, np.dtype(np.float64)), inputs(labels(5, 6)),
+                    reference=lambda y: np.eye(5)[y]),
+    "dropout_mask": Spec(lambda x: ops.dropout_mask(x, 0.0, np.random.default_rng),
+                         inputs(normal(3, 4)), reference=np.ones_like),
     "exp": Spec(ops.exp, inputs(normal(3, 4))),
     "log": Spec(ops.log, inputs(positive(3, 4))),
     "sqrt": Spec(ops.sqrt, inputs(positive(3, 4))),

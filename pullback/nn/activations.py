@@ -81,9 +81,9 @@ class Dropout(Module):
     def forward(self, x: Any) -> Tensor:
         if not self.training or self.p == 0.0:
             return x
-        rng = self._rng if self._rng is not None else default_generator()
-        keep = rng.random(tuple(x.shape)) >= self.p
-        return ops.mul(x, (keep / (1.0 - self.p)).astype(x.dtype))
+        # The mask is an op that draws when it runs, so a lowered plan draws afresh.
+        rng = (lambda: self._rng) if self._rng is not None else default_generator
+        return ops.mul(x, ops.dropout_mask(x, self.p, rng))
 
     def extra_repr(self) -> str:
         return f"p={self.p}"

@@ -41,6 +41,7 @@ from .elementwise import (
     where,
 )
 from .linalg import matmul
+from .loss import cross_entropy, dropout_mask, one_hot
 from .reduce import log_softmax, max, mean, softmax, sum
 from .registry import PRIMITIVES, declare
 from .shape import (
@@ -69,8 +70,10 @@ __all__ = [
     "clip",
     "concatenate",
     "conv2d",
+    "cross_entropy",
     "declare",
     "div",
+    "dropout_mask",
     "equal",
     "erf",
     "exp",
@@ -92,6 +95,7 @@ __all__ = [
     "mul",
     "neg",
     "not_equal",
+    "one_hot",
     "pad2d",
     "pow",
     "relu",

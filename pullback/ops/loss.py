@@ -1,0 +1,103 @@
+"""Loss and sampling primitives whose integer or random inputs must stay operands.
+
+`cross_entropy` takes its labels as an operand (not a constant built from
+them), and `dropout_mask` draws a fresh mask each time it runs, so that a
+lowered plan replays them correctly on new data.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..ad import defjvp, defvjp
+from ..backend.errors import KernelError
+from .elementwise import exp, mul, sub
+from .reduce import log_softmax
+from .reduce import sum as reduce_sum
+from .registry import declare, dtype_of, is_float, shape_of
+
+
+def _one_hot_shape(labels: Any, depth: int, dtype: Any) -> tuple:
+    return shape_of(labels) + (depth,), dtype
+
+
+def _one_hot_impl(backend: Any, labels: Any, depth: int, dtype: Any) -> Any:
+    eye = backend.astype(backend.equal(backend.reshape(labels, tuple(labels.shape) + (1,)),
+                                       backend.arange(0, depth, 1, labels.dtype)), dtype)
+    return eye
+
+
+one_hot_p = declare("one_hot", _one_hot_impl, _one_hot_shape, differentiable=False)
+
+
+def one_hot(labels: Any, depth: int, dtype: Any) -> Any:
+    """Rows of zeros with a one at each label; no gradient."""
+    return one_hot_p.bind(labels, depth=depth, dtype=dtype)
+
+
+def _cross_entropy_shape(logits: Any, labels: Any) -> tuple:
+    shape = shape_of(logits)
+    if len(shape) != 2 or not is_float(dtype_of(logits)):
+        raise KernelError("cross_entropy", (logits, labels), "logits must be (N, C) floating")
+    if shape_of(labels) != shape[:1]:
+        raise KernelError("cross_entropy", (logits, labels), f"labels must have shape "
+                          f"({shape[0]},)")
+    return (), dtype_of(logits)
+
+
+def _cross_entropy_impl(backend: Any, logits: Any, labels: Any) -> Any:
+    n, c = logits.shape
+    picked = backend.mul(backend.log_softmax(logits, 1), _one_hot_impl(backend, labels, c,
+                                                                     logits.dtype))
+    return backend.mul(backend.reduce_sum(picked, (0, 1), False), -1.0 / n)
+
+
+cross_entropy_p = declare("cross_entropy", _cross_entropy_impl, _cross_entropy_shape,
+                          saves_inputs=True)
+
+
+def _softmax_minus_target(logits: Any, labels: Any) -> Any:
+    n, c = shape_of(logits)
+    target = one_hot(labels, c, dtype_of(logits))
+    return mul(sub(exp(log_softmax(logits, -1)), target), 1.0 / n)
+
+
+# d loss / d logits = (softmax(logits) - one_hot(labels)) / N; labels have no derivative.
+defjvp(cross_entropy_p,
+       lambda t, out, logits, labels: reduce_sum(mul(t, _softmax_minus_target(logits, labels))),
+       None)
+
+
+def _cross_entropy_vjp(be: Any, g: Any, node: Any) -> tuple:
+    logits, labels = node.inputs
+    n, c = logits.shape
+    probs = be.softmax(logits, 1)
+    grad = be.mul(be.sub(probs, _one_hot_impl(be, labels, c, logits.dtype)), be.mul(g, 1.0 / n))
+    return grad, None
+
+
+defvjp(cross_entropy_p, _cross_entropy_vjp)
+
+
+def cross_entropy(logits: Any, labels: Any) -> Any:
+    return cross_entropy_p.bind(logits, labels)
+
+
+def _mask_shape(x: Any, p: float, rng: Any) -> tuple:
+    return shape_of(x), dtype_of(x)
+
+
+def _mask_impl(backend: Any, x: Any, p: float, rng: Any) -> Any:
+    keep = backend.asarray(rng().random(x.shape) >= p)
+    return backend.mul(backend.astype(keep, x.dtype), 1.0 / (1.0 - p))
+
+
+dropout_mask_p = declare("dropout_mask", _mask_impl, _mask_shape, differentiable=False)
+
+
+def dropout_mask(x: Any, p: float, rng: Any) -> Any:
+    """Zeros with probability p, else 1/(1-p), shaped like x; `rng()` returns the generator
+    to draw from at the moment the op runs (so a replayed plan draws afresh)."""
+    return dropout_mask_p.bind(x, p=p, rng=rng)
+
+
