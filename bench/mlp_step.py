@@ -1,6 +1,7 @@
 """One training step of an MLP 64-256-256-10 on the digits, batch 128, SGD with momentum.
 
-pullback (eager autograd, and the explicit traced_forward/backprop/update path)
+pullback (eager autograd, the explicit traced_forward/backprop/update path, and a
+TRAINING plan from pb.compile)
 against PyTorch and NumPy written by hand, in one run on the same data and
 weights, every library on 2 threads. Run: `python bench/mlp_step.py`.
 """
@@ -42,6 +43,16 @@ def main() -> int:
         opt.zero_grad()
         nn.cross_entropy(model(pb.tensor(x)), y).backward()
         opt.step()
+
+    planned = make_pullback()
+    plan_opt = optim.SGD(planned.parameters(), LR, momentum=MOMENTUM)
+    plan = pb.compile(lambda x, y: nn.cross_entropy(planned(x), y), x, y,
+                      mode=pb.LoweringMode.TRAINING)
+
+    def plan_step() -> None:
+        plan_opt.zero_grad()
+        plan(x, y)
+        plan_opt.step()
 
     explicit = make_pullback()
     applyer = explicit.new_momentum(optim.TrainParams(LR), MOMENTUM)
@@ -91,6 +102,7 @@ def main() -> int:
     times = {
         "pullback": best_time(pullback_step, number=300),
         "pullback explicit": best_time(explicit_step, number=300),
+        "pullback plan": best_time(plan_step, number=300),
         "pytorch": best_time(torch_step, number=300),
         "numpy by hand": best_time(numpy_step, number=300),
     }

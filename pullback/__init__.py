@@ -9,6 +9,7 @@ from .backend import Backend, BackwardOps, CpuBackend, KernelError, ThreadedCpuB
 from .backend.current import get_backend, set_backend, use_backend
 from .check import GradcheckError, gradcheck
 from .io import load, save
+from .lower import LoweringMode, compile
 from .ops import (
     CustomOp,
     abs,
@@ -89,6 +90,7 @@ __all__ = [
     "CustomOp",
     "GradcheckError",
     "KernelError",
+    "LoweringMode",
     "Tensor",
     "ThreadedCpuBackend",
     "__version__",
@@ -99,6 +101,7 @@ __all__ = [
     "bool_",
     "broadcast_to",
     "clip",
+    "compile",
     "concatenate",
     "conv2d",
     "div",

@@ -93,8 +93,6 @@ def _declare(cls: type) -> tuple:
     deflinear(linear, transpose, linear_args=ALL_ARGS)
 
     def jvp(tangents: tuple, output: Any, inputs: tuple, op: CustomOp) -> Any:
-        if not (_defines(op, "backward") or _defines(op, "jvp")):
-            raise DerivativeError(f"{name} has no backward(): it is inference-only")
         if any(getattr(v, "_node", None) is not None for v in (*inputs, output)):
             # The derivative is being recorded to be differentiated again, but the op's
             # backward and jvp are NumPy code: the result would silently be a constant.
@@ -102,7 +100,10 @@ def _declare(cls: type) -> tuple:
                                   f"through {name} are unsupported")
         return linear.bind(*tangents, op=op, inputs=_arrays(inputs), output=_array(output))
 
-    defjvp_full(prim, jvp)
+    if _defines(cls, "backward") or _defines(cls, "jvp"):
+        # Without either the op has no derivative rule at all: inference-only, and
+        # differentiating through it (or lowering it for training) is refused up front.
+        defjvp_full(prim, jvp)
 
     def vjp(backend: Any, upstream: Any, node: Any) -> tuple:
         return _backward(node.params["op"], upstream, node.inputs, node.output)

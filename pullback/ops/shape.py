@@ -337,3 +337,13 @@ deflinear(identity_p, lambda ct, x: (ct,))
 def identity(x: Any) -> Any:
     """x itself, as a new recorded node: marks where a nested transform's input begins."""
     return identity_p.bind(x)
+
+
+stop_gradient_p = declare("stop_gradient", lambda backend, x: x,
+                          lambda x: (shape_of(x), dtype_of(x)), differentiable=False,
+                          register=False)
+
+
+def stop_gradient(x: Any) -> Any:
+    """x's values, with no gradient: what `Tensor.detach()` is inside a traced graph."""
+    return stop_gradient_p.bind(x)

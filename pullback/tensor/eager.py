@@ -16,6 +16,7 @@ import numpy as np
 
 from .. import ops
 from ..ad import Leaf, LinearVar, set_evaluator
+from ..ad import core as _core
 from ..backend.current import _current, get_backend
 from ..backend.errors import KernelError
 from ..ops.elementwise import add_p, div_p, mul_p, sub_p
@@ -123,17 +124,18 @@ _NO_PARAMS: dict = {}  # shared by parameterless ops; nothing writes into it
 
 
 def _binary_operator(prim: Any, reflected: bool) -> Any:
-    """`self (op) other` straight to the evaluator when no operand is being traced."""
+    """`self (op) other` straight to the installed evaluator (the eager one, or a
+    tracer's) when no operand is a linear variable: `bind` without its argument scan."""
     if reflected:
         def operator(self: Any, other: Any) -> Any:
             if type(self) is LinearVar or type(other) is LinearVar:
                 return prim.bind(other, self)
-            return evaluate(prim, (other, self), _NO_PARAMS)
+            return _core._evaluator(prim, (other, self), _NO_PARAMS)
     else:
         def operator(self: Any, other: Any) -> Any:
             if type(self) is LinearVar or type(other) is LinearVar:
                 return prim.bind(self, other)
-            return evaluate(prim, (self, other), _NO_PARAMS)
+            return _core._evaluator(prim, (self, other), _NO_PARAMS)
     return operator
 
 

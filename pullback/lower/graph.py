@@ -1,0 +1,146 @@
+"""Static graphs: a function traced once into equations over variables.
+
+Tracing installs an evaluator that records every primitive application while
+still computing it on the example inputs, so shapes and dtypes are known. A
+tensor that is an input becomes an input variable, a tensor that requires
+grad and is not computed from others (a parameter) becomes a parameter
+variable read at each call, and anything else is a constant baked into the
+graph.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..ad import Primitive, set_evaluator
+from ..ops.shape import stop_gradient_p
+from ..tensor import Tensor, no_grad
+from ..tensor.eager import _wrap, evaluate
+
+
+@dataclass(eq=False)
+class Var:
+    """A value in a static graph."""
+
+    index: int
+    shape: tuple
+    dtype: np.dtype
+    kind: str  # "input", "param", "const" or "value"
+    producer: Any = None  # the equation that computes it ("value" only)
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+
+    def __repr__(self) -> str:
+        return f"v{self.index}"
+
+
+@dataclass(eq=False)
+class Eqn:
+    primitive: Primitive
+    args: tuple  # Var or a Python scalar
+    params: dict
+    out: Var
+
+
+@dataclass(eq=False)
+class StaticGraph:
+    inputs: list[Var] = field(default_factory=list)
+    params: list[tuple[Var, Tensor]] = field(default_factory=list)
+    consts: list[tuple[Var, np.ndarray]] = field(default_factory=list)
+    eqns: list[Eqn] = field(default_factory=list)
+    outputs: list[Var] = field(default_factory=list)
+    vars: list[Var] = field(default_factory=list)
+
+    def new_var(self, shape: tuple, dtype: Any, kind: str) -> Var:
+        var = Var(len(self.vars), tuple(shape), np.dtype(dtype), kind)
+        self.vars.append(var)
+        return var
+
+
+class _Tracer:
+    """The evaluator installed while tracing: computes, and records each equation."""
+
+    def __init__(self, graph: StaticGraph):
+        self.graph = graph
+        self.var_of: dict[int, Var] = {}
+        self.alive: list[Any] = []  # keeps traced objects alive so their ids stay unique
+
+    def bind_input(self, tensor: Tensor) -> None:
+        var = self.graph.new_var(tensor.shape, tensor.dtype, "input")
+        self.graph.inputs.append(var)
+        self._remember(tensor, var)
+
+    def _remember(self, obj: Any, var: Var) -> None:
+        self.var_of[id(obj)] = var
+        self.alive.append(obj)
+        if isinstance(obj, Tensor):
+            # Code that unwraps a tensor (labels turned into an array) still reaches its var.
+            self.var_of[id(obj._data)] = var
+            self.alive.append(obj._data)
+
+    def operand(self, arg: Any) -> Any:
+        if isinstance(arg, (bool, int, float)) or arg is None:
+            return arg
+        var = self.var_of.get(id(arg))
+        if var is not None:
+            return var
+        if isinstance(arg, Tensor) and id(arg._data) in self.var_of:
+            # A detached alias of a traced value: the same values, cut from the gradient.
+            source = self.var_of[id(arg._data)]
+            var = self.graph.new_var(source.shape, source.dtype, "value")
+            var.producer = Eqn(stop_gradient_p, (source,), {}, var)
+            self.graph.eqns.append(var.producer)
+            self._remember(arg, var)
+            return var
+        if isinstance(arg, Tensor) and arg.requires_grad and arg.is_leaf:
+            var = self.graph.new_var(arg.shape, arg.dtype, "param")
+            self.graph.params.append((var, arg))
+        else:
+            data = np.asarray(arg._data if isinstance(arg, Tensor) else arg)
+            var = self.graph.new_var(data.shape, data.dtype, "const")
+            self.graph.consts.append((var, data))
+        self._remember(arg, var)
+        return var
+
+    def __call__(self, prim: Primitive, args: tuple, params: dict) -> Tensor:
+        operands = tuple(self.operand(a) for a in args)
+        with no_grad():
+            out = evaluate(prim, args, params)
+        var = self.graph.new_var(out.shape, out.dtype, "value")
+        eqn = Eqn(prim, operands, params, var)
+        var.producer = eqn
+        self.graph.eqns.append(eqn)
+        self._remember(out, var)
+        return out
+
+
+def trace(fn: Any, example_inputs: tuple) -> tuple[StaticGraph, Any]:
+    """Run `fn` once on the examples, recording a static graph; returns it and the
+    structure of the outputs (a tensor, or a tuple of them)."""
+    graph = StaticGraph()
+    tracer = _Tracer(graph)
+    args = []
+    for x in example_inputs:
+        if isinstance(x, (Tensor, np.ndarray)):
+            t = _wrap(np.asarray(x._data if isinstance(x, Tensor) else x), None)
+            tracer.bind_input(t)
+            args.append(t)
+        else:
+            args.append(x)  # a module or another static argument
+    previous = set_evaluator(tracer)
+    try:
+        out = fn(*args)
+    finally:
+        set_evaluator(previous)
+    single = isinstance(out, Tensor)
+    outs = (out,) if single else tuple(out)
+    for o in outs:
+        if not isinstance(o, Tensor):
+            raise TypeError(f"compile: the function must return tensors, got {type(o).__name__}")
+        graph.outputs.append(tracer.operand(o))
+    return graph, single

@@ -1,0 +1,346 @@
+"""Plans: a static graph lowered to steps over slots, for inference or training.
+
+A plan runs each primitive's forward on the current backend with as little
+Python as possible per step, and drops every value right after its last use.
+An INFERENCE plan keeps nothing for backward. A TRAINING plan keeps exactly
+the values each backward step reads (the activation cache), frees each one
+when the last backward step that reads it is done, and leaves every
+parameter's gradient in its `.grad`, accumulated as `loss.backward()` would.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+import numpy as np
+
+from ..ad import DerivativeError, Node
+from ..backend.current import get_backend
+from ..tensor.backward import EagerExecutor, accumulate_grad
+from ..tensor.eager import _saved_as_float, _wrap
+from .graph import Eqn, StaticGraph, Var, trace
+
+
+class LoweringMode(enum.Enum):
+    """INFERENCE (the default): forward only. TRAINING: the loss and its gradients."""
+
+    INFERENCE = "inference"
+    TRAINING = "training"
+
+
+class LoweringError(ValueError):
+    """A graph that cannot be lowered as asked."""
+
+
+def compile(fn: Any, *example_inputs: Any, mode: LoweringMode = LoweringMode.INFERENCE) -> Plan:
+    """Trace `fn` (a function or a module) once on the examples and lower it to a plan,
+    called like the function. Tensors and arrays among the examples are the plan's
+    inputs; anything else (a module) is bound at compile time. A plan accepts only
+    the examples' shapes and dtypes (compile again for others)."""
+    if not callable(fn):
+        raise TypeError(f"compile: expected a function or a module, got {type(fn).__name__}")
+    if not isinstance(mode, LoweringMode):
+        raise TypeError(f"compile: mode must be a LoweringMode, not {mode!r}")
+    graph, single = trace(fn, example_inputs)
+    if mode is LoweringMode.TRAINING:
+        return TrainingPlan(graph, single)
+    return Plan(graph, single)
+
+
+def _fmt_bytes(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n} B"
+
+
+def _describe(var: Var) -> str:
+    return f"{var.shape} {var.dtype}"
+
+
+class Plan:
+    """An inference plan: `plan(*inputs)` returns what the traced function returned."""
+
+    mode = LoweringMode.INFERENCE
+
+    def __init__(self, graph: StaticGraph, single: bool):
+        self.graph = graph
+        self.single = single
+        self._scalar_slots: dict[Any, int] = {}
+        self._template: list[Any] = [None] * len(graph.vars)
+        for var, data in graph.consts:
+            self._template[var.index] = data
+        self._steps = [self._step(eqn) for eqn in graph.eqns]
+        self._frees = self._forward_frees(keep=set())
+
+    # ------------------------------------------------------------ building
+
+    def _slot(self, arg: Any) -> int:
+        if isinstance(arg, Var):
+            return arg.index
+        key = (type(arg), arg)
+        slot = self._scalar_slots.get(key)
+        if slot is None:  # a Python scalar operand gets a constant slot of its own
+            slot = len(self._template)
+            self._template.append(arg)
+            self._scalar_slots[key] = slot
+        return slot
+
+    def _step(self, eqn: Eqn) -> tuple:
+        return eqn.primitive.impl, tuple(self._slot(a) for a in eqn.args), eqn.params, \
+            eqn.out.index
+
+    def _forward_frees(self, keep: set[int]) -> list[tuple[int, ...]]:
+        """After each forward step, the value slots no later step (nor the result) reads."""
+        last: dict[int, int] = {}
+        for i, eqn in enumerate(self.graph.eqns):
+            for a in eqn.args:
+                if isinstance(a, Var) and a.kind == "value":
+                    last[a.index] = i
+            last.setdefault(eqn.out.index, i)
+        for out in self.graph.outputs:
+            last.pop(out.index, None)
+        frees: list[list[int]] = [[] for _ in self.graph.eqns]
+        for slot, i in last.items():
+            if slot not in keep:
+                frees[i].append(slot)
+        return [tuple(f) for f in frees]
+
+    # ------------------------------------------------------------ running
+
+    def _start(self, inputs: tuple) -> list[Any]:
+        arrays = [x for x in inputs if hasattr(x, "shape")]
+        if len(arrays) != len(self.graph.inputs):
+            raise TypeError(f"plan: expected {len(self.graph.inputs)} tensor inputs, got "
+                            f"{len(arrays)}")
+        env = list(self._template)
+        for index, (var, x) in enumerate(zip(self.graph.inputs, arrays)):
+            data = x._data if hasattr(x, "_data") else np.asarray(x)
+            if data.shape != var.shape or data.dtype != var.dtype:
+                raise LoweringError(
+                    f"plan: input {index} has shape {data.shape} and dtype {data.dtype}, but "
+                    f"the plan was lowered for {_describe(var)}; compile again for other "
+                    "shapes or dtypes")
+            env[var.index] = data
+        for var, p in self.graph.params:
+            env[var.index] = p._data  # the parameter's current value, read at every call
+        return env
+
+    def _forward(self, env: list[Any]) -> None:
+        backend = get_backend()
+        for (impl, slots, params, out), frees in zip(self._steps, self._frees):
+            env[out] = impl(backend, *[env[s] for s in slots], **params)
+            for s in frees:
+                env[s] = None
+
+    def __call__(self, *inputs: Any) -> Any:
+        env = self._start(inputs)
+        self._forward(env)
+        outs = tuple(_wrap(env[v.index], None) for v in self.graph.outputs)
+        return outs[0] if self.single else outs
+
+    # ------------------------------------------------------------ explaining
+
+    def explain(self) -> str:
+        """The plan as text: its steps, buffers, saved activations and peak memory."""
+        g = self.graph
+        lines = [f"plan ({self.mode.value}): {len(g.inputs)} inputs, {len(g.params)} "
+                 f"parameters, {len(g.eqns)} forward steps"]
+        for v in g.inputs:
+            lines.append(f"  input {v!r}: {_describe(v)}")
+        for v, p in g.params:
+            name = getattr(p._node, "name", None) or "parameter"
+            lines.append(f"  param {v!r} ({name}): {_describe(v)}")
+        lines.append("forward:")
+        kept = getattr(self, "_saved", set())
+        for i, eqn in enumerate(g.eqns):
+            args = ", ".join(repr(a) for a in eqn.args)
+            note = "  [kept for backward]" if eqn.out.index in kept else ""
+            lines.append(f"  {i:3d}  {eqn.out!r} = {eqn.primitive.name}({args})  "
+                         f"{_describe(eqn.out)}  {_fmt_bytes(eqn.out.nbytes)}{note}")
+        lines += self._explain_backward()
+        lines.append(f"peak memory of values (estimated): {_fmt_bytes(self.peak_bytes())}")
+        return "\n".join(lines)
+
+    def _explain_backward(self) -> list[str]:
+        return []
+
+    def peak_bytes(self) -> int:
+        """The most bytes of step results alive at once (inputs and parameters aside)."""
+        live, peak = 0, 0
+        for eqn, frees in zip(self.graph.eqns, self._frees):
+            live += eqn.out.nbytes
+            peak = max(peak, live)
+            live -= sum(self.graph.vars[s].nbytes for s in frees)
+        return peak
+
+
+class TrainingPlan(Plan):
+    """`plan(*inputs)` runs forward and backward: returns the loss, and leaves each
+    parameter's gradient in its `.grad` (accumulated, as `loss.backward()` does)."""
+
+    mode = LoweringMode.TRAINING
+
+    def __init__(self, graph: StaticGraph, single: bool):
+        if not single or graph.outputs[0].shape not in ((), (1,)) or \
+                graph.outputs[0].dtype.kind != "f":
+            raise LoweringError("compile: a TRAINING plan needs a function returning one "
+                                f"floating scalar loss; this one returns "
+                                f"{[_describe(v) for v in graph.outputs]}")
+        super().__init__(graph, single)
+        self._active = self._find_active()
+        loss = graph.outputs[0]
+        if loss.index not in self._active:
+            raise LoweringError("compile: the loss does not depend on any parameter")
+        self._backward = self._backward_steps()
+        saved = {s for step in self._backward for s in step[2]}
+        self._frees = self._forward_frees(keep=saved)
+        self._saved = saved
+
+    def _find_active(self) -> set[int]:
+        active = {v.index for v, _ in self.graph.params}
+        for eqn in self.graph.eqns:
+            if eqn.primitive.differentiable and eqn.out.dtype.kind == "f" and any(
+                    isinstance(a, Var) and a.index in active for a in eqn.args):
+                active.add(eqn.out.index)
+        # Only what leads to the loss is differentiated.
+        needed = {self.graph.outputs[0].index}
+        for eqn in reversed(self.graph.eqns):
+            if eqn.out.index in needed and eqn.primitive.differentiable:
+                needed.update(a.index for a in eqn.args if isinstance(a, Var))
+        unused = [self._param_name(v, p) for v, p in self.graph.params
+                  if v.index not in needed]
+        if unused:
+            raise LoweringError(f"compile: parameters get no gradient (the loss does not "
+                                f"depend on them): {', '.join(unused)}")
+        return active & needed
+
+    @staticmethod
+    def _param_name(var: Var, p: Any) -> str:
+        return f"{getattr(p._node, 'name', None) or 'parameter'} {var.shape}"
+
+    def _backward_steps(self) -> list[tuple]:
+        """Per active equation, in reverse: (eqn, node, saved slots, slots to free after)."""
+        steps = []
+        last_reader: dict[int, int] = {}
+        for eqn in reversed(self.graph.eqns):
+            if eqn.out.index not in self._active:
+                continue
+            prim = eqn.primitive
+            if not (prim.has_derivative or prim.transpose is not None or prim.vjp is not None):
+                params = [self._param_name(v, p) for v, p in self.graph.params
+                          if self._depends(eqn, v)]
+                raise LoweringError(f"compile: {prim.name} has no derivative rule, and it lies "
+                                    f"between {', '.join(params)} and the loss")
+            parents = tuple(a if isinstance(a, Var) and a.index in self._active else None
+                            for a in eqn.args)
+            saves_in = prim.saves_inputs
+            if saves_in and prim.bilinear and (parents[0] is None or parents[1] is None):
+                needed_in = (1,) if parents[1] is None else (0,)
+            else:
+                needed_in = tuple(range(len(eqn.args))) if saves_in else ()
+            saved = tuple(eqn.args[i].index for i in needed_in if isinstance(eqn.args[i], Var))
+            if prim.saves_output:
+                saved += (eqn.out.index,)
+            node = Node(prim, eqn.params, parents, None, None,
+                        tuple(a.shape if isinstance(a, Var) else () for a in eqn.args),
+                        eqn.out.shape, eqn.out.dtype)
+            steps.append((eqn, node, saved, needed_in))
+            for s in saved:
+                last_reader[s] = len(steps) - 1
+        frees: list[list[int]] = [[] for _ in steps]
+        for s, i in last_reader.items():
+            var = self.graph.vars[s]
+            if var.kind == "value":
+                frees[i].append(s)
+        return [(eqn, node, saved, needed_in, tuple(f))
+                for (eqn, node, saved, needed_in), f in zip(steps, frees)]
+
+    def _depends(self, eqn: Eqn, param: Var) -> bool:
+        reach = {param.index}
+        for e in self.graph.eqns:
+            if any(isinstance(a, Var) and a.index in reach for a in e.args):
+                reach.add(e.out.index)
+            if e is eqn:
+                break
+        return eqn.out.index in reach
+
+    def __call__(self, *inputs: Any) -> Any:
+        env = self._start(inputs)
+        self._forward(env)
+        loss = env[self.graph.outputs[0].index]
+        executor = EagerExecutor()
+        cts: dict[int, Any] = {self.graph.outputs[0].index: np.ones_like(loss)}
+        add = executor.add_operands
+        for eqn, node, _, needed_in, frees in self._backward:
+            ct = cts.pop(eqn.out.index, None)  # a cotangent is freed once consumed
+            if ct is not None:
+                in_cts = self._vjp(executor, eqn, node, needed_in, env, ct)
+                for parent, in_ct in zip(node.parents, in_cts):
+                    if parent is None or in_ct is None:
+                        continue
+                    previous = cts.get(parent.index)
+                    cts[parent.index] = in_ct if previous is None else add(previous, in_ct)
+            for s in frees:
+                env[s] = None  # the activation cache lets go as soon as it can
+        for var, p in self.graph.params:
+            ct = cts.get(var.index)
+            if ct is not None:
+                accumulate_grad(p, ct, False)
+        return _wrap(loss, None)
+
+    @staticmethod
+    def _vjp(executor: EagerExecutor, eqn: Eqn, node: Node, needed_in: tuple, env: list,
+             ct: Any) -> tuple:
+        prim = eqn.primitive
+        if prim.saves_inputs:
+            values = [None] * len(eqn.args)
+            for i in needed_in:
+                a = eqn.args[i]
+                values[i] = env[a.index] if isinstance(a, Var) else a
+            inputs = tuple(values)
+            out_dtype = eqn.out.dtype
+            if any(type(v) is np.ndarray and v.dtype.kind in "iub" for v in inputs):
+                inputs = _saved_as_float(inputs, out_dtype)
+            node.inputs = inputs
+        else:
+            node.inputs = tuple(a if not isinstance(a, Var) else None for a in eqn.args) \
+                if any(not isinstance(a, Var) for a in eqn.args) else None
+        node.output = env[eqn.out.index] if prim.saves_output else None
+        try:
+            lin = executor.linearize_recorded_graph(node)
+            return executor.run_transposed_linear(lin, ct)
+        except DerivativeError as err:
+            raise LoweringError(f"plan: {err}") from None
+        finally:
+            node.inputs = node.output = None
+
+    def _explain_backward(self) -> list[str]:
+        lines = ["backward:"]
+        for eqn, _, saved, _, frees in self._backward:
+            reads = ", ".join(f"v{s}" for s in saved) or "nothing"
+            kind = "fused kernel" if eqn.primitive.vjp is not None else (
+                "transpose" if eqn.primitive.transpose is not None else "linearize+transpose")
+            lines.append(f"       d {eqn.out!r} via {eqn.primitive.name} ({kind}); reads {reads}"
+                         + (f"; frees {', '.join(f'v{s}' for s in frees)}" if frees else ""))
+        saved = sorted(self._saved)
+        total = sum(self.graph.vars[s].nbytes for s in saved if self.graph.vars[s].kind == "value")
+        lines.append("saved activations: " + (", ".join(
+            f"v{s} {_fmt_bytes(self.graph.vars[s].nbytes)}" for s in saved
+            if self.graph.vars[s].kind == "value") or "none") + f" (total {_fmt_bytes(total)})")
+        return lines
+
+    def peak_bytes(self) -> int:
+        live, peak = 0, 0
+        for eqn, frees in zip(self.graph.eqns, self._frees):
+            live += eqn.out.nbytes
+            peak = max(peak, live)
+            live -= sum(self.graph.vars[s].nbytes for s in frees)
+        for eqn, _, _, _, frees in self._backward:
+            # a cotangent of each operand appears while the saved values are still held
+            grads = sum(a.nbytes for a in eqn.args if isinstance(a, Var) and a.kind == "value")
+            peak = max(peak, live + grads)
+            live -= sum(self.graph.vars[s].nbytes for s in frees)
+        return peak
