@@ -63,6 +63,8 @@ def _add_train(commands: Any) -> None:
     train.add_argument("--backend", choices=tuple(TRAIN_BACKENDS), default=defaults.backend)
     train.add_argument("--output", default=defaults.output, metavar="DIR",
                        help="folder for the checkpoint, weights and plot (default: %(default)s)")
+    train.add_argument("--eager", action="store_true",
+                       help="run eager autograd instead of a compiled training plan")
     train.add_argument("--resume", action="store_true",
                        help="continue from the checkpoint in the output folder")
     train.add_argument("--no-progress", dest="progress", action="store_false",
@@ -75,7 +77,7 @@ def _run_train(args: argparse.Namespace, injected: dict[str, Any]) -> int:
 
     config = TrainConfig(model=args.model, epochs=args.epochs, batch_size=args.batch_size,
                          lr=args.lr, optimizer=args.optimizer, seed=args.seed,
-                         backend=args.backend, output=args.output)
+                         backend=args.backend, output=args.output, eager=args.eager)
     try:
         result = train(config, resume=args.resume, progress=args.progress)
     except (ValueError, FileNotFoundError) as error:

@@ -21,6 +21,7 @@ from . import nn, optim
 from .backend import CpuBackend, ThreadedCpuBackend
 from .backend.current import use_backend
 from .io import batches, digits_split, load_training, save, save_training
+from .lower import LoweringMode, compile
 from .tensor import creation, no_grad, tensor
 
 MODELS = ("cnn", "mlp")
@@ -41,6 +42,7 @@ class TrainConfig:
     seed: int = 0
     backend: str = "cpu"
     output: str = "pullback-run"
+    eager: bool = False  # True: eager autograd; False: a compiled TRAINING plan
 
     def check(self) -> None:
         if self.model not in MODELS:
@@ -123,6 +125,7 @@ def train(config: TrainConfig, *, resume: bool = False, progress: bool = True,
             log(f"resumed from {out / CHECKPOINT} after epoch {len(history)}")
         # One generator drives initialization, shuffling and dropout: resuming restores it.
         rng = creation.default_generator()
+        step_fn = _step_function(model, config.eager)
         started, trained_steps = time.perf_counter(), 0
         for epoch in range(len(history), config.epochs):
             if stop_after is not None and epoch >= stop_after:
@@ -132,9 +135,7 @@ def train(config: TrainConfig, *, resume: bool = False, progress: bool = True,
             bar = _progress(order, steps_per_epoch, epoch, config, progress)
             for xb, yb in bar:
                 optimizer.zero_grad()
-                logits = model(tensor(xb))
-                loss = nn.cross_entropy(logits, yb)
-                loss.backward()
+                loss, logits = step_fn(xb, yb)
                 optimizer.step()
                 step += 1
                 trained_steps += 1
@@ -162,6 +163,32 @@ def train(config: TrainConfig, *, resume: bool = False, progress: bool = True,
     log(f"{trained_steps} steps in {elapsed:.1f} s ({rate:.0f} steps/s); "
         f"checkpoint and weights in {out}/")
     return TrainResult(accuracy, history, model, rate)
+
+
+def _step_function(model: nn.Module, eager: bool) -> Callable:
+    """`(x, y) -> (loss, logits)` leaving gradients in `.grad`: eager autograd, or a
+    TRAINING plan per batch shape (the last batch of an epoch may be smaller)."""
+    if eager:
+        def eager_step(x: np.ndarray, y: np.ndarray) -> tuple:
+            logits = model(tensor(x))
+            loss = nn.cross_entropy(logits, y)
+            loss.backward()
+            return loss, logits
+
+        return eager_step
+    plans: dict[tuple, Any] = {}
+
+    def loss_and_logits(x: Any, y: Any) -> Any:
+        logits = model(x)
+        return nn.cross_entropy(logits, y), logits
+
+    def planned_step(x: np.ndarray, y: np.ndarray) -> tuple:
+        plan = plans.get(x.shape)
+        if plan is None:
+            plan = plans[x.shape] = compile(loss_and_logits, x, y, mode=LoweringMode.TRAINING)
+        return plan(x, y)
+
+    return planned_step
 
 
 def _resume(path: Path, config: TrainConfig, model: nn.Module,

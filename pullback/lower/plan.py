@@ -179,15 +179,18 @@ class Plan:
 
 class TrainingPlan(Plan):
     """`plan(*inputs)` runs forward and backward: returns the loss, and leaves each
-    parameter's gradient in its `.grad` (accumulated, as `loss.backward()` does)."""
+    parameter's gradient in its `.grad` (accumulated, as `loss.backward()` does).
+
+    A function may return `(loss, *aux)`: the extra outputs (logits, say) are
+    returned after the loss and not differentiated."""
 
     mode = LoweringMode.TRAINING
 
     def __init__(self, graph: StaticGraph, single: bool):
-        if not single or graph.outputs[0].shape not in ((), (1,)) or \
-                graph.outputs[0].dtype.kind != "f":
+        if graph.outputs[0].shape not in ((), (1,)) or graph.outputs[0].dtype.kind != "f":
             raise LoweringError("compile: a TRAINING plan needs a function returning one "
-                                f"floating scalar loss; this one returns "
+                                f"floating scalar loss (first, if it returns several); this "
+                                f"one returns "
                                 f"{[_describe(v) for v in graph.outputs]}")
         super().__init__(graph, single)
         self._active = self._find_active()
@@ -251,9 +254,9 @@ class TrainingPlan(Plan):
             for s in saved:
                 last_reader[s] = len(steps) - 1
         frees: list[list[int]] = [[] for _ in steps]
+        returned = {v.index for v in self.graph.outputs}
         for s, i in last_reader.items():
-            var = self.graph.vars[s]
-            if var.kind == "value":
+            if self.graph.vars[s].kind == "value" and s not in returned:
                 frees[i].append(s)
         return [(eqn, node, saved, needed_in, tuple(f))
                 for (eqn, node, saved, needed_in), f in zip(steps, frees)]
@@ -289,7 +292,10 @@ class TrainingPlan(Plan):
             ct = cts.get(var.index)
             if ct is not None:
                 accumulate_grad(p, ct, False)
-        return _wrap(loss, None)
+        if self.single:
+            return _wrap(loss, None)
+        return (_wrap(loss, None),) + tuple(_wrap(env[v.index], None)
+                                            for v in self.graph.outputs[1:])
 
     @staticmethod
     def _vjp(executor: EagerExecutor, eqn: Eqn, node: Node, needed_in: tuple, env: list,

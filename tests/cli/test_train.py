@@ -85,3 +85,11 @@ def test_bad_settings_are_clear_errors(tmp_path: Path, field: str, value, match:
 def test_the_plot_of_loss_and_accuracy_is_a_png(tmp_path: Path) -> None:
     train(TrainConfig(epochs=2, model="mlp", output=str(tmp_path)), progress=False, log=_quiet)
     assert (tmp_path / "history.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_training_plan_and_eager_autograd_train_alike(tmp_path: Path) -> None:
+    results = [train(TrainConfig(epochs=2, model="mlp", eager=eager,
+                                 output=str(tmp_path / str(eager))), progress=False, log=_quiet)
+               for eager in (False, True)]
+    for (name, p), q in zip(results[0].model.named_parameters(), results[1].model.parameters()):
+        np.testing.assert_allclose(p.numpy(), q.numpy(), rtol=1e-4, atol=1e-6, err_msg=name)

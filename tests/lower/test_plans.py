@@ -162,3 +162,16 @@ def test_detach_inside_a_traced_function_follows_new_inputs_without_gradient() -
     eager.backward()
     np.testing.assert_allclose(loss.item(), eager.item(), rtol=1e-6)
     np.testing.assert_allclose(planned, model.weight.grad.numpy(), rtol=1e-5)
+
+
+def test_a_training_plan_returns_auxiliary_outputs_after_the_loss() -> None:
+    model = nn.Dense(3, 2)
+    x, y = _data((4, 3)), np.array([0, 1, 1, 0])
+
+    def loss_and_logits(x, y):
+        logits = model(x)
+        return nn.cross_entropy(logits, y), logits
+
+    loss, logits = pb.compile(loss_and_logits, x, y, mode=TRAINING)(x, y)
+    np.testing.assert_allclose(logits.numpy(), model(pb.tensor(x)).numpy(), rtol=1e-6)
+    assert loss.shape == () and model.weight.grad is not None
