@@ -1,0 +1,156 @@
+"""Training plans against PyTorch eager: wide MLP, CNN on 3x32x32, memory, threads.
+
+Each model trains one step at a time with SGD + momentum, pullback through a
+TRAINING plan (`pb.compile`) and PyTorch eager, in one run on the same data
+and initial weights, every library on 2 threads. Peak memory growth of one
+step is measured in a fresh process per framework (maximum resident set
+size after the step minus before it). Run: `python bench/plans.py`.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from common import best_time, pin_threads
+
+pin_threads(2)
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+import pullback as pb  # noqa: E402
+from pullback import nn, optim  # noqa: E402
+
+LR, MOMENTUM = 0.01, 0.9
+
+
+def wide_mlp() -> tuple:
+    pb.manual_seed(0)
+    model = nn.Sequential(nn.Dense(784, 1024), nn.ReLU(), nn.Dense(1024, 1024), nn.ReLU(),
+                          nn.Dense(1024, 10))
+    tmodel = torch.nn.Sequential(torch.nn.Linear(784, 1024), torch.nn.ReLU(),
+                                 torch.nn.Linear(1024, 1024), torch.nn.ReLU(),
+                                 torch.nn.Linear(1024, 10))
+    return model, tmodel, (256, 784)
+
+
+def cnn() -> tuple:
+    pb.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+                          nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+                          nn.Flatten(), nn.Dense(64 * 8 * 8, 10))
+    tmodel = torch.nn.Sequential(torch.nn.Conv2d(3, 32, 3, padding=1), torch.nn.ReLU(),
+                                 torch.nn.MaxPool2d(2), torch.nn.Conv2d(32, 64, 3, padding=1),
+                                 torch.nn.ReLU(), torch.nn.MaxPool2d(2), torch.nn.Flatten(),
+                                 torch.nn.Linear(64 * 8 * 8, 10))
+    return model, tmodel, (64, 3, 32, 32)
+
+
+MODELS = {"MLP 784-1024-1024-10, batch 256": wide_mlp, "CNN on 3x32x32, batch 64": cnn}
+
+
+def steps(make: object) -> tuple:
+    model, tmodel, shape = make()
+    with torch.no_grad():
+        for tp, p in zip(tmodel.parameters(), model.parameters()):
+            tp.copy_(torch.from_numpy(p.numpy().copy()))
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal(shape).astype(np.float32)
+    y = rng.integers(0, 10, shape[0])
+    opt = optim.SGD(model.parameters(), LR, momentum=MOMENTUM)
+    plan = pb.compile(lambda x, y: nn.cross_entropy(model(x), y), x, y,
+                      mode=pb.LoweringMode.TRAINING)
+
+    def pullback_step() -> None:
+        opt.zero_grad()
+        plan(x, y)
+        opt.step()
+
+    topt = torch.optim.SGD(tmodel.parameters(), LR, momentum=MOMENTUM)
+    xt, yt = torch.from_numpy(x), torch.from_numpy(y)
+
+    def torch_step() -> None:
+        topt.zero_grad()
+        torch.nn.functional.cross_entropy(tmodel(xt), yt).backward()
+        topt.step()
+
+    return pullback_step, torch_step
+
+
+def memory_growth(framework: str, warm: bool) -> float:
+    """MiB the resident set peaks above its size before one wide-MLP step (the first
+    step, or one after a warm-up step), in a fresh process. The kernel's high-water
+    mark is reset just before the step (/proc/self/clear_refs), so what setup and
+    tracing touched earlier does not hide the step's own peak."""
+    code = f"""
+import sys, json
+sys.path.insert(0, {str(__file__.rsplit('/', 1)[0])!r})
+import plans
+pullback_step, torch_step = plans.steps(plans.wide_mlp)
+step = pullback_step if {framework!r} == "pullback" else torch_step
+if {warm!r}:
+    step()
+def status(key):
+    for line in open("/proc/self/status"):
+        if line.startswith(key):
+            return int(line.split()[1]) / 1024
+with open("/proc/self/clear_refs", "w") as f:
+    f.write("5")
+before = status("VmRSS:")
+step()
+print(json.dumps(status("VmHWM:") - before))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True)
+    return float(json.loads(out.stdout.strip().splitlines()[-1]))
+
+
+def threads() -> list[str]:
+    x = np.random.default_rng(0).standard_normal(4_000_000).astype(np.float32)
+    lines = []
+    for name, fn in (("gelu", pb.gelu), ("sigmoid", pb.sigmoid), ("exp", pb.exp),
+                     ("softmax rows", lambda t: pb.softmax(t.reshape(4000, 1000)))):
+        t = pb.tensor(x)
+        times = {}
+        for label, backend in (("cpu", pb.CpuBackend()),
+                               ("threaded", pb.ThreadedCpuBackend(num_threads=2))):
+            with pb.use_backend(backend):
+                times[label] = best_time(lambda fn=fn, t=t: fn(t), repeats=5, number=5)
+        lines.append(f"  {name:13s} (4M float32): cpu {times['cpu'] * 1e3:6.2f} ms, threaded "
+                     f"{times['threaded'] * 1e3:6.2f} ms, speed-up "
+                     f"{times['cpu'] / times['threaded']:.2f}x")
+    pullback_step, _ = steps(wide_mlp)
+    times = {}
+    for label, backend in (("cpu", pb.CpuBackend()),
+                           ("threaded", pb.ThreadedCpuBackend(num_threads=2))):
+        with pb.use_backend(backend):
+            times[label] = best_time(pullback_step, repeats=5, number=10)
+    lines.append(f"  wide MLP step: cpu {times['cpu'] * 1e3:.2f} ms, threaded "
+                 f"{times['threaded'] * 1e3:.2f} ms, speed-up "
+                 f"{times['cpu'] / times['threaded']:.2f}x")
+    return lines
+
+
+def main() -> int:
+    torch.set_num_threads(2)
+    print("training step, SGD momentum, float32, pullback TRAINING plan vs PyTorch eager")
+    for label, make in MODELS.items():
+        pullback_step, torch_step = steps(make)
+        tp = best_time(pullback_step, repeats=5, number=10)
+        tt = best_time(torch_step, repeats=5, number=10)
+        print(f"  {label:34s} pullback {tp * 1e3:7.2f} ms, pytorch {tt * 1e3:7.2f} ms, "
+              f"ratio {tp / tt:.2f}")
+    for warm in (False, True):
+        growth = {f: memory_growth(f, warm) for f in ("pullback", "pytorch")}
+        print(f"peak memory growth of {'a warm' if warm else 'the first'} wide-MLP step: "
+              f"pullback {growth['pullback']:.1f} MiB, pytorch {growth['pytorch']:.1f} MiB")
+    print("ThreadedCpuBackend(2) against CpuBackend:")
+    for line in threads():
+        print(line)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
