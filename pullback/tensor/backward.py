@@ -232,7 +232,9 @@ def accumulate_grad(tensor: Tensor, ct: Any, create_graph: bool) -> None:
     if isinstance(ct, Tensor):
         ct = ct._data
     if tensor.grad is None:
-        # Own the buffer: a cotangent may be a view or shared with another leaf.
-        tensor.grad = _wrap(np.array(ct, dtype=tensor.dtype, copy=True), None)
+        # Own the buffer (a cotangent may be a view or shared with another leaf), in C
+        # order like the parameter: a transposed gradient would make every optimizer
+        # pass over it strided.
+        tensor.grad = _wrap(np.array(ct, dtype=tensor.dtype, copy=True, order="C"), None)
     else:
         tensor.grad = _wrap(tensor.grad._data + ct, None)
