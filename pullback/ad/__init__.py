@@ -8,6 +8,7 @@ Abstract over operands: it computes nothing itself and imports no NumPy; the
 from .core import (
     ALL_ARGS,
     DerivativeError,
+    ForwardModeError,
     LinearVar,
     Primitive,
     Zero,
@@ -40,6 +41,7 @@ __all__ = [
     "BackwardExecutor",
     "DerivativeError",
     "Equation",
+    "ForwardModeError",
     "GraphReleasedError",
     "Leaf",
     "LinearGraph",

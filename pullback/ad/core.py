@@ -55,6 +55,10 @@ class DerivativeError(TypeError):
     """A primitive lacks the derivative rule that a transform asked for."""
 
 
+class ForwardModeError(DerivativeError):
+    """An op can be differentiated in reverse mode only (a custom op without jvp)."""
+
+
 Rule = Callable[..., Any]
 
 

@@ -112,6 +112,8 @@ def _derivatives(problem: Problem, rng: np.random.Generator) -> list[tuple[str, 
         _, tangent_out = jvp(problem, xs, tangents)
         return problem.floating(tangent_out)
 
+    if not problem.has_forward_mode:
+        return [("the vjp", reverse)]
     return [("the vjp", reverse), ("the jvp", forward)]
 
 
@@ -133,11 +135,13 @@ def _fast(problem: Problem, tol: Tolerance, rng: np.random.Generator,
         tangents = [s / (2 * tol.eps) for s in step]
         grads = problem.pullback(vjp_fn, u)
         reverse = sum(float(np.sum(g * t)) for g, t in zip(grads, tangents, strict=True))
-        pushed = problem.pushforward(tangents)
-        forward = sum(float(np.sum(c * t)) for c, t in zip(u, pushed, strict=True))
         where = "a random direction (all inputs at once)"
         found.append(_scalar(f"{label}reverse mode (vjp)", where, reverse, numerical, noise, tol))
-        found.append(_scalar(f"{label}forward mode (jvp)", where, forward, numerical, noise, tol))
+        if problem.has_forward_mode:
+            pushed = problem.pushforward(tangents)
+            forward = sum(float(np.sum(c * t)) for c, t in zip(u, pushed, strict=True))
+            found.append(_scalar(f"{label}forward mode (jvp)", where, forward, numerical, noise,
+                                 tol))
     result = worst(found)
     if result is not None and not result.passed and problem.jacobian_size <= FULL_LOCALIZE_LIMIT:
         located = _full(problem, tol, rng, label)
@@ -158,11 +162,13 @@ def _full(problem: Problem, tol: Tolerance, rng: np.random.Generator,
     from the vjp and column by column from the jvp."""
     numerical, noise = problem.numerical_jacobian(tol.eps)
     reverse = problem.reverse_jacobian()
-    forward = problem.forward_jacobian()
+    forward = problem.forward_jacobian() if problem.has_forward_mode else None
     found = []
     for i in range(len(problem.primals)):
-        for what, analytical in (("reverse mode (vjp)", reverse[i]), ("forward mode (jvp)",
-                                                                       forward[i])):
+        modes = [("reverse mode (vjp)", reverse[i])]
+        if forward is not None:
+            modes.append(("forward mode (jvp)", forward[i]))
+        for what, analytical in modes:
             found.append(_elementwise(problem, i, f"{label}{what}", analytical, numerical[i],
                                       noise[i], tol))
     return worst(found)

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from ..ad import ForwardModeError
 from ..tensor import Tensor, jvp, no_grad, tensor, vjp
 
 # Central differences lose about this many ulps of each output to rounding.
@@ -178,6 +179,20 @@ class Problem:
                     f"gradcheck: the gradient for input {n} has shape {tuple(g.shape)} and "
                     f"dtype {g.dtype}, but input {n} has shape {p.shape} and dtype {p.dtype}")
         return [np.array(g.numpy(), dtype=np.float64) for g in grads]
+
+    @property
+    def has_forward_mode(self) -> bool:
+        """False when an op on the way supports reverse mode only (a custom op without
+        jvp): then only reverse mode is checked."""
+        known = self.__dict__.get("_forward_mode")
+        if known is None:
+            try:
+                self.pushforward([np.zeros(p.shape) for p in self.primals])
+                known = True
+            except ForwardModeError:
+                known = False
+            self.__dict__["_forward_mode"] = known
+        return known
 
     def pushforward(self, t: list[np.ndarray]) -> list[np.ndarray]:
         """The jvp's output tangents for input tangents `t` (pb.jvp, the JVP rules)."""

@@ -14,7 +14,15 @@ from typing import Any
 
 import numpy as np
 
-from ..ad import ALL_ARGS, DerivativeError, Zero, defjvp_full, deflinear, defvjp
+from ..ad import (
+    ALL_ARGS,
+    DerivativeError,
+    ForwardModeError,
+    Zero,
+    defjvp_full,
+    deflinear,
+    defvjp,
+)
 from ..backend.errors import KernelError
 from .registry import declare
 
@@ -70,8 +78,8 @@ def _declare(cls: type) -> tuple:
     def linear_impl(backend: Any, *tangents: Any, op: CustomOp, inputs: tuple,
                     output: np.ndarray) -> np.ndarray:
         if not _defines(op, "jvp"):
-            raise DerivativeError(f"{name} defines no jvp(): forward mode through it is "
-                                  "unsupported (reverse mode needs only backward())")
+            raise ForwardModeError(f"{name} defines no jvp(): forward mode through it is "
+                                   "unsupported (reverse mode needs only backward())")
         tangents = tuple(None if type(t) is Zero else t for t in tangents)
         return _checked(name, "jvp", op.jvp(tangents, inputs, output), output)
 

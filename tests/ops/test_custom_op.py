@@ -108,3 +108,22 @@ def test_bad_custom_op_results_are_errors_naming_the_op() -> None:
         WrongShape()(x).sum().backward()
     with pytest.raises(pb.KernelError, match=r"NotAnArray: .*forward returned a float"):
         NotAnArray()(x)
+
+
+def test_gradcheck_works_on_a_custom_op_without_jvp_by_checking_reverse_mode() -> None:
+    x = pb.randn(3, dtype=np.float64, seed=4)
+    mask = np.array([True, False, True])
+    for mode in ("fast", "full"):
+        assert pb.gradcheck(lambda x: MaskedScale()(x, mask), (x,), mode=mode)
+
+
+def test_gradcheck_still_catches_a_wrong_backward_without_jvp() -> None:
+    class WrongCube(pb.CustomOp):
+        def forward(self, x):
+            return x ** 3
+
+        def backward(self, upstream, inputs, output):
+            return (upstream * 2 * inputs[0] ** 2,)  # should be 3 x^2
+
+    with pytest.raises(pb.GradcheckError):
+        pb.gradcheck(lambda x: WrongCube()(x), (pb.randn(3, dtype=np.float64, seed=1),))
