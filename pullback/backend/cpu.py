@@ -2,6 +2,9 @@
 
 Elementwise work lives in module-level kernels `f(*arrays, out=...)` so that
 `ThreadedCpuBackend` can run the very same code on chunks; window ops live in conv.py.
+Where a one-pass Numba kernel (pullback.kernels) measured faster than the NumPy code
+at both 4 and 1M float32 elements, the module-level kernel runs it for float32 and
+float64 and keeps the NumPy code for other dtypes (float16, mixed dtypes).
 """
 
 from __future__ import annotations
@@ -16,6 +19,11 @@ from pullback.backend import conv
 from pullback.backend.backward_ops import BackwardOps, Grads, Needed
 from pullback.backend.base import Backend, Pair, Shape
 from pullback.backend.errors import KernelError
+from pullback.backend.fused import FusedOps, check_act, check_labels, check_rows
+from pullback.kernels import activations as compiled
+from pullback.kernels import bias_act as compiled_bias
+from pullback.kernels import rows as compiled_rows
+from pullback.kernels.core import SUPPORTED_DTYPES, Kernel
 
 # Python floats, not np.float64: NumPy 2 keeps f32 arrays f32 only for Python scalars.
 _SQRT1_2 = math.sqrt(0.5)
@@ -127,7 +135,7 @@ def relu_kernel(x: np.ndarray, out: Any = ...) -> np.ndarray:
     return np.maximum(x, 0, out=out)
 
 
-def sigmoid_kernel(x: np.ndarray, out: Any = ...) -> np.ndarray:
+def sigmoid_numpy(x: np.ndarray, out: Any = ...) -> np.ndarray:
     out = np.negative(x, out=out)
     # e**-x overflows to inf for very negative x, and 1 / (1 + inf) is the right 0.
     with np.errstate(over="ignore"):
@@ -136,13 +144,13 @@ def sigmoid_kernel(x: np.ndarray, out: Any = ...) -> np.ndarray:
     return np.reciprocal(out, out=out)
 
 
-def silu_kernel(x: np.ndarray, out: Any = ...) -> np.ndarray:
-    out = sigmoid_kernel(x, out)
+def silu_numpy(x: np.ndarray, out: Any = ...) -> np.ndarray:
+    out = sigmoid_numpy(x, out)
     out *= x
     return out
 
 
-def softplus_kernel(x: np.ndarray, out: Any = ...) -> np.ndarray:
+def softplus_numpy(x: np.ndarray, out: Any = ...) -> np.ndarray:
     # max(x, 0) + log1p(e**-|x|): no overflow, and exact in both tails.
     tail = np.abs(x, out=...)
     np.negative(tail, out=tail)
@@ -153,7 +161,7 @@ def softplus_kernel(x: np.ndarray, out: Any = ...) -> np.ndarray:
     return out
 
 
-def gelu_kernel(x: np.ndarray, out: Any = ...) -> np.ndarray:
+def gelu_numpy(x: np.ndarray, out: Any = ...) -> np.ndarray:
     out = _erf_scaled(x, _SQRT1_2, out)
     out += 1
     out *= x
@@ -161,7 +169,7 @@ def gelu_kernel(x: np.ndarray, out: Any = ...) -> np.ndarray:
     return out
 
 
-def gelu_tanh_kernel(x: np.ndarray, out: Any = ...) -> np.ndarray:
+def gelu_tanh_numpy(x: np.ndarray, out: Any = ...) -> np.ndarray:
     inner = np.multiply(x, x, out=...)
     inner *= _GELU_CUBIC
     inner += 1
@@ -179,14 +187,14 @@ def relu_backward_kernel(upstream: np.ndarray, x: np.ndarray, out: Any = ...) ->
     return np.multiply(upstream, np.greater(x, 0), out=out)
 
 
-def sigmoid_backward_kernel(upstream: np.ndarray, y: np.ndarray, out: Any = ...) -> np.ndarray:
+def sigmoid_backward_numpy(upstream: np.ndarray, y: np.ndarray, out: Any = ...) -> np.ndarray:
     out = np.subtract(1, y, out=out)
     out *= y
     out *= upstream
     return out
 
 
-def tanh_backward_kernel(upstream: np.ndarray, y: np.ndarray, out: Any = ...) -> np.ndarray:
+def tanh_backward_numpy(upstream: np.ndarray, y: np.ndarray, out: Any = ...) -> np.ndarray:
     out = np.multiply(y, y, out=out)
     np.subtract(1, out, out=out)
     out *= upstream
@@ -202,8 +210,8 @@ def abs_backward_kernel(upstream: np.ndarray, x: np.ndarray, out: Any = ...) -> 
     return _times(upstream, np.sign(x, out=...), out)
 
 
-def silu_backward_kernel(upstream: np.ndarray, x: np.ndarray, out: Any = ...) -> np.ndarray:
-    s = sigmoid_kernel(x)
+def silu_backward_numpy(upstream: np.ndarray, x: np.ndarray, out: Any = ...) -> np.ndarray:
+    s = sigmoid_numpy(x)
     slope = np.subtract(1, s, out=...)
     slope *= x
     slope += 1
@@ -211,11 +219,11 @@ def silu_backward_kernel(upstream: np.ndarray, x: np.ndarray, out: Any = ...) ->
     return _times(upstream, slope, out)
 
 
-def softplus_backward_kernel(upstream: np.ndarray, x: np.ndarray, out: Any = ...) -> np.ndarray:
-    return _times(upstream, sigmoid_kernel(x), out)
+def softplus_backward_numpy(upstream: np.ndarray, x: np.ndarray, out: Any = ...) -> np.ndarray:
+    return _times(upstream, sigmoid_numpy(x), out)
 
 
-def gelu_backward_kernel(upstream: np.ndarray, x: np.ndarray, out: Any = ...) -> np.ndarray:
+def gelu_backward_numpy(upstream: np.ndarray, x: np.ndarray, out: Any = ...) -> np.ndarray:
     cdf = _erf_scaled(x, _SQRT1_2)
     cdf += 1
     cdf *= 0.5
@@ -228,7 +236,7 @@ def gelu_backward_kernel(upstream: np.ndarray, x: np.ndarray, out: Any = ...) ->
     return _times(upstream, cdf, out)
 
 
-def gelu_tanh_backward_kernel(
+def gelu_tanh_backward_numpy(
     upstream: np.ndarray, x: np.ndarray, out: Any = ...
 ) -> np.ndarray:
     x2 = np.multiply(x, x, out=...)
@@ -250,21 +258,21 @@ def gelu_tanh_backward_kernel(
     return _times(upstream, t, out)
 
 
-def softmax_kernel(x: np.ndarray, axis: int, out: Any = ...) -> np.ndarray:
+def softmax_numpy(x: np.ndarray, axis: int, out: Any = ...) -> np.ndarray:
     out = np.subtract(x, np.max(x, axis=axis, keepdims=True), out=out)
     np.exp(out, out=out)
     out /= np.sum(out, axis=axis, keepdims=True)
     return out
 
 
-def log_softmax_kernel(x: np.ndarray, axis: int, out: Any = ...) -> np.ndarray:
+def log_softmax_numpy(x: np.ndarray, axis: int, out: Any = ...) -> np.ndarray:
     out = np.subtract(x, np.max(x, axis=axis, keepdims=True), out=out)
     total = np.sum(np.exp(out), axis=axis, keepdims=True)
     out -= np.log(total, out=total)
     return out
 
 
-def softmax_backward_kernel(
+def softmax_backward_numpy(
     upstream: np.ndarray, y: np.ndarray, axis: int, out: Any = ...
 ) -> np.ndarray:
     dot = np.sum(np.multiply(upstream, y), axis=axis, keepdims=True)
@@ -273,13 +281,77 @@ def softmax_backward_kernel(
     return out
 
 
-def log_softmax_backward_kernel(
+def log_softmax_backward_numpy(
     upstream: np.ndarray, y: np.ndarray, axis: int, out: Any = ...
 ) -> np.ndarray:
     total = np.sum(upstream, axis=axis, keepdims=True)
     e = np.exp(y)
     e *= total
     return np.subtract(upstream, e, out=out)
+
+
+# -- compiled kernels, where they measured faster than the NumPy code above ---------------
+# (4 and 1M float32 elements; rows of 1024 for the row-wise ones). Every one of these won
+# at both sizes; relu, exp, tanh, log, sqrt and abs stay single NumPy ufuncs.
+
+
+_COMPILED_DTYPES = frozenset(SUPPORTED_DTYPES)
+
+
+def _elementwise(kernel: Kernel, numpy_version: Callable) -> Callable:
+    """f(*arrays, out=...): `kernel` on the calling thread where the arrays share a dtype
+    the kernels compile for, `numpy_version` otherwise (float16, mixed dtypes)."""
+
+    def run(*arrays: np.ndarray, out: Any = ...) -> np.ndarray:
+        # One or two arrays here; spelled out, as a generator would cost more than the op.
+        dtype = arrays[0].dtype
+        if dtype in _COMPILED_DTYPES and (len(arrays) == 1 or arrays[1].dtype is dtype):
+            return kernel.serial(*arrays) if out is ... else kernel.serial(*arrays, out=out)
+        return numpy_version(*arrays, out=out)
+
+    run.__name__ = run.__qualname__ = f"{kernel.name}_kernel"
+    return run
+
+
+def _last_axis(kernel: Kernel, numpy_version: Callable) -> Callable:
+    """f(*arrays, axis, out=...): the row kernel where `axis` is the last one (rows are
+    contiguous there) and the arrays share a compiled dtype and shape, NumPy otherwise
+    (other axes, empty arrays: NumPy's own reductions and error messages)."""
+
+    def run(*args: Any, out: Any = ...) -> np.ndarray:
+        *arrays, axis = args
+        x = arrays[-1]
+        dtype = x.dtype
+        if (x.ndim and axis in (-1, x.ndim - 1) and x.size and dtype in _COMPILED_DTYPES
+                and all(a.dtype is dtype and a.shape == x.shape for a in arrays)):
+            return kernel.serial(*arrays) if out is ... else kernel.serial(*arrays, out=out)
+        return numpy_version(*arrays, axis, out=out)
+
+    run.__name__ = run.__qualname__ = f"{kernel.name}_kernel"
+    return run
+
+
+# bias_act's forward takes the kernel from this many elements: measured, add + relu in
+# NumPy is faster below about a thousand, and add + np.tanh at every size (NumPy's tanh
+# loop outruns the kernel's); gelu and sigmoid tie at 8 elements and win above.
+_BIAS_ACT_KERNEL_FROM = {"relu": 1024, "gelu": 0, "sigmoid": 0}
+
+sigmoid_kernel = _elementwise(compiled.sigmoid, sigmoid_numpy)
+silu_kernel = _elementwise(compiled.silu, silu_numpy)
+softplus_kernel = _elementwise(compiled.softplus, softplus_numpy)
+gelu_kernel = _elementwise(compiled.gelu, gelu_numpy)
+gelu_tanh_kernel = _elementwise(compiled.gelu_tanh, gelu_tanh_numpy)
+sigmoid_backward_kernel = _elementwise(compiled.sigmoid_backward, sigmoid_backward_numpy)
+tanh_backward_kernel = _elementwise(compiled.tanh_backward, tanh_backward_numpy)
+silu_backward_kernel = _elementwise(compiled.silu_backward, silu_backward_numpy)
+softplus_backward_kernel = _elementwise(compiled.softplus_backward, softplus_backward_numpy)
+gelu_backward_kernel = _elementwise(compiled.gelu_backward, gelu_backward_numpy)
+gelu_tanh_backward_kernel = _elementwise(compiled.gelu_tanh_backward, gelu_tanh_backward_numpy)
+softmax_kernel = _last_axis(compiled_rows.softmax, softmax_numpy)
+log_softmax_kernel = _last_axis(compiled_rows.log_softmax, log_softmax_numpy)
+softmax_backward_kernel = _last_axis(compiled_rows.softmax_backward, softmax_backward_numpy)
+log_softmax_backward_kernel = _last_axis(compiled_rows.log_softmax_backward,
+                                         log_softmax_backward_numpy)
 
 
 # -- method factories: one NumPy call behind one check, errors translated --------------------
@@ -359,8 +431,8 @@ def _matmul_reason(a: Any, b: Any) -> str:
     return f"batch dimensions {sa[:-2]} and {sb[:-2]} cannot be broadcast together"
 
 
-class CpuBackend(BackwardOps, Backend):
-    """NumPy on the calling thread; deterministic. f32 stays f32."""
+class CpuBackend(BackwardOps, FusedOps, Backend):
+    """NumPy (and Numba kernels) on the calling thread; deterministic. f32 stays f32."""
 
     name = "cpu"
 
@@ -571,6 +643,81 @@ class CpuBackend(BackwardOps, Backend):
 
     def to_numpy(self, x: np.ndarray) -> np.ndarray:
         return x
+
+    # -- fused ops (FusedOps): Numba row kernels for float32 and float64 ------------------
+
+    def _fused(self, kernel: Kernel, *args: Any) -> Any:
+        # The calling thread; ThreadedCpuBackend lets the kernel take its parallel loop.
+        return kernel.serial(*args)
+
+    def cross_entropy(self, logits: np.ndarray, labels: np.ndarray) -> np.ndarray:
+        check_labels("cross_entropy", logits, labels)
+        if logits.dtype in _COMPILED_DTYPES:
+            return self._fused(compiled_rows.cross_entropy, logits, labels)
+        return super().cross_entropy(logits, labels)
+
+    def cross_entropy_backward(
+        self, upstream: np.ndarray, logits: np.ndarray, labels: np.ndarray
+    ) -> np.ndarray:
+        check_labels("cross_entropy_backward", logits, labels)
+        if np.ndim(upstream) == 0:  # one upstream for every row (a summed loss)
+            upstream = np.full(logits.shape[:-1], upstream, dtype=logits.dtype)
+        upstream = np.asarray(upstream)
+        if (logits.dtype in _COMPILED_DTYPES and upstream.dtype is logits.dtype
+                and upstream.shape == logits.shape[:-1]):
+            return self._fused(compiled_rows.cross_entropy_backward, upstream, logits, labels)
+        return super().cross_entropy_backward(upstream, logits, labels)
+
+    def _rowwise_params(self, x: np.ndarray, *params: np.ndarray | None) -> bool:
+        # Whether (D,) parameters (None allowed) and x (..., D) fit the row kernels.
+        return (x.ndim > 0 and x.dtype in _COMPILED_DTYPES and all(
+            p is None or (p.dtype is x.dtype and p.shape == x.shape[-1:]) for p in params))
+
+    def layer_norm(
+        self, x: np.ndarray, weight: np.ndarray | None, bias: np.ndarray | None, eps: float
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        check_rows("layer_norm", x)
+        if not self._rowwise_params(x, weight, bias):
+            return super().layer_norm(x, weight, bias, eps)
+        width = x.shape[-1]
+        weight = np.ones(width, x.dtype) if weight is None else weight
+        bias = np.zeros(width, x.dtype) if bias is None else bias
+        return self._fused(compiled_rows.layer_norm, x, weight, bias, float(eps))
+
+    def layer_norm_backward(
+        self, upstream: np.ndarray, x: np.ndarray, weight: np.ndarray | None,
+        mean: np.ndarray, rstd: np.ndarray,
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        grid = x.shape[:-1]
+        if not (self._rowwise_params(x, weight) and upstream.shape == x.shape
+                and upstream.dtype is x.dtype
+                and all(s.shape == grid and s.dtype is x.dtype for s in (mean, rstd))):
+            return super().layer_norm_backward(upstream, x, weight, mean, rstd)
+        weight = np.ones(x.shape[-1], x.dtype) if weight is None else weight
+        return self._fused(compiled_rows.layer_norm_backward, upstream, x, weight, mean, rstd)
+
+    def bias_act(self, x: np.ndarray, bias: np.ndarray, act: str) -> np.ndarray:
+        # Checks spelled out: at a few elements they cost as much as the op.
+        kernel = compiled_bias.BIAS_ACT.get(act)
+        if (kernel is None or x.size < _BIAS_ACT_KERNEL_FROM.get(act, x.size + 1)
+                or x.dtype not in _COMPILED_DTYPES or not x.ndim
+                or getattr(bias, "dtype", None) is not x.dtype or bias.shape != x.shape[-1:]):
+            return super().bias_act(x, bias, act)
+        return self._fused(kernel, x, bias)
+
+    def bias_act_backward(
+        self, upstream: np.ndarray, forward_input: np.ndarray, bias: np.ndarray,
+        forward_output: np.ndarray, act: str,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        check_act("bias_act_backward", [upstream, forward_input, bias], act)
+        saved = forward_input if act == "gelu" else forward_output
+        if not (self._rowwise_params(saved, bias) and upstream.shape == saved.shape
+                and upstream.dtype is saved.dtype):
+            return super().bias_act_backward(upstream, forward_input, bias, forward_output, act)
+        kernel = compiled_bias.BIAS_ACT[act].backward
+        if act == "gelu":
+            return self._fused(kernel, upstream, forward_input, bias)
+        return self._fused(kernel, upstream, forward_output)
 
     # -- fused backward kernels ------------------------------------------------------------
 

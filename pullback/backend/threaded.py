@@ -243,6 +243,12 @@ class ThreadedCpuBackend(CpuBackend):
         cpu.float_check(op, x)
         return self._map(kernel, (x,), x.shape, x.dtype, axis % x.ndim, axis=axis % x.ndim)
 
+    def _fused(self, kernel: Any, *args: Any) -> Any:
+        # Fused row kernels thread themselves, through Numba's prange and thread count
+        # (NUMBA_NUM_THREADS), above the same threshold: their backward sums need one
+        # partial row per thread, which splitting the rows here would not give.
+        return kernel(*args) if self.num_threads > 1 else kernel.serial(*args)
+
     # -- split backward kernels ----------------------------------------------------------------
 
     def _backward(

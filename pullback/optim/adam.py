@@ -1,7 +1,9 @@
 """Adam and AdamW, as torch.optim.Adam and torch.optim.AdamW (amsgrad off).
 
 Adam's weight decay is coupled (added to the gradient); AdamW's is decoupled
-(`p -= lr * weight_decay * p`, beside the Adam step)."""
+(`p -= lr * weight_decay * p`, beside the Adam step). float32 and float64 steps run as
+one fused kernel (pullback.kernels.updates), decay included; other dtypes run the same
+arithmetic in NumPy."""
 
 from __future__ import annotations
 
@@ -11,6 +13,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from ..kernels import updates
+from ..kernels.core import SUPPORTED_DTYPES
 from ..tensor import Tensor
 from ._checks import real
 from .applyer import GradApplyer
@@ -40,8 +44,7 @@ class Adam(GradApplyer):
                       real(name, "betas[1]", beta2, low=0.0, high=1.0, high_open=True))
         self.eps = real(name, "eps", eps, low=0.0)
         self.weight_decay = real(name, "weight_decay", weight_decay, low=0.0)
-        if not self._decoupled:
-            self._coupled_decay = self.weight_decay
+        # Both decays happen inside _rule, fused into the step.
         self._buffer_names = ("step", "exp_avg", "exp_avg_sq")
 
     def _hyper(self) -> dict[str, Any]:
@@ -56,8 +59,19 @@ class Adam(GradApplyer):
         step_array += 1
         step = int(step_array)
         beta1, beta2 = self.betas
-        # exp_avg.lerp_(grad, 1 - beta1), with PyTorch's two formulas for small and large weights.
         weight = 1.0 - beta1
+        step_size = lr / (1.0 - beta1**step)
+        correction2_sqrt = math.sqrt(1.0 - beta2**step)
+        coupled = 0.0 if self._decoupled else self.weight_decay
+        decoupled = lr * self.weight_decay if self._decoupled else 0.0
+        if param.dtype in SUPPORTED_DTYPES:
+            updates.adam_update(param, grad, exp_avg, exp_avg_sq, coupled, weight, 1.0 - weight,
+                                weight < 0.5, beta2, 1.0 - beta2, step_size, correction2_sqrt,
+                                self.eps, decoupled, out=(out, exp_avg, exp_avg_sq))
+            return out
+        if coupled:
+            grad = np.add(grad, np.multiply(param, coupled, out=out), out=out)
+        # exp_avg.lerp_(grad, 1 - beta1), with PyTorch's two formulas for small and large weights.
         np.subtract(grad, exp_avg, out=tmp)
         if weight < 0.5:
             np.add(exp_avg, np.multiply(tmp, weight, out=tmp), out=exp_avg)
@@ -67,14 +81,12 @@ class Adam(GradApplyer):
         np.multiply(grad, 1.0 - beta2, out=tmp)
         np.add(exp_avg_sq, np.multiply(tmp, grad, out=tmp), out=exp_avg_sq)
 
-        step_size = lr / (1.0 - beta1**step)
-        correction2_sqrt = math.sqrt(1.0 - beta2**step)
         denom = np.sqrt(exp_avg_sq, out=tmp)
         np.add(np.divide(denom, correction2_sqrt, out=denom), self.eps, out=denom)
         update = np.divide(np.multiply(exp_avg, step_size, out=out), denom, out=out)
-        if self._decoupled and self.weight_decay:
+        if decoupled:
             # Part of the update, so a parameter's lr scale scales the decay as well.
-            np.add(update, np.multiply(param, lr * self.weight_decay, out=tmp), out=update)
+            np.add(update, np.multiply(param, decoupled, out=tmp), out=update)
         return update
 
 

@@ -1,5 +1,6 @@
 """RMSProp, with or without momentum, as torch.optim.RMSprop (centered=False);
-`beta` is PyTorch's `alpha`."""
+`beta` is PyTorch's `alpha`. float32 and float64 steps run as one fused kernel
+(pullback.kernels.updates); other dtypes run the same arithmetic in NumPy."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ from typing import Any
 
 import numpy as np
 
+from ..kernels import updates
+from ..kernels.core import SUPPORTED_DTYPES
 from ..tensor import Tensor
 from ._checks import real
 from .applyer import GradApplyer
@@ -35,6 +38,16 @@ class RMSProp(GradApplyer):
         if state is None:
             state = self._state[index] = self._new_state(param)
         square_avg = state["square_avg"]
+        if param.dtype in SUPPORTED_DTYPES:
+            if self.momentum:
+                buf = state["momentum"]
+                updates.rmsprop_momentum_update(
+                    grad, square_avg, buf, lr, self.beta, 1.0 - self.beta, self.eps,
+                    self.momentum, out=(out, square_avg, buf))
+            else:
+                updates.rmsprop_update(grad, square_avg, lr, self.beta, 1.0 - self.beta,
+                                       self.eps, out=(out, square_avg))
+            return out
         np.multiply(square_avg, self.beta, out=square_avg)
         # ((1 - beta) * g) * g, in PyTorch's addcmul order, so f32 results agree closely.
         np.multiply(grad, 1.0 - self.beta, out=tmp)

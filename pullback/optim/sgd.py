@@ -1,5 +1,6 @@
 """SGD with optional momentum, Nesterov momentum and weight decay, as torch.optim.SGD
-(dampening 0)."""
+(dampening 0). float32 and float64 steps run as one fused kernel (pullback.kernels.updates),
+weight decay included; other dtypes run the same arithmetic in NumPy."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ from typing import Any
 
 import numpy as np
 
+from ..kernels import updates
+from ..kernels.core import SUPPORTED_DTYPES
 from ..tensor import Tensor
 from ._checks import real
 from .applyer import GradApplyer
@@ -29,7 +32,7 @@ class SGD(GradApplyer):
             raise ValueError("SGD: nesterov momentum needs momentum > 0")
         self.nesterov = nesterov
         self.weight_decay = real("SGD", "weight_decay", weight_decay, low=0.0)
-        self._coupled_decay = self.weight_decay
+        # Coupled decay (g + weight_decay * p) happens inside _rule, fused into the step.
         self._buffer_names = ("momentum",) if self.momentum else ()
 
     def _hyper(self) -> dict[str, Any]:
@@ -38,20 +41,34 @@ class SGD(GradApplyer):
 
     def _rule(self, index: int, param: np.ndarray, grad: np.ndarray, lr: float,
               tmp: np.ndarray, out: np.ndarray) -> np.ndarray:
-        if self.momentum:
-            state = self._state.get(index)
-            if state is None:
-                # PyTorch starts the buffer at the first gradient, not at zero.
-                buf = np.empty(param.shape, param.dtype)
-                np.copyto(buf, grad)
-                self._state[index] = {"momentum": buf}
-            else:
-                buf = state["momentum"]
-                np.multiply(buf, self.momentum, out=buf)
-                np.add(buf, grad, out=buf)
-            if self.nesterov:
-                np.add(grad, np.multiply(buf, self.momentum, out=out), out=out)
-                grad = out
-            else:
-                grad = buf
+        fused = param.dtype in SUPPORTED_DTYPES
+        if not fused and self.weight_decay:
+            grad = np.add(grad, np.multiply(param, self.weight_decay, out=tmp), out=tmp)
+        decay = self.weight_decay if fused else 0.0
+        if not self.momentum:
+            if fused:
+                return updates.sgd_update(param, grad, lr, decay, out=out)
+            return np.multiply(grad, lr, out=out)
+        state = self._state.get(index)
+        first = state is None
+        if first:
+            # PyTorch starts the buffer at the first gradient, not at zero.
+            buf = np.empty(param.shape, param.dtype)
+            self._state[index] = {"momentum": buf}
+        else:
+            buf = state["momentum"]
+        if fused:
+            updates.sgd_momentum_update(param, grad, buf, lr, self.momentum, decay, first,
+                                        self.nesterov, out=(out, buf))
+            return out
+        if first:
+            np.copyto(buf, grad)
+        else:
+            np.multiply(buf, self.momentum, out=buf)
+            np.add(buf, grad, out=buf)
+        if self.nesterov:
+            np.add(grad, np.multiply(buf, self.momentum, out=out), out=out)
+            grad = out
+        else:
+            grad = buf
         return np.multiply(grad, lr, out=out)

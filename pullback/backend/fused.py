@@ -1,0 +1,145 @@
+"""`FusedOps`: fused forward ops and their backward, each defaulting to forward ops on
+`self`, as `BackwardOps` does for backward kernels.
+
+Mix it into a forward-only backend and these work there too; `CpuBackend` overrides
+them with one-pass Numba kernels (pullback.kernels) for float32 and float64. Rows are
+over the last axis; `upstream` is the cotangent at the op's output.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from pullback.backend.base import Array
+from pullback.backend.errors import KernelError
+
+ACTIVATIONS = ("relu", "gelu", "tanh", "sigmoid")
+_SQRT1_2 = math.sqrt(0.5)
+_INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
+
+
+def check_labels(op: str, logits: Any, labels: Any) -> None:
+    """Logits (..., C) and integer labels (...) in [0, C), or a KernelError."""
+    shape, label_shape = tuple(logits.shape), tuple(labels.shape)
+    if logits.dtype.kind != "f":
+        raise KernelError(op, [logits, labels], "expected floating logits")
+    if not shape or label_shape != shape[:-1]:
+        raise KernelError(op, [logits, labels], "logits (..., C) need labels of shape (...)")
+    if labels.dtype.kind not in "iu":
+        raise KernelError(op, [logits, labels], "labels must be integers")
+    if labels.size and (labels.min() < 0 or labels.max() >= shape[-1]):
+        raise KernelError(op, [logits, labels], f"labels must lie in [0, {shape[-1]})")
+
+
+def check_act(op: str, operands: list, act: str) -> None:
+    if act not in ACTIVATIONS:
+        raise KernelError(op, operands, f"act must be one of {ACTIVATIONS}, not {act!r}")
+
+
+def check_rows(op: str, x: Any) -> None:
+    """A floating array with a last axis to normalize over, or a KernelError."""
+    if x.dtype.kind != "f":
+        raise KernelError(op, [x], "expected a floating dtype")
+    if not tuple(x.shape):
+        raise KernelError(op, [x], "expected at least one dimension")
+
+
+class FusedOps:
+    """Fused ops: cross-entropy, layer norm, bias plus activation, with backward."""
+
+    def _rows_of(self, x: Array) -> tuple[tuple[int, ...], int]:
+        shape = tuple(x.shape)
+        return shape[:-1], shape[-1]
+
+    # -- cross-entropy ----------------------------------------------------------------
+
+    def _label_index(self, labels: Array, grid: tuple[int, ...]) -> tuple:
+        # (row numbers, labels) as an advanced index into (rows, C).
+        rows = math.prod(grid)
+        return (self.arange(rows, dtype="int64"), self.reshape(labels, (rows,)))
+
+    def cross_entropy(self, logits: Array, labels: Array) -> Array:
+        """-log softmax(logits)[label] per row: logits (..., C), integer labels (...)."""
+        check_labels("cross_entropy", logits, labels)
+        grid, width = self._rows_of(logits)
+        logp = self.reshape(self.log_softmax(logits, -1), (math.prod(grid), width))
+        return self.reshape(self.neg(self.getitem(logp, self._label_index(labels, grid))), grid)
+
+    def cross_entropy_backward(self, upstream: Array, logits: Array, labels: Array) -> Array:
+        """upstream (one per row, or one for all) * (softmax(logits) - onehot(labels))."""
+        check_labels("cross_entropy_backward", logits, labels)
+        grid, width = self._rows_of(logits)
+        rows = math.prod(grid)
+        onehot = self.scatter_add(self.ones((rows,), logits.dtype),
+                                  self._label_index(labels, grid), (rows, width))
+        diff = self.sub(self.softmax(logits, -1), self.reshape(onehot, tuple(logits.shape)))
+        if tuple(getattr(upstream, "shape", ())):
+            upstream = self.reshape(upstream, (*grid, 1))
+        return self.mul(diff, upstream)
+
+    # -- layer norm -------------------------------------------------------------------
+
+    def layer_norm(self, x: Array, weight: Array | None, bias: Array | None,
+                   eps: float) -> tuple[Array, Array, Array]:
+        """(x - mean) * rstd * weight + bias over the last axis, rstd = 1/sqrt(var + eps);
+        returns (y, mean, rstd), mean and rstd of shape x.shape[:-1]."""
+        check_rows("layer_norm", x)
+        grid, width = self._rows_of(x)
+        last = (len(grid),)
+        mean = self.div(self.reduce_sum(x, last, True), width)
+        centered = self.sub(x, mean)
+        var = self.div(self.reduce_sum(self.mul(centered, centered), last, True), width)
+        rstd = self.div(1, self.sqrt(self.add(var, eps)))
+        y = self.mul(centered, rstd)
+        if weight is not None:
+            y = self.mul(y, weight)
+        if bias is not None:
+            y = self.add(y, bias)
+        return y, self.reshape(mean, grid), self.reshape(rstd, grid)
+
+    def layer_norm_backward(self, upstream: Array, x: Array, weight: Array | None,
+                            mean: Array, rstd: Array) -> tuple[Array, Array, Array]:
+        """(grad_x, grad_weight, grad_bias) from the saved mean and rstd; the last two
+        are what a weight and bias would get (summed over rows)."""
+        check_rows("layer_norm_backward", x)
+        grid, width = self._rows_of(x)
+        last = (len(grid),)
+        every_row = tuple(range(len(grid)))
+        rstd_col = self.reshape(rstd, (*grid, 1))
+        xhat = self.mul(self.sub(x, self.reshape(mean, (*grid, 1))), rstd_col)
+        grad_weight = self.reduce_sum(self.mul(upstream, xhat), every_row, False)
+        grad_bias = self.reduce_sum(upstream, every_row, False)
+        g = self.mul(upstream, weight) if weight is not None else upstream
+        mean_g = self.div(self.reduce_sum(g, last, True), width)
+        mean_gx = self.div(self.reduce_sum(self.mul(g, xhat), last, True), width)
+        grad_x = self.mul(rstd_col, self.sub(self.sub(g, mean_g), self.mul(xhat, mean_gx)))
+        return grad_x, grad_weight, grad_bias
+
+    # -- bias plus activation ---------------------------------------------------------
+
+    def bias_act(self, x: Array, bias: Array, act: str) -> Array:
+        """act(x + bias), act one of relu, gelu (exact), tanh, sigmoid."""
+        check_act("bias_act", [x, bias], act)
+        z = self.add(x, bias)
+        return self.gelu(z) if act == "gelu" else getattr(self, act)(z)
+
+    def bias_act_backward(self, upstream: Array, forward_input: Array, bias: Array,
+                          forward_output: Array, act: str) -> tuple[Array, Array]:
+        """(grad_input, grad_bias), grad_bias summed to bias's shape. relu, tanh and
+        sigmoid use the saved output; gelu recomputes x + bias."""
+        check_act("bias_act_backward", [upstream, forward_input, bias], act)
+        y = forward_output
+        if act == "relu":
+            slope = self.astype(self.greater(y, 0), upstream.dtype)
+        elif act == "tanh":
+            slope = self.sub(1, self.mul(y, y))
+        elif act == "sigmoid":
+            slope = self.mul(y, self.sub(1, y))
+        else:
+            z = self.add(forward_input, bias)
+            cdf = self.mul(self.add(self.erf(self.mul(z, _SQRT1_2)), 1), 0.5)
+            pdf = self.mul(self.exp(self.mul(self.mul(z, z), -0.5)), _INV_SQRT_2PI)
+            slope = self.add(cdf, self.mul(z, pdf))
+        grad = self.mul(upstream, slope)
+        return grad, self.sum_to_shape(grad, tuple(bias.shape))

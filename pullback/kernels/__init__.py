@@ -1,0 +1,29 @@
+"""Kernels: plain-Python bodies declared with `@kernel` (in pairs, forward naming its
+backward), compiled with Numba per dtype, and pullback's own fused kernels:
+activations, row ops (softmax, cross-entropy, layer norm), bias plus activation, and
+one-pass optimizer updates. Imports nothing of pullback but `backend.errors` (lazily).
+"""
+
+from pullback.kernels import activations, bias_act, rows, scalar_math, updates
+from pullback.kernels.core import (
+    PARALLEL_THRESHOLD,
+    SUPPORTED_DTYPES,
+    ElementwiseKernel,
+    Kernel,
+    RowKernel,
+    kernel,
+)
+
+__all__ = [
+    "PARALLEL_THRESHOLD",
+    "SUPPORTED_DTYPES",
+    "ElementwiseKernel",
+    "Kernel",
+    "RowKernel",
+    "activations",
+    "bias_act",
+    "kernel",
+    "rows",
+    "scalar_math",
+    "updates",
+]

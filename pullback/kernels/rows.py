@@ -1,0 +1,113 @@
+"""Row kernels over the last axis: softmax, log_softmax, cross-entropy, layer norm.
+
+Each reads a row a few times while it is in cache, where NumPy makes a full-size
+temporary per step (max, subtract, exp, sum, divide). Backwards take the saved output
+(softmax, log_softmax) or recompute from the input (cross-entropy: the logits).
+"""
+
+from __future__ import annotations
+
+import math
+
+from pullback.kernels.core import kernel
+from pullback.kernels.scalar_math import (
+    exp,
+    row_dot,
+    row_dot3,
+    row_len,
+    row_max,
+    row_sum,
+    row_sum_exp,
+)
+
+NAN = math.nan  # a module float: the float32 kernel gets a float32 NaN (compile.in_precision)
+
+
+@kernel(rows=True)
+def softmax_backward(upstream, y, out):
+    """y * (upstream - sum(upstream * y))."""
+    dot = row_dot(upstream, y)
+    for j in range(y.shape[0]):
+        out[j] = y[j] * (upstream[j] - dot)
+
+
+@kernel(rows=True, backward=softmax_backward)
+def softmax(x, out):
+    """e**(x - max) / sum(e**(x - max))."""
+    m = row_max(x)
+    for j in range(x.shape[0]):
+        out[j] = exp(x[j] - m)
+    total = row_sum(out)
+    for j in range(x.shape[0]):
+        out[j] = out[j] / total
+
+
+@kernel(rows=True)
+def log_softmax_backward(upstream, y, out):
+    """upstream - e**y * sum(upstream), y being the log-softmax output."""
+    total = row_sum(upstream)
+    for j in range(y.shape[0]):
+        out[j] = upstream[j] - exp(y[j]) * total
+
+
+@kernel(rows=True, backward=log_softmax_backward)
+def log_softmax(x, out):
+    """(x - max) - log(sum(e**(x - max)))."""
+    m = row_max(x)
+    log_total = math.log(row_sum_exp(x, m))
+    for j in range(x.shape[0]):
+        out[j] = (x[j] - m) - log_total
+
+
+@kernel(rows=True, inputs=("value", "row", "index"))
+def cross_entropy_backward(upstream, logits, label, grad):
+    """upstream * (softmax(logits) - onehot(label)), recomputed from the logits."""
+    m = row_max(logits)
+    for j in range(logits.shape[0]):
+        grad[j] = exp(logits[j] - m)
+    scale = upstream / row_sum(grad)
+    for j in range(logits.shape[0]):
+        grad[j] = grad[j] * scale
+    if 0 <= label < logits.shape[0]:
+        grad[label] = grad[label] - upstream
+
+
+@kernel(rows=True, inputs=("row", "index"), outputs=("value",), backward=cross_entropy_backward)
+def cross_entropy(logits, label):
+    """-log softmax(logits)[label] for one row; NaN for a label out of range."""
+    m = row_max(logits)
+    log_total = math.log(row_sum_exp(logits, m))
+    if 0 <= label < logits.shape[0]:
+        # (m - x) first: exact for the large, close logits where m + log_total would round.
+        return (m - logits[label]) + log_total
+    return NAN
+
+
+@kernel(rows=True, inputs=("row", "row", "shared", "value", "value"),
+        outputs=("row", "sum", "sum"))
+def layer_norm_backward(upstream, x, weight, mean, rstd, grad_x, grad_weight, grad_bias):
+    """Gradients of layer_norm wrt x, weight and bias (summed over rows)."""
+    n = row_len(x)
+    for j in range(x.shape[0]):
+        xhat = (x[j] - mean) * rstd
+        grad_x[j] = xhat
+        grad_weight[j] += upstream[j] * xhat
+        grad_bias[j] += upstream[j]
+    mean_g = row_dot(upstream, weight) / n
+    mean_g_xhat = row_dot3(upstream, weight, grad_x) / n
+    for j in range(x.shape[0]):
+        grad_x[j] = rstd * (upstream[j] * weight[j] - mean_g - grad_x[j] * mean_g_xhat)
+
+
+@kernel(rows=True, inputs=("row", "shared", "shared", "scalar"),
+        outputs=("row", "value", "value"), backward=layer_norm_backward)
+def layer_norm(x, weight, bias, eps, y):
+    """(x - mean) / sqrt(var + eps) * weight + bias; returns (y, mean, rstd)."""
+    n = row_len(x)
+    mean = row_sum(x) / n
+    for j in range(x.shape[0]):
+        y[j] = x[j] - mean
+    rstd = 1.0 / math.sqrt(row_dot(y, y) / n + eps)  # two-pass variance: no cancellation
+    for j in range(x.shape[0]):
+        y[j] = y[j] * rstd * weight[j] + bias[j]
+    return mean, rstd

@@ -1,0 +1,267 @@
+"""@kernel itself: calling conventions, broadcasting, out=, dtype dispatch and errors,
+serial and parallel paths, row kernels' input and output kinds, and compilation."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from kernel_check import LARGE, TOL, elementwise
+
+from pullback.backend import KernelError
+from pullback.kernels import kernel
+from pullback.kernels.compile import fingerprint
+from pullback.kernels.core import ElementwiseKernel, RowKernel
+from pullback.kernels.scalar_math import row_sum
+
+
+@kernel
+def axpy(a, x, y):
+    return a * x + y
+
+
+@kernel(backward=axpy)
+def gelu_erf(x):
+    return 0.5 * x * (1.0 + math.erf(x * 0.7071067811865476))
+
+
+@kernel(outputs=2)
+def split(x, y):
+    return x + y, x * y
+
+
+@kernel
+def lossy(x):
+    return (x + 1.0e8) - 1.0e8
+
+
+@kernel
+def difference(x, y):
+    return x - y
+
+
+@kernel(rows=True, inputs=("row", "shared", "value", "index", "scalar"),
+        outputs=("row", "value", "sum"))
+def every_kind(x, w, v, i, s, out, acc):
+    for j in range(x.shape[0]):
+        out[j] = x[j] * w[j] + v * s
+        acc[j] += x[j]
+    return row_sum(x) + x[i]
+
+
+def every_kind_reference(x, w, v, i, s):
+    out = x * w + (v * s)[..., None]
+    value = x.sum(-1) + np.take_along_axis(x, i[..., None], -1)[..., 0]
+    return out, value, x.reshape(-1, x.shape[-1]).sum(0)
+
+
+def test_kernel_returns_a_named_kernel_with_its_python_body_and_backward():
+    assert isinstance(axpy, ElementwiseKernel) and axpy.name == "axpy"
+    assert axpy.python(2.0, 3.0, 1.0) == 7.0 and axpy.backward is None
+    assert gelu_erf.backward is axpy
+    assert isinstance(every_kind, RowKernel) and every_kind.outputs == ("row", "value", "sum")
+
+
+def test_backward_must_be_a_kernel():
+    with pytest.raises(TypeError, match="backward must be a kernel"):
+        kernel(backward=lambda x: x)(lambda x: x)
+
+
+def test_row_kinds_must_fit_the_parameters():
+    with pytest.raises(TypeError, match="parameters do not fit"):
+        kernel(rows=True, inputs=("row", "row"))(lambda x, out: None)
+    with pytest.raises(TypeError, match="input kinds are"):
+        kernel(rows=True, inputs=("column",))(lambda x, out: None)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_elementwise_kernel_broadcasts_like_numpy(rng, dtype):
+    x = rng.standard_normal((3, 1)).astype(dtype)
+    y = rng.standard_normal((4,)).astype(dtype)
+    out = axpy(2.5, x, y)
+    assert out.shape == (3, 4) and out.dtype == dtype
+    np.testing.assert_allclose(out, elementwise(axpy.python, 2.5, x, y), **TOL[dtype])
+
+
+def test_spec_example_with_math_erf_matches_its_body(rng):
+    x = rng.standard_normal(7)
+    np.testing.assert_allclose(gelu_erf(x), elementwise(gelu_erf.python, x), rtol=1e-14)
+
+
+def test_zero_dimensional_and_scalar_inputs_give_zero_dimensional_arrays():
+    out = axpy(np.float32(2.0), np.array(3.0, np.float32), 1)
+    assert isinstance(out, np.ndarray) and out.shape == () and out.dtype == np.float32
+    assert out == 7.0
+    both = axpy(2.0, 3.0, 1.0)  # no arrays at all: float64
+    assert both.shape == () and both.dtype == np.float64 and both == 7.0
+
+
+def test_empty_inputs_give_empty_outputs():
+    out = axpy(1.0, np.zeros((0, 3)), np.zeros(3))
+    assert out.shape == (0, 3) and out.dtype == np.float64
+
+
+@pytest.mark.parametrize("dtype", [np.int64, np.float16, np.bool_])
+def test_unsupported_dtype_names_kernel_shapes_and_supported_dtypes(dtype):
+    with pytest.raises(KernelError) as info:
+        gelu_erf(np.zeros((2, 3), dtype=dtype))
+    message = str(info.value)
+    assert message.startswith("gelu_erf: (2, 3): ")
+    assert f"unsupported dtype {np.dtype(dtype)}" in message
+    assert "supported: float32, float64" in message
+
+
+def test_mixed_float32_and_float64_is_an_error():
+    with pytest.raises(KernelError, match=r"axpy: \(3,\) and \(3,\): mixed dtypes float32 and "
+                                          r"float64; supported: float32, float64"):
+        axpy(1.0, np.zeros(3, np.float32), np.zeros(3, np.float64))
+
+
+def test_shapes_that_do_not_broadcast_are_an_error():
+    with pytest.raises(KernelError, match=r"axpy: \(3,\) and \(4,\): shapes cannot be broadcast"):
+        axpy(1.0, np.zeros(3), np.zeros(4))
+
+
+def test_out_receives_the_result_and_is_returned(rng):
+    x, y = rng.standard_normal(5), rng.standard_normal(5)
+    out = np.empty(5)
+    assert axpy(2.0, x, y, out=out) is out
+    np.testing.assert_array_equal(out, 2.0 * x + y)
+
+
+def test_out_may_be_strided(rng):
+    x = rng.standard_normal((4, 6))
+    target = np.zeros((6, 4)).T  # a transposed view: not C-contiguous
+    axpy(1.0, x, 0.0, out=target)
+    np.testing.assert_array_equal(target, x)
+
+
+def test_wrong_out_is_an_error():
+    with pytest.raises(KernelError, match="out= must be a float64 array of shape"):
+        axpy(1.0, np.zeros(3), np.zeros(3), out=np.zeros(4))
+    with pytest.raises(KernelError, match="out= must be a float64 array"):
+        axpy(1.0, np.zeros(3), np.zeros(3), out=np.zeros(3, np.float32))
+    with pytest.raises(KernelError, match="out= needs 2 arrays"):
+        split(np.zeros(3), np.zeros(3), out=np.zeros(3))
+
+
+def test_two_outputs_come_back_as_a_tuple_and_may_overwrite_inputs(rng):
+    x, y = rng.standard_normal(6), rng.standard_normal(6)
+    total, product = split(x, y)
+    np.testing.assert_array_equal(total, x + y)
+    np.testing.assert_array_equal(product, x * y)
+    a, b = x.copy(), y.copy()
+    split(a, b, out=(a, b))  # in place: each element is read before it is written
+    np.testing.assert_array_equal(a, x + y)
+    np.testing.assert_array_equal(b, x * y)
+
+
+def test_non_contiguous_inputs_are_read_through_their_strides(rng):
+    x = rng.standard_normal((6, 4))
+    np.testing.assert_array_equal(axpy(1.0, x.T, 0.5), x.T + 0.5)
+    np.testing.assert_array_equal(axpy(1.0, x[::2, ::3], 0.0), x[::2, ::3])
+    # One- and two-input kernels take a fast path first; strided inputs leave it.
+    y = rng.standard_normal(12)
+    difference(y[:6], y[6:])  # compiles the flat loop the fast path uses
+    np.testing.assert_array_equal(difference(y[::2], y[1::2]), y[::2] - y[1::2])
+    np.testing.assert_array_equal(difference(x.T, x.T), np.zeros((4, 6)))
+    np.testing.assert_array_equal(lossy(y[::3]), (y[::3] + 1e8) - 1e8)
+
+
+def test_float32_kernel_computes_in_float32():
+    # 1e8 + 1.5 rounds to 1e8 in float32 (its ulp there is 8), not in float64.
+    assert lossy(np.array([1.5], np.float32))[0] == 0.0
+    assert lossy(np.array([1.5], np.float64))[0] == 1.5
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_parallel_and_serial_paths_agree(rng, dtype):
+    x = rng.standard_normal(LARGE).astype(dtype)
+    y = rng.standard_normal(LARGE).astype(dtype)
+    parallel = axpy(0.5, x, y)  # above the threshold: the parallel loop
+    np.testing.assert_array_equal(parallel, axpy.serial(0.5, x, y))
+    np.testing.assert_array_equal(axpy.parallel(0.5, x[:3], y[:3]), axpy.serial(0.5, x[:3], y[:3]))
+    assert (dtype.__name__, "flat", "parallel") in axpy.signatures
+    # Broadcast and strided operands take the (rows, last axis) loop, in parallel too.
+    column = rng.standard_normal((LARGE[0], 1)).astype(dtype)
+    np.testing.assert_array_equal(axpy(0.5, column, y.T.T), axpy.serial(0.5, column, y))
+    assert (dtype.__name__, "grid", "parallel") in axpy.signatures
+
+
+def test_small_calls_stay_serial(rng):
+    x = rng.standard_normal(16, dtype=np.float32)
+    before = set(gelu_erf.signatures)
+    gelu_erf(x)
+    added = set(gelu_erf.signatures) - before
+    assert all(mode == "serial" for _, _, mode in added)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_row_kernel_input_and_output_kinds(rng, dtype):
+    x = rng.standard_normal((2, 3, 5)).astype(dtype)
+    w = rng.standard_normal(5).astype(dtype)
+    v = rng.standard_normal((2, 3)).astype(dtype)
+    i = rng.integers(0, 5, (2, 3))
+    out, value, acc = every_kind(x, w, v, i, 0.5)
+    expected = every_kind_reference(x, w, v, i, 0.5)
+    for got, want in zip((out, value, acc), expected):
+        assert got.dtype == dtype and got.shape == want.shape
+        np.testing.assert_allclose(got, want, **TOL[dtype])
+
+
+def test_row_kernel_parallel_sums_agree_with_serial(rng):
+    x = rng.standard_normal(LARGE)
+    w = rng.standard_normal(LARGE[1])
+    v = rng.standard_normal(LARGE[0])
+    i = rng.integers(0, LARGE[1], LARGE[0])
+    parallel, serial = every_kind(x, w, v, i, 2.0), every_kind.serial(x, w, v, i, 2.0)
+    np.testing.assert_array_equal(parallel[0], serial[0])
+    np.testing.assert_array_equal(parallel[1], serial[1])
+    np.testing.assert_allclose(parallel[2], serial[2], rtol=1e-12)  # sums in other orders
+    assert ("float64", "rows", "parallel") in every_kind.signatures
+
+
+def test_row_kernel_out_and_errors(rng):
+    x = rng.standard_normal((4, 5))
+    w, v, i = np.ones(5), np.zeros(4), np.zeros(4, np.int32)
+    out = np.zeros((5, 4)).T
+    result = every_kind(x, w, v, i, 1.0, out=(out, None, None))
+    assert result[0] is out
+    np.testing.assert_array_equal(out, x)
+    with pytest.raises(KernelError, match=r"a shared input must have shape \(5,\)"):
+        every_kind(x, np.ones(4), v, i, 1.0)
+    with pytest.raises(KernelError, match="indices must be integers"):
+        every_kind(x, w, v, np.zeros(4), 1.0)
+    with pytest.raises(KernelError, match="unsupported dtype int64; supported: float32"):
+        every_kind(x.astype(np.int64), w.astype(np.int64), v.astype(np.int64), i, 1.0)
+    with pytest.raises(KernelError, match="mixed dtypes float64 and int64"):
+        every_kind(x.astype(np.int64), w, v, i, 1.0)
+
+
+def test_fingerprint_follows_the_body():
+    def first(x):
+        return x * 2.0
+
+    def second(x):
+        return x * 3.0
+
+    assert fingerprint(first) != fingerprint(second)
+    assert fingerprint(first) == fingerprint(first)
+
+
+def test_importing_pullback_does_not_import_numba():
+    code = "import sys, pullback; assert 'numba' not in sys.modules, 'numba imported'"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_one_body_declared_twice_gives_two_working_kernels(rng):
+    def double(x):
+        return x * 2.0
+
+    first, second = kernel(double), kernel(backward=axpy)(double)
+    x = rng.standard_normal(3)
+    np.testing.assert_array_equal(first(x), 2 * x)
+    np.testing.assert_array_equal(second(x), 2 * x)  # shares the compiled module
