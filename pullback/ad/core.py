@@ -84,6 +84,7 @@ class Primitive:
         "abstract_eval",
         "bilinear",
         "differentiable",
+        "exact_inputs",
         "impl",
         "jvp",
         "jvp_full",
@@ -107,6 +108,9 @@ class Primitive:
         self.saves_inputs = saves_inputs
         self.saves_output = saves_output
         self.differentiable = differentiable
+        # Saved integer operands are kept as floats of the result's dtype for fused kernels
+        # (g * other); a primitive whose rules must see them unchanged says so here.
+        self.exact_inputs = False
         self.impl: Rule | None = None
         self.abstract_eval: Rule | None = None
         self.jvp: tuple[Rule | None, ...] | None = None

@@ -2,7 +2,7 @@
 
 Each driver is written out for one calling pattern (which arguments are arrays, how
 many outputs), so the body call inside the loop is a plain call that Numba inlines and
-LLVM vectorizes; compile.py turns the text into cached machine code. Every module
+LLVM vectorizes; jit.py turns the text into cached machine code. Every module
 defines `serial` and `parallel` (the same loop over `prange`); the body is global `fn`.
 """
 

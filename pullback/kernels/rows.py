@@ -20,7 +20,7 @@ from pullback.kernels.scalar_math import (
     row_sum_exp,
 )
 
-NAN = math.nan  # a module float: the float32 kernel gets a float32 NaN (compile.in_precision)
+NAN = math.nan  # a module float: the float32 kernel gets a float32 NaN (jit.in_precision)
 
 
 @kernel(rows=True)

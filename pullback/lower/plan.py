@@ -308,7 +308,8 @@ class TrainingPlan(Plan):
                 values[i] = env[a.index] if isinstance(a, Var) else a
             inputs = tuple(values)
             out_dtype = eqn.out.dtype
-            if any(type(v) is np.ndarray and v.dtype.kind in "iub" for v in inputs):
+            if not prim.exact_inputs and any(
+                    type(v) is np.ndarray and v.dtype.kind in "iub" for v in inputs):
                 inputs = _saved_as_float(inputs, out_dtype)
             node.inputs = inputs
         else:

@@ -88,7 +88,8 @@ def evaluate(prim: Any, args: tuple, params: dict) -> Tensor:
     name = prim.name
     if prim.saves_inputs:
         for v in arrays:
-            if type(v) is np.ndarray and v.dtype is not out.dtype and v.dtype.kind in "iub":
+            if type(v) is np.ndarray and v.dtype is not out.dtype and v.dtype.kind in "iub" \
+                    and not prim.exact_inputs:
                 arrays = _saved_as_float(arrays, out.dtype)
                 break
         if prim.bilinear and (parents[0] is None or parents[1] is None):

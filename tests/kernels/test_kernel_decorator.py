@@ -13,8 +13,8 @@ from kernel_check import LARGE, TOL, elementwise
 
 from pullback.backend import KernelError
 from pullback.kernels import kernel
-from pullback.kernels.compile import fingerprint
 from pullback.kernels.core import ElementwiseKernel, RowKernel
+from pullback.kernels.jit import fingerprint
 from pullback.kernels.scalar_math import row_sum
 
 

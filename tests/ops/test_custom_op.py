@@ -127,3 +127,23 @@ def test_gradcheck_still_catches_a_wrong_backward_without_jvp() -> None:
 
     with pytest.raises(pb.GradcheckError):
         pb.gradcheck(lambda x: WrongCube()(x), (pb.randn(3, dtype=np.float64, seed=1),))
+
+
+def test_custom_op_backward_sees_integer_inputs_unchanged() -> None:
+    seen = []
+
+    class Pick(pb.CustomOp):
+        def forward(self, x, index):
+            return x[np.arange(len(index)), index]
+
+        def backward(self, upstream, inputs, output):
+            x, index = inputs
+            seen.append(index.dtype)
+            grad = np.zeros_like(x)
+            grad[np.arange(len(index)), index] = upstream
+            return grad, None
+
+    x = pb.randn(3, 4, seed=0, requires_grad=True)
+    Pick()(x, np.array([0, 3, 1])).sum().backward()
+    assert seen == [np.dtype(np.int64)]
+    np.testing.assert_array_equal(x.grad.numpy().sum(axis=1), [1.0, 1.0, 1.0])

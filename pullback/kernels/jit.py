@@ -105,7 +105,7 @@ def _file_stamp(path: str) -> str:
 # shapes it: an edit to any of them must not load stale machine code.
 _HERE = Path(__file__).parent
 _MACHINERY = [_file_stamp(str(_HERE / name))
-              for name in ("numba_math.py", "drivers.py", "compile.py", "scalar_math.py")]
+              for name in ("numba_math.py", "drivers.py", "jit.py", "scalar_math.py")]
 
 
 def _stamp(obj: Any) -> str:

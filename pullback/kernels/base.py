@@ -1,0 +1,113 @@
+"""What every kernel shares: the supported dtypes, the parallel threshold, errors,
+and the `Kernel` base class that compiles a body per dtype and calling pattern into
+serial and parallel loops (jit.py) and keeps them for one-lookup dispatch.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from pullback.kernels import jit
+
+SUPPORTED_DTYPES: tuple[np.dtype, ...] = (np.dtype(np.float32), np.dtype(np.float64))
+_SUPPORTED = "supported: " + ", ".join(d.name for d in SUPPORTED_DTYPES)
+# Below this many elements a kernel runs its serial loop: splitting costs more than it
+# saves (measured on these machines; PERFORMANCE.md).
+PARALLEL_THRESHOLD = 32768
+
+
+def _error(op: str, operands: Sequence[Any], reason: str) -> Exception:
+    """A pullback.backend KernelError, imported on the first error: the backend imports
+    the kernels (cpu.py), so a top-level import here would make `import pullback.kernels`
+    before `pullback.backend` a cycle."""
+    from pullback.backend.errors import KernelError
+
+    return KernelError(op, operands, reason)
+
+
+class Kernel:
+    """What both kernel kinds share: name, Python body, backward pair, dtype dispatch."""
+
+    # Whether the body is inlined into its loops in Numba's IR (see jit.load_drivers).
+    inline_body = False
+
+    def __init__(self, fn: Callable, backward: Kernel | None):
+        if backward is not None and not isinstance(backward, Kernel):
+            raise TypeError(f"@kernel({fn.__name__}): backward must be a kernel, "
+                            f"got {type(backward).__name__}")
+        self.python = fn
+        self.name: str = fn.__name__
+        self.backward = backward
+        self.parallel_threshold = PARALLEL_THRESHOLD
+        self.__doc__ = fn.__doc__
+        # (dtype, calling pattern, parallel) -> compiled loop, and (dtype, pattern) -> the
+        # generated module holding both loops.
+        self._drivers: dict[tuple, Any] = {}
+        self._modules: dict[tuple, Any] = {}
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        pair = f", backward={self.backward.name}" if self.backward is not None else ""
+        return f"<{type(self).__name__} {self.name}{pair}>"
+
+    @property
+    def signatures(self) -> list[tuple[str, str, str]]:
+        """What has been compiled so far: (dtype, loop layout ("flat", "grid" or
+        "rows"), "serial" or "parallel") triples."""
+        return sorted({(dtype.name, key[0] if key else "rows", "parallel" if parallel else "serial")
+                       for dtype, key, parallel in self._drivers})
+
+    def _source(self, key: tuple) -> str:
+        raise NotImplementedError
+
+    def _signature(self, dtype: np.dtype, key: tuple) -> tuple:
+        raise NotImplementedError
+
+    def _driver(self, dtype: np.dtype, key: tuple, parallel: bool) -> Any:
+        found = self._drivers.get((dtype, key, parallel))
+        if found is not None:
+            return found
+        with self._lock:
+            found = self._drivers.get((dtype, key, parallel))
+            if found is not None:  # another thread compiled it while this one waited
+                return found
+            module = self._modules.get((dtype, key))
+            if module is None:
+                module = jit.load_drivers(self.name, self.python, dtype, self._source(key),
+                                          inline=self.inline_body)
+                self._modules[(dtype, key)] = module
+            driver = module.parallel_loop if parallel else module.serial_loop
+            # One explicit signature, inputs read-only and arrays of any alignment, then
+            # no more compiling: writable, read-only (pullback's saved arrays) and
+            # unaligned arrays all convert to it, where Numba would otherwise compile a
+            # specialization for each.
+            signature = self._signature(dtype, key)
+            if signature not in driver.overloads:  # a module shared by a re-declared body
+                driver.compile(signature)
+            driver.disable_compile()
+            self._drivers[(dtype, key, parallel)] = driver
+        return driver
+
+    def _common_dtype(self, arrays: Sequence[np.ndarray], shown: Sequence[Any]) -> np.dtype:
+        """The one supported float dtype of `arrays`, or a KernelError listing the
+        supported ones."""
+        dtype = arrays[0].dtype if arrays else np.dtype(np.float64)
+        for a in arrays:
+            if a.dtype != dtype:
+                names = " and ".join(sorted({x.dtype.name for x in arrays}))
+                raise _error(self.name, list(shown), f"mixed dtypes {names}; {_SUPPORTED}")
+        if dtype not in SUPPORTED_DTYPES:
+            raise _error(self.name, list(shown), f"unsupported dtype {dtype}; {_SUPPORTED}")
+        return dtype
+
+
+_COMPILED = frozenset(SUPPORTED_DTYPES)
+_INTP = np.dtype(np.intp)
+
+
+def _is_python_scalar(value: Any) -> bool:
+    return type(value) in (float, int, bool)

@@ -1,0 +1,227 @@
+"""`ElementwiseKernel`: a scalar body applied with NumPy broadcasting.
+
+Fast paths for the common calls (same-shape contiguous arrays of a compiled dtype) keep
+a small call within a microsecond of the bare compiled loop; everything else (Python
+scalars, broadcasting, strides, out=, errors) takes the general path.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from pullback.kernels import jit
+from pullback.kernels.base import _COMPILED, Kernel, _error
+from pullback.kernels.drivers import elementwise_source
+
+
+class ElementwiseKernel(Kernel):
+    """A scalar body applied elementwise with broadcasting; `outputs` > 1 when the body
+    returns a tuple. An output may be one of the inputs (same shape): in place."""
+
+    inline_body = True  # a call left in the element loop would stop it vectorizing
+
+    def __init__(self, fn: Callable, backward: Kernel | None, outputs: int = 1):
+        super().__init__(fn, backward)
+        if not isinstance(outputs, int) or outputs < 1:
+            raise TypeError(f"@kernel({self.name}): outputs must be a positive int")
+        self.nin = fn.__code__.co_argcount
+        self.nout = outputs
+        # dtype -> the flat driver for all-array calls: the fast paths' one lookup.
+        self._serial_fast: dict[np.dtype, Any] = {}
+        self._parallel_fast: dict[np.dtype, Any] = {}
+        if outputs == 1 and self.nin in (1, 2):
+            self._fast = self._fast_one if self.nin == 1 else self._fast_two
+        else:
+            self._fast = self._fast_many
+
+    # Each entry point tries the fast path inline: a shared helper would cost a call.
+
+    def __call__(self, *args: Any, out: Any = None) -> Any:
+        result = self._fast(args, None) if out is None else None
+        return self._run(args, out, None) if result is None else result
+
+    def serial(self, *args: Any, out: Any = None) -> Any:
+        """The call on the calling thread only, whatever the size."""
+        result = self._fast(args, False) if out is None else None
+        return self._run(args, out, False) if result is None else result
+
+    def parallel(self, *args: Any, out: Any = None) -> Any:
+        """The call through the parallel loop, whatever the size."""
+        result = self._fast(args, True) if out is None else None
+        return self._run(args, out, True) if result is None else result
+
+    # The commonest calls in as few Python steps as possible (they dominate small calls):
+    # one output, same-shape arrays of a dtype already compiled for. Each returns None
+    # for anything else, and the general path takes over. Contiguity is left to Numba's
+    # own type check: a strided 1-D array does not fit the flat loop's signature (a
+    # TypeError, as compiling more is disabled), and ravel copies a strided N-d one.
+
+    def _fast_one(self, args: tuple, parallel: bool | None) -> np.ndarray | None:
+        if len(args) != 1:
+            return None
+        x = args[0]
+        if type(x) is not np.ndarray:
+            return None
+        if parallel is None:
+            parallel = x.size >= self.parallel_threshold
+        driver = (self._parallel_fast if parallel else self._serial_fast).get(x.dtype)
+        if driver is None:
+            return None
+        result = np.empty(x.shape, x.dtype)
+        try:
+            if x.ndim == 1:
+                driver(x, result)
+            else:
+                driver(x.ravel(), result.ravel())
+        except TypeError:
+            return None
+        return result
+
+    def _fast_two(self, args: tuple, parallel: bool | None) -> np.ndarray | None:
+        if len(args) != 2:
+            return None
+        a, b = args
+        if (type(a) is not np.ndarray or type(b) is not np.ndarray or a.shape != b.shape
+                or a.dtype is not b.dtype):
+            return None
+        if parallel is None:
+            parallel = a.size >= self.parallel_threshold
+        driver = (self._parallel_fast if parallel else self._serial_fast).get(a.dtype)
+        if driver is None:
+            return None
+        result = np.empty(a.shape, a.dtype)
+        try:
+            if a.ndim == 1:
+                driver(a, b, result)
+            else:
+                driver(a.ravel(), b.ravel(), result.ravel())
+        except TypeError:
+            return None
+        return result
+
+    def _fast_many(self, args: tuple, parallel: bool | None) -> np.ndarray | None:
+        if self.nout != 1 or len(args) != self.nin or type(args[0]) is not np.ndarray:
+            return None
+        first = args[0]
+        dtype, shape = first.dtype, first.shape
+        for a in args:
+            if (type(a) is not np.ndarray or a.shape != shape or a.dtype != dtype
+                    or not a.flags.c_contiguous):
+                return None
+        if parallel is None:
+            parallel = first.size >= self.parallel_threshold
+        driver = (self._parallel_fast if parallel else self._serial_fast).get(dtype)
+        if driver is None:
+            return None
+        result = np.empty(shape, dtype)
+        driver(*[a.ravel() for a in args], result.ravel())
+        return result
+
+    def _source(self, key: tuple) -> str:
+        return elementwise_source(self.nin, self.nout, key)
+
+    def _signature(self, dtype: np.dtype, key: tuple) -> tuple:
+        layout, mask, flags = key
+        ndim, order = (1, "C") if layout == "flat" else (2, "A")
+        t = jit.numba().types
+        inputs = [jit.array_type(dtype, ndim, order, readonly=True) if mask >> i & 1
+                  else t.boolean if flags >> i & 1 else t.float64 for i in range(self.nin)]
+        outputs = [jit.array_type(dtype, ndim, order)] * self.nout
+        return (*inputs, *outputs)
+
+    def _run(self, args: tuple, out: Any, parallel: bool | None) -> Any:
+        if len(args) != self.nin:
+            raise TypeError(f"{self.name} takes {self.nin} inputs, got {len(args)}")
+        values = list(args)
+        arrays = []
+        mask = flags = 0  # which arguments are arrays, which are bools
+        flat = True  # same-shape C-contiguous arrays of one dtype: the flat loop
+        for i, a in enumerate(args):
+            kind = type(a)
+            if kind is float:
+                continue
+            if kind is int:
+                values[i] = float(a)  # the drivers take number scalars as float64
+                continue
+            if kind is bool:
+                flags |= 1 << i
+                continue
+            if kind is not np.ndarray:
+                a = values[i] = np.asarray(a)
+            if arrays and (a.shape != arrays[0].shape or a.dtype is not arrays[0].dtype):
+                flat = False
+            if not a.flags.c_contiguous:
+                flat = False
+            arrays.append(a)
+            mask |= 1 << i
+        if flat and arrays and arrays[0].dtype in _COMPILED:
+            dtype, shape = arrays[0].dtype, arrays[0].shape
+        else:
+            dtype = self._common_dtype(arrays, arrays or values)
+            shape = self._shape(arrays)
+        outs = self._outputs(out, shape, dtype, arrays)
+        size = math.prod(shape)
+        if size:
+            if parallel is None:
+                parallel = size >= self.parallel_threshold
+            # Number scalars go in as Python numbers (cheap to pass) and the driver casts
+            # them to the kernel's dtype, as NumPy's weak scalars; bools stay flags.
+            if flat and all(o.flags.c_contiguous for o in outs):
+                self._flat(values, outs, dtype, (mask, flags), parallel)
+            else:
+                self._grid(values, outs, shape, dtype, (mask, flags), parallel)
+        return outs[0] if self.nout == 1 else tuple(outs)
+
+    def _shape(self, arrays: list) -> tuple:
+        """The broadcast shape of `arrays`, or a KernelError."""
+        try:
+            return np.broadcast_shapes(*(a.shape for a in arrays))
+        except ValueError:
+            raise _error(self.name, arrays, "shapes cannot be broadcast together") from None
+
+    def _outputs(self, out: Any, shape: tuple, dtype: np.dtype, arrays: list) -> list:
+        if out is None:
+            return [np.empty(shape, dtype) for _ in range(self.nout)]
+        outs = list(out) if isinstance(out, (tuple, list)) else [out]
+        if len(outs) != self.nout:
+            raise _error(self.name, arrays, f"out= needs {self.nout} arrays, got {len(outs)}")
+        for o in outs:
+            if type(o) is not np.ndarray or o.shape != shape or o.dtype != dtype:
+                raise _error(self.name, [*arrays, o],
+                             f"out= must be a {dtype} array of shape {shape}")
+            if not o.flags.writeable:
+                raise _error(self.name, [*arrays, o], "out= is read-only")
+        return outs
+
+    def _flat(self, values: list, outs: list, dtype: np.dtype, masks: tuple[int, int],
+              parallel: bool) -> None:
+        mask = masks[0]
+        for i, v in enumerate(values):
+            if mask >> i & 1 and v.ndim != 1:
+                values[i] = v.ravel()
+        key = ("flat", *masks)
+        driver = self._drivers.get((dtype, key, parallel))
+        if driver is None:
+            driver = self._driver(dtype, key, parallel)
+            if mask == (1 << self.nin) - 1:
+                (self._parallel_fast if parallel else self._serial_fast)[dtype] = driver
+        driver(*values, *[o if o.ndim == 1 else o.ravel() for o in outs])
+
+    def _grid(self, values: list, outs: list, shape: tuple, dtype: np.dtype,
+              masks: tuple[int, int], parallel: bool) -> None:
+        # Broadcast views as (rows, last axis): zero strides are fine for Numba's 'A'
+        # arrays; reshape copies only for strides it cannot merge.
+        grid = (math.prod(shape[:-1]), shape[-1]) if shape else (1, 1)
+        for i in range(self.nin):
+            if masks[0] >> i & 1:
+                values[i] = np.broadcast_to(values[i], shape).reshape(grid)
+        targets = [o.reshape(grid) if o.flags.c_contiguous else np.empty(grid, dtype)
+                   for o in outs]
+        self._driver(dtype, ("grid", *masks), parallel)(*values, *targets)
+        for o, t in zip(outs, targets):
+            if not o.flags.c_contiguous:
+                o[...] = t.reshape(shape)
