@@ -5,6 +5,7 @@ serial and parallel loops (jit.py) and keeps them for one-lookup dispatch.
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -15,9 +16,12 @@ from pullback.kernels import jit
 
 SUPPORTED_DTYPES: tuple[np.dtype, ...] = (np.dtype(np.float32), np.dtype(np.float64))
 _SUPPORTED = "supported: " + ", ".join(d.name for d in SUPPORTED_DTYPES)
-# Below this many elements a kernel runs its serial loop: splitting costs more than it
-# saves (measured on these machines; PERFORMANCE.md).
-PARALLEL_THRESHOLD = 32768
+# Kernels run their serial loop unless asked (`k.parallel`), or unless the array has
+# at least PULLBACK_KERNEL_PARALLEL_THRESHOLD elements. Off by default: in a training
+# step Numba's worker threads and OpenBLAS's spinning threads fight over the two
+# cores, and a measured MLP step went from 1.0 ms to 8.3 ms (bench/mlp_step.py).
+# ThreadedCpuBackend splits large ops over its own pool and runs serial kernels.
+PARALLEL_THRESHOLD = int(os.environ.get("PULLBACK_KERNEL_PARALLEL_THRESHOLD", 2**62))
 
 
 def _error(op: str, operands: Sequence[Any], reason: str) -> Exception:

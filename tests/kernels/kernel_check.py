@@ -6,12 +6,11 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import numpy as np
-
-from pullback.kernels.core import PARALLEL_THRESHOLD
+from conftest import TEST_PARALLEL_THRESHOLD
 
 SMALL = (3, 5)
-LARGE = (40, 1024)  # 40960 elements: above PARALLEL_THRESHOLD, so calls run in parallel
-assert np.prod(LARGE) >= PARALLEL_THRESHOLD
+LARGE = (40, 1024)  # 40960 elements: above the tests' threshold, so calls run in parallel
+assert np.prod(LARGE) >= TEST_PARALLEL_THRESHOLD
 # float32 kernels compute in float32; against a float64 reference a few ulp is expected.
 TOL = {np.float32: {"rtol": 2e-6, "atol": 2e-7}, np.float64: {"rtol": 1e-13, "atol": 1e-15}}
 

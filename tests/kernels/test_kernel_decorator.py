@@ -9,6 +9,7 @@ import sys
 
 import numpy as np
 import pytest
+from conftest import TEST_PARALLEL_THRESHOLD
 from kernel_check import LARGE, TOL, elementwise
 
 from pullback.backend import KernelError
@@ -50,6 +51,11 @@ def every_kind(x, w, v, i, s, out, acc):
         out[j] = x[j] * w[j] + v * s
         acc[j] += x[j]
     return row_sum(x) + x[i]
+
+
+# Kernels run serially by default; these tests check the automatic parallel dispatch.
+for _k in (axpy, gelu_erf, split, lossy, difference, every_kind):
+    _k.parallel_threshold = TEST_PARALLEL_THRESHOLD
 
 
 def every_kind_reference(x, w, v, i, s):
