@@ -66,10 +66,11 @@ class Kernel:
                        for dtype, key, parallel in self._drivers})
 
     def _source(self, key: tuple) -> str:
-        raise NotImplementedError
+        raise TypeError(f"{type(self).__name__} is the abstract base of kernels: declare one "
+                        "with @kernel (an ElementwiseKernel or a RowKernel)")
 
     def _signature(self, dtype: np.dtype, key: tuple) -> tuple:
-        raise NotImplementedError
+        return self._source(key)  # raises the same clear error
 
     def _driver(self, dtype: np.dtype, key: tuple, parallel: bool) -> Any:
         found = self._drivers.get((dtype, key, parallel))
