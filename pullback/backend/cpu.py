@@ -23,6 +23,7 @@ from pullback.backend.fused import FusedOps, check_act, check_labels, check_rows
 from pullback.kernels import activations as compiled
 from pullback.kernels import bias_act as compiled_bias
 from pullback.kernels import rows as compiled_rows
+from pullback.kernels import scalar_math
 from pullback.kernels.core import SUPPORTED_DTYPES, Kernel
 
 # Python floats, not np.float64: NumPy 2 keeps f32 arrays f32 only for Python scalars.
@@ -32,32 +33,9 @@ _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 _GELU_CUBIC = 0.044715
 
 # erf(x) = x * P(x**2) for |x| < 2; erfc(x) = exp(-x**2) * Q(6/x - 2) for 2 <= |x| < 6
-# (erf is +-1 in f64 beyond). Least-squares Chebyshev fits to math.erf / math.erfc,
-# written highest power first. Max error against math.erf: 1.8e-15 in f64; the shorter
-# pair used below f64 is 6e-7 relative in f32, where rounding dominates anyway.
-_ERF_SERIES = (
-    -4.5357453717597164e-15, 2.094654907251799e-13, -5.010109617527907e-12,
-    8.544054714813639e-11, -1.1958431371167904e-09, 1.4714312608702773e-08,
-    -1.6346558003477843e-07, 1.6459152531737893e-06, -1.4925318031303436e-05,
-    0.00012055306323839672, -0.0008548325546586643, 0.005223977571889455,
-    -0.02686617063347346, 0.11283791670824264, -0.3761263890317826, 1.1283791670955123,
-)
-_ERFC_TAIL = (
-    -1.670312537569491e-11, -2.255675220571118e-11, 4.580885298725189e-10,
-    -1.83699546363336e-09, 2.700931076793225e-09, 1.7885760582375427e-08,
-    -1.65794524536511e-07, 6.468359321973223e-07, -9.983117352035056e-08,
-    -1.7340697649370626e-05, 0.00012459325318721473, -0.00023215792027435583,
-    -0.005039359895673376, 0.08155839001076633, 0.17900115118138998,
-)
-_ERF_SERIES_SHORT = (
-    -2.9495507658683415e-08, 8.36581316747247e-07, -1.1747116675202173e-05,
-    0.00011244870190883131, -0.0008415580736978905, 0.0052104561551259655,
-    -0.026858154772405437, 0.11283548246966947, -0.37612610057201296, 1.1283791614309322,
-)
-_ERFC_TAIL_SHORT = (
-    -1.61732908105545e-05, 0.00012415928335577237, -0.0002327471279532293,
-    -0.0050391620301117315, 0.08155846399054867, 0.17900113922013566,
-)
+# (erf is +-1 in f64 beyond): the fits the compiled kernels use too, kept in one place.
+_ERF_SERIES, _ERFC_TAIL = scalar_math.ERF_SERIES, scalar_math.ERFC_TAIL
+_ERF_SERIES_SHORT, _ERFC_TAIL_SHORT = scalar_math.ERF_SERIES_F32, scalar_math.ERFC_TAIL_F32
 
 
 # -- elementwise kernels: f(*arrays, out=...); out=... asks NumPy for an array, even 0-d.

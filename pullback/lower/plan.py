@@ -169,12 +169,16 @@ class Plan:
 
     def peak_bytes(self) -> int:
         """The most bytes of step results alive at once (inputs and parameters aside)."""
+        return self._forward_memory()[0]
+
+    def _forward_memory(self) -> tuple[int, int]:
+        """(peak, still alive at the end) of step results over the forward steps."""
         live, peak = 0, 0
         for eqn, frees in zip(self.graph.eqns, self._frees):
             live += eqn.out.nbytes
             peak = max(peak, live)
             live -= sum(self.graph.vars[s].nbytes for s in frees)
-        return peak
+        return peak, live
 
 
 class TrainingPlan(Plan):
@@ -340,11 +344,7 @@ class TrainingPlan(Plan):
         return lines
 
     def peak_bytes(self) -> int:
-        live, peak = 0, 0
-        for eqn, frees in zip(self.graph.eqns, self._frees):
-            live += eqn.out.nbytes
-            peak = max(peak, live)
-            live -= sum(self.graph.vars[s].nbytes for s in frees)
+        peak, live = self._forward_memory()
         for eqn, _, _, _, frees in self._backward:
             # a cotangent of each operand appears while the saved values are still held
             grads = sum(a.nbytes for a in eqn.args if isinstance(a, Var) and a.kind == "value")
