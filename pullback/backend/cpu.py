@@ -774,10 +774,16 @@ class CpuBackend(BackwardOps, FusedOps, Backend):
             full = np.matmul(u, np.swapaxes(b, -1, -2))
             grad_lhs = self.sum_to_shape(full, a.shape).reshape(lhs.shape)
         if needed[1]:
-            if b.ndim == 2 and a.ndim > 2 and a.shape[:-2] == u.shape[:-2]:
+            if b.ndim == 2 and a.shape[:-2] == u.shape[:-2]:
                 # A shared weight: one GEMM over all batch rows instead of a batch then a sum.
-                full = a.reshape(-1, a.shape[-1]).T @ u.reshape(-1, u.shape[-1])
-                grad_rhs = full.reshape(rhs.shape)
+                a2, u2 = a.reshape(-1, a.shape[-1]), u.reshape(-1, u.shape[-1])
+                if rhs.ndim == 2 and rhs.flags.f_contiguous and not rhs.flags.c_contiguous:
+                    # The weight is a transposed view (x @ w.T): give its gradient the same
+                    # layout, so that transposing it back yields a C-ordered array and no
+                    # strided copy is ever made of it.
+                    grad_rhs = (u2.T @ a2).T
+                else:
+                    grad_rhs = (a2.T @ u2).reshape(rhs.shape)
             else:
                 full = np.matmul(np.swapaxes(a, -1, -2), u)
                 grad_rhs = self.sum_to_shape(full, b.shape).reshape(rhs.shape)

@@ -1,12 +1,14 @@
-"""Optimizer steps in one pass: each kernel reads a parameter's gradient and buffers
-once and returns the update (what to subtract from the parameter) and the new buffers,
-written in place when `out=` names the buffers themselves:
+"""Optimizer steps in one pass: each kernel reads a parameter, its gradient and its
+buffers once and returns the new parameter and the new buffers, written in place
+when `out=` names the arrays themselves:
 
-    update, exp_avg, exp_avg_sq = adam_update(..., out=(scratch, exp_avg, exp_avg_sq))
+    adam_update(param, grad, exp_avg, exp_avg_sq, ..., out=(param, exp_avg, exp_avg_sq))
 
-Arithmetic in the order pullback.optim's NumPy code used (PyTorch's), so results match
-it to rounding. Hyperparameters combined in Python (`1 - beta2`, bias corrections) are
-passed precomputed, as the NumPy code computed them in float64 before rounding.
+`scale` is the parameter's lr scale (nn.LR), applied to the step before it is
+subtracted. Arithmetic in the order pullback.optim's NumPy code uses (PyTorch's),
+so results match it to rounding. Hyperparameters combined in Python (`1 - beta2`,
+bias corrections) are passed precomputed, as the NumPy code computes them in
+float64 before rounding.
 """
 
 from __future__ import annotations
@@ -17,29 +19,30 @@ from pullback.kernels.core import kernel
 
 
 @kernel
-def sgd_update(param, grad, lr, decay):
-    """lr * (grad + decay * param)."""
+def sgd_update(param, grad, lr, decay, scale):
+    """param - lr * (grad + decay * param)."""
     g = grad + decay * param if decay != 0.0 else grad
-    return g * lr
+    step = g * lr
+    return param - step * scale if scale != 1.0 else param - step
 
 
 @kernel(outputs=2)
-def sgd_momentum_update(param, grad, buf, lr, momentum, decay, first, nesterov):
-    """buf = momentum * buf + g (g itself at the first step); the update is lr * buf,
+def sgd_momentum_update(param, grad, buf, lr, momentum, decay, first, nesterov, scale):
+    """buf = momentum * buf + g (g itself at the first step); the step is lr * buf,
     or lr * (g + momentum * buf) with Nesterov; g = grad + decay * param."""
     g = grad + decay * param if decay != 0.0 else grad
     b = g if first else buf * momentum + g
-    step = g + b * momentum if nesterov else b
-    return step * lr, b
+    step = (g + b * momentum if nesterov else b) * lr
+    return (param - step * scale if scale != 1.0 else param - step), b
 
 
 @kernel(outputs=3)
 def adam_update(param, grad, exp_avg, exp_avg_sq, decay, weight, one_minus_weight,
                 small_weight, beta2, one_minus_beta2, step_size, correction2_sqrt, eps,
-                decoupled_decay):
+                decoupled_decay, scale):
     """Adam (decay coupled into g) or AdamW (`decoupled_decay` = lr * weight_decay):
     exp_avg lerps toward g by `weight` (PyTorch's formula for weights below or above
-    one half), exp_avg_sq averages g**2; the update is
+    one half), exp_avg_sq averages g**2; the step is
     step_size * m / (sqrt(v) / correction2_sqrt + eps)."""
     g = grad + decay * param if decay != 0.0 else grad
     diff = g - exp_avg
@@ -48,19 +51,23 @@ def adam_update(param, grad, exp_avg, exp_avg_sq, decay, weight, one_minus_weigh
     update = (m * step_size) / (math.sqrt(v) / correction2_sqrt + eps)
     if decoupled_decay != 0.0:
         update = update + param * decoupled_decay
-    return update, m, v
+    return (param - update * scale if scale != 1.0 else param - update), m, v
 
 
 @kernel(outputs=2)
-def rmsprop_update(grad, square_avg, lr, beta, one_minus_beta, eps):
-    """square_avg = beta * square_avg + (1 - beta) g**2; lr * g / (sqrt(square_avg) + eps)."""
+def rmsprop_update(param, grad, square_avg, lr, beta, one_minus_beta, eps, scale):
+    """square_avg = beta * square_avg + (1 - beta) g**2; the step is
+    lr * g / (sqrt(square_avg) + eps)."""
     v = square_avg * beta + (grad * one_minus_beta) * grad
-    return (grad * lr) / (math.sqrt(v) + eps), v
+    step = (grad * lr) / (math.sqrt(v) + eps)
+    return (param - step * scale if scale != 1.0 else param - step), v
 
 
 @kernel(outputs=3)
-def rmsprop_momentum_update(grad, square_avg, buf, lr, beta, one_minus_beta, eps, momentum):
-    """As rmsprop_update, with buf = momentum * buf + g / avg and the update lr * buf."""
+def rmsprop_momentum_update(param, grad, square_avg, buf, lr, beta, one_minus_beta, eps,
+                            momentum, scale):
+    """As rmsprop_update, with buf = momentum * buf + g / avg and the step lr * buf."""
     v = square_avg * beta + (grad * one_minus_beta) * grad
     b = buf * momentum + grad / (math.sqrt(v) + eps)
-    return b * lr, v, b
+    step = b * lr
+    return (param - step * scale if scale != 1.0 else param - step), v, b

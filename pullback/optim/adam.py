@@ -50,8 +50,8 @@ class Adam(GradApplyer):
     def _hyper(self) -> dict[str, Any]:
         return {"betas": self.betas, "eps": self.eps, "weight_decay": self.weight_decay}
 
-    def _rule(self, index: int, param: np.ndarray, grad: np.ndarray, lr: float,
-              tmp: np.ndarray, out: np.ndarray) -> np.ndarray:
+    def _rule(self, index: int, param: np.ndarray, grad: np.ndarray, lr: float, scale: float,
+              tmp: np.ndarray, out: np.ndarray) -> None:
         state = self._state.get(index)
         if state is None:
             state = self._state[index] = self._new_state(param)
@@ -67,8 +67,8 @@ class Adam(GradApplyer):
         if param.dtype in SUPPORTED_DTYPES:
             updates.adam_update(param, grad, exp_avg, exp_avg_sq, coupled, weight, 1.0 - weight,
                                 weight < 0.5, beta2, 1.0 - beta2, step_size, correction2_sqrt,
-                                self.eps, decoupled, out=(out, exp_avg, exp_avg_sq))
-            return out
+                                self.eps, decoupled, scale, out=(param, exp_avg, exp_avg_sq))
+            return
         if coupled:
             grad = np.add(grad, np.multiply(param, coupled, out=out), out=out)
         # exp_avg.lerp_(grad, 1 - beta1), with PyTorch's two formulas for small and large weights.
@@ -87,7 +87,7 @@ class Adam(GradApplyer):
         if decoupled:
             # Part of the update, so a parameter's lr scale scales the decay as well.
             np.add(update, np.multiply(param, decoupled, out=tmp), out=update)
-        return update
+        self._subtract(param, update, scale)
 
 
 class AdamW(Adam):

@@ -117,10 +117,11 @@ class GradApplyer:
 
     # ------------------------------------------------------------ the update rule
 
-    def _rule(self, index: int, param: np.ndarray, grad: np.ndarray, lr: float,
-              tmp: np.ndarray, out: np.ndarray) -> np.ndarray:
-        """Update buffers for parameter `index` and return its update (to subtract),
-        written into `tmp` or `out`. `grad` must not be written; `param` not yet."""
+    def _rule(self, index: int, param: np.ndarray, grad: np.ndarray, lr: float, scale: float,
+              tmp: np.ndarray, out: np.ndarray) -> None:
+        """Update parameter `index` and its buffers in place: `param -= scale * step`,
+        with `scale` its lr scale. `tmp` and `out` are scratch; `grad` must not be
+        written. The float32/float64 rules do it in one fused pass."""
         raise TypeError(
             f"{type(self).__name__} has no update rule: GradApplyer is the base of SGD, "
             "RMSProp, Adam and AdamW; use one of them, or subclass it and define _rule"
@@ -158,6 +159,13 @@ class GradApplyer:
 
     # ------------------------------------------------------------ one step
 
+    @staticmethod
+    def _subtract(param: np.ndarray, update: np.ndarray, scale: float) -> None:
+        """`param -= scale * update`, for the NumPy rules of dtypes kernels lack."""
+        if scale != 1.0:
+            np.multiply(update, scale, out=update)
+        np.subtract(param, update, out=param)
+
     def _apply(self, pairs: Iterable[tuple[Tensor, Any]], verb: str) -> None:
         where = f"{type(self).__name__}.{verb}"
         items = self._resolve(where, pairs)
@@ -170,11 +178,7 @@ class GradApplyer:
             param = p._data
             work, tmp, out = self._scratch_views(param)
             grad = self._prepare(param, grad, work, tmp, coef)
-            update = self._rule(index, param, grad, lr, tmp, out)
-            scale = lr_scale(p)
-            if scale != 1.0:
-                np.multiply(update, scale, out=update)
-            np.subtract(param, update, out=param)
+            self._rule(index, param, grad, lr, lr_scale(p), tmp, out)
         self.step_count += 1
 
     def _resolve(self, where: str, pairs: Iterable[tuple[Tensor, Any]]

@@ -32,8 +32,8 @@ class RMSProp(GradApplyer):
     def _hyper(self) -> dict[str, Any]:
         return {"beta": self.beta, "momentum": self.momentum, "eps": self.eps}
 
-    def _rule(self, index: int, param: np.ndarray, grad: np.ndarray, lr: float,
-              tmp: np.ndarray, out: np.ndarray) -> np.ndarray:
+    def _rule(self, index: int, param: np.ndarray, grad: np.ndarray, lr: float, scale: float,
+              tmp: np.ndarray, out: np.ndarray) -> None:
         state = self._state.get(index)
         if state is None:
             state = self._state[index] = self._new_state(param)
@@ -42,12 +42,12 @@ class RMSProp(GradApplyer):
             if self.momentum:
                 buf = state["momentum"]
                 updates.rmsprop_momentum_update(
-                    grad, square_avg, buf, lr, self.beta, 1.0 - self.beta, self.eps,
-                    self.momentum, out=(out, square_avg, buf))
+                    param, grad, square_avg, buf, lr, self.beta, 1.0 - self.beta, self.eps,
+                    self.momentum, scale, out=(param, square_avg, buf))
             else:
-                updates.rmsprop_update(grad, square_avg, lr, self.beta, 1.0 - self.beta,
-                                       self.eps, out=(out, square_avg))
-            return out
+                updates.rmsprop_update(param, grad, square_avg, lr, self.beta, 1.0 - self.beta,
+                                       self.eps, scale, out=(param, square_avg))
+            return
         np.multiply(square_avg, self.beta, out=square_avg)
         # ((1 - beta) * g) * g, in PyTorch's addcmul order, so f32 results agree closely.
         np.multiply(grad, 1.0 - self.beta, out=tmp)
@@ -57,5 +57,6 @@ class RMSProp(GradApplyer):
             buf = state["momentum"]
             np.multiply(buf, self.momentum, out=buf)
             np.add(buf, np.divide(grad, avg, out=out), out=buf)
-            return np.multiply(buf, lr, out=out)
-        return np.divide(np.multiply(grad, lr, out=out), avg, out=out)
+            self._subtract(param, np.multiply(buf, lr, out=out), scale)
+            return
+        self._subtract(param, np.divide(np.multiply(grad, lr, out=out), avg, out=out), scale)

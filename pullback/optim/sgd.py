@@ -39,16 +39,17 @@ class SGD(GradApplyer):
         return {"momentum": self.momentum, "nesterov": self.nesterov,
                 "weight_decay": self.weight_decay}
 
-    def _rule(self, index: int, param: np.ndarray, grad: np.ndarray, lr: float,
-              tmp: np.ndarray, out: np.ndarray) -> np.ndarray:
+    def _rule(self, index: int, param: np.ndarray, grad: np.ndarray, lr: float, scale: float,
+              tmp: np.ndarray, out: np.ndarray) -> None:
         fused = param.dtype in SUPPORTED_DTYPES
-        if not fused and self.weight_decay:
-            grad = np.add(grad, np.multiply(param, self.weight_decay, out=tmp), out=tmp)
-        decay = self.weight_decay if fused else 0.0
         if not self.momentum:
             if fused:
-                return updates.sgd_update(param, grad, lr, decay, out=out)
-            return np.multiply(grad, lr, out=out)
+                updates.sgd_update(param, grad, lr, self.weight_decay, scale, out=param)
+                return
+            if self.weight_decay:
+                grad = np.add(grad, np.multiply(param, self.weight_decay, out=tmp), out=tmp)
+            self._subtract(param, np.multiply(grad, lr, out=out), scale)
+            return
         state = self._state.get(index)
         first = state is None
         if first:
@@ -58,9 +59,11 @@ class SGD(GradApplyer):
         else:
             buf = state["momentum"]
         if fused:
-            updates.sgd_momentum_update(param, grad, buf, lr, self.momentum, decay, first,
-                                        self.nesterov, out=(out, buf))
-            return out
+            updates.sgd_momentum_update(param, grad, buf, lr, self.momentum, self.weight_decay,
+                                        first, self.nesterov, scale, out=(param, buf))
+            return
+        if self.weight_decay:
+            grad = np.add(grad, np.multiply(param, self.weight_decay, out=tmp), out=tmp)
         if first:
             np.copyto(buf, grad)
         else:
@@ -71,4 +74,4 @@ class SGD(GradApplyer):
             grad = out
         else:
             grad = buf
-        return np.multiply(grad, lr, out=out)
+        self._subtract(param, np.multiply(grad, lr, out=out), scale)
