@@ -27,9 +27,14 @@ def elementwise_source(nin: int, nout: int, pattern: tuple) -> str:
     (layout, arrays, flags): layout "flat" for 1-D contiguous arrays or "grid" for 2-D
     (rows, last axis) broadcast views; bit i of `arrays` says input i is an array, bit i
     of `flags` that it is a bool. Other scalars arrive as Python numbers and are cast
-    with global `cast` (the kernel dtype's type) first."""
-    layout, mask, flags = pattern
-    outputs = [f"o{j}" for j in range(nout)]
+    with global `cast` (the kernel dtype's type) first. A fourth entry, for flat loops,
+    names per output the input it overwrites (-1: none): such an output is no
+    parameter of its own and is stored through that input, so LLVM sees one array
+    where two aliased ones would fail its overlap check and leave the loop scalar."""
+    layout, mask, flags = pattern[:3]
+    alias = pattern[3] if len(pattern) > 3 else (-1,) * nout
+    targets = [f"o{j}" if alias[j] < 0 else f"a{alias[j]}" for j in range(nout)]
+    outputs = [t for t in targets if t.startswith("o")]
     params = ", ".join([f"a{i}" for i in range(nin)] + outputs)
     index = "i" if layout == "flat" else "r, c"
     args = ", ".join(f"a{i}[{index}]" if mask >> i & 1 else f"a{i}" for i in range(nin))
@@ -39,8 +44,8 @@ def elementwise_source(nin: int, nout: int, pattern: tuple) -> str:
     for name, loop in (("serial", "range"), ("parallel", "prange")):
         text += [f"\n\ndef {name}({params}):\n", casts]
         if layout == "flat":
-            text += [f"    for i in {loop}(o0.shape[0]):\n",
-                     _store(f"fn({args})", [f"{o}[{index}]" for o in outputs], " " * 8)]
+            text += [f"    for i in {loop}({targets[0]}.shape[0]):\n",
+                     _store(f"fn({args})", [f"{o}[{index}]" for o in targets], " " * 8)]
         else:
             text += [f"    for r in {loop}(o0.shape[0]):\n",
                      "        for c in range(o0.shape[1]):\n",

@@ -125,12 +125,13 @@ class ElementwiseKernel(Kernel):
         return elementwise_source(self.nin, self.nout, key)
 
     def _signature(self, dtype: np.dtype, key: tuple) -> tuple:
-        layout, mask, flags = key
+        layout, mask, flags = key[:3]
+        alias = key[3] if len(key) > 3 else (-1,) * self.nout
         ndim, order = (1, "C") if layout == "flat" else (2, "A")
         t = jit.numba().types
-        inputs = [jit.array_type(dtype, ndim, order, readonly=True) if mask >> i & 1
+        inputs = [jit.array_type(dtype, ndim, order, readonly=i not in alias) if mask >> i & 1
                   else t.boolean if flags >> i & 1 else t.float64 for i in range(self.nin)]
-        outputs = [jit.array_type(dtype, ndim, order)] * self.nout
+        outputs = [jit.array_type(dtype, ndim, order)] * alias.count(-1)
         return (*inputs, *outputs)
 
     def _run(self, args: tuple, out: Any, parallel: bool | None) -> Any:
@@ -171,7 +172,15 @@ class ElementwiseKernel(Kernel):
             # Number scalars go in as Python numbers (cheap to pass) and the driver casts
             # them to the kernel's dtype, as NumPy's weak scalars; bools stay flags.
             if flat and all(o.flags.c_contiguous for o in outs):
-                self._flat(values, outs, dtype, (mask, flags), parallel)
+                # An output that is one of the inputs (an optimizer's parameter) gets a
+                # loop of its own that stores through that input.
+                alias = tuple(next((i for i, a in enumerate(args) if a is o), -1)
+                              for o in outs) if out is not None else ()
+                if alias.count(-1) == len(alias):
+                    self._flat(values, outs, dtype, (mask, flags), parallel)
+                else:
+                    self._flat(values, [o for o, i in zip(outs, alias) if i < 0], dtype,
+                               (mask, flags, alias), parallel)
             else:
                 self._grid(values, outs, shape, dtype, (mask, flags), parallel)
         return outs[0] if self.nout == 1 else tuple(outs)
@@ -207,7 +216,7 @@ class ElementwiseKernel(Kernel):
         driver = self._drivers.get((dtype, key, parallel))
         if driver is None:
             driver = self._driver(dtype, key, parallel)
-            if mask == (1 << self.nin) - 1:
+            if mask == (1 << self.nin) - 1 and len(masks) == 2:
                 (self._parallel_fast if parallel else self._serial_fast)[dtype] = driver
         driver(*values, *[o if o.ndim == 1 else o.ravel() for o in outs])
 

@@ -42,11 +42,11 @@ class RMSProp(GradApplyer):
             if self.momentum:
                 buf = state["momentum"]
                 updates.rmsprop_momentum_update(
-                    param, grad, square_avg, buf, lr, self.beta, 1.0 - self.beta, self.eps,
-                    self.momentum, scale, out=(param, square_avg, buf))
+                    param, grad, square_avg, buf, lr * scale, self.beta, 1.0 - self.beta,
+                    self.eps, self.momentum, out=(param, square_avg, buf))
             else:
-                updates.rmsprop_update(param, grad, square_avg, lr, self.beta, 1.0 - self.beta,
-                                       self.eps, scale, out=(param, square_avg))
+                updates.rmsprop_update(param, grad, square_avg, lr * scale, self.beta,
+                                       1.0 - self.beta, self.eps, out=(param, square_avg))
             return
         np.multiply(square_avg, self.beta, out=square_avg)
         # ((1 - beta) * g) * g, in PyTorch's addcmul order, so f32 results agree closely.

@@ -44,7 +44,7 @@ class SGD(GradApplyer):
         fused = param.dtype in SUPPORTED_DTYPES
         if not self.momentum:
             if fused:
-                updates.sgd_update(param, grad, lr, self.weight_decay, scale, out=param)
+                updates.sgd_update(param, grad, lr * scale, self.weight_decay, out=param)
                 return
             if self.weight_decay:
                 grad = np.add(grad, np.multiply(param, self.weight_decay, out=tmp), out=tmp)
@@ -59,8 +59,9 @@ class SGD(GradApplyer):
         else:
             buf = state["momentum"]
         if fused:
-            updates.sgd_momentum_update(param, grad, buf, lr, self.momentum, self.weight_decay,
-                                        first, self.nesterov, scale, out=(param, buf))
+            updates.sgd_momentum_update(param, grad, buf, lr * scale, self.momentum,
+                                        self.weight_decay, first, self.nesterov,
+                                        out=(param, buf))
             return
         if self.weight_decay:
             grad = np.add(grad, np.multiply(param, self.weight_decay, out=tmp), out=tmp)

@@ -165,6 +165,23 @@ def test_two_outputs_come_back_as_a_tuple_and_may_overwrite_inputs(rng):
     np.testing.assert_array_equal(b, x * y)
 
 
+@pytest.mark.parametrize("size", [6, LARGE])
+def test_in_place_outputs_get_a_loop_that_stores_through_the_input(rng, size):
+    x, y = rng.standard_normal(size), rng.standard_normal(size)
+    b = y.copy()
+    split(x, b, out=(np.empty_like(x), b))  # one output in place, one not
+    np.testing.assert_array_equal(b, x * y)
+    a, b = x.copy(), y.copy()
+    split(a, b, out=(b, a))  # crossed: each output overwrites the other input
+    np.testing.assert_array_equal(b, x + y)
+    np.testing.assert_array_equal(a, x * y)
+    a = x.copy()
+    assert axpy(2.0, a, y, out=a) is a
+    np.testing.assert_array_equal(a, 2.0 * x + y)
+    keys = [key for _, key, _ in split._drivers if len(key) > 3]
+    assert ("flat", 3, 0, (-1, 1)) in keys and ("flat", 3, 0, (1, 0)) in keys
+
+
 def test_non_contiguous_inputs_are_read_through_their_strides(rng):
     x = rng.standard_normal((6, 4))
     np.testing.assert_array_equal(axpy(1.0, x.T, 0.5), x.T + 0.5)
