@@ -1,0 +1,264 @@
+"""`OnnxModel`: a loaded ONNX graph, callable on NumPy arrays or tensors.
+
+Each input signature (shapes and dtypes) gets its own inference plan
+(`pb.compile`), traced on the first call with that signature, whose outputs
+are that call's result. A graph that cannot be one static plan runs eagerly
+under `no_grad` instead, for every call with that signature: one whose shapes
+depend on input values (an Expand to a shape given as an input), or one with
+string or sequence inputs, or a `Gradient` node. `model.mode(*inputs)` says
+which, and why.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from ..lower import compile as compile_plan
+from ..tensor import Tensor, no_grad
+from .errors import OnnxImportError
+from .interpreter import RunContext, last_uses, run_graph
+from .loader import GraphSpec, ValueSpec
+from .registry import DataDependentError
+
+_MAX_PLANS = 16  # plans kept per model (least recently used dropped)
+
+
+class OnnxModel:
+    """`model(*inputs)` returns a tuple with one entry per graph output: a Tensor for a
+    numeric tensor, a NumPy array of str for a string tensor, a list for a sequence."""
+
+    def __init__(self, spec: GraphSpec, max_tensor_bytes: int):
+        self.spec = spec
+        self.max_tensor_bytes = max_tensor_bytes
+        self._runners: OrderedDict[tuple, Any] = OrderedDict()
+        self._frees = last_uses(spec)
+
+    @property
+    def input_names(self) -> list[str]:
+        return [v.name for v in self.spec.inputs]
+
+    @property
+    def output_names(self) -> list[str]:
+        return [v.name for v in self.spec.outputs]
+
+    @property
+    def opsets(self) -> dict[str, int]:
+        return dict(self.spec.opsets)
+
+    def __repr__(self) -> str:
+        ins = ", ".join(_describe_spec(v) for v in self.spec.inputs)
+        outs = ", ".join(_describe_spec(v) for v in self.spec.outputs)
+        return f"OnnxModel({self.spec.name or 'graph'}: ({ins}) -> ({outs}), " \
+               f"{len(self.spec.nodes)} nodes)"
+
+    # ------------------------------------------------------------ calling
+
+    def __call__(self, *inputs: Any) -> tuple:
+        arrays = self._prepare(inputs)
+        key = _signature(arrays)
+        runner = self._runners.get(key)
+        if runner is not None:
+            self._runners.move_to_end(key)
+            return runner(arrays)
+        runner, outputs = self._build(arrays)
+        self._runners[key] = runner
+        if len(self._runners) > _MAX_PLANS:
+            self._runners.popitem(last=False)
+        return outputs
+
+    def mode(self, *inputs: Any) -> str:
+        """"plan" or "eager: <reason>" for these inputs' signature (after a call with them)."""
+        runner = self._runners.get(_signature(self._prepare(inputs)))
+        if runner is None:
+            return "not built yet (call the model with these inputs first)"
+        return runner.mode
+
+    def _prepare(self, inputs: Sequence[Any]) -> list[Any]:
+        specs = self.spec.inputs
+        if len(inputs) != len(specs):
+            names = ", ".join(v.name for v in specs)
+            raise TypeError(f"the model takes {len(specs)} input{'s' if len(specs) != 1 else ''}"
+                            f" ({names}), got {len(inputs)}")
+        arrays = [_as_input(x, v) for x, v in zip(inputs, specs)]
+        _check_symbolic_dims(arrays, specs)
+        return arrays
+
+    def _run(self, env: dict[str, Any], eager: bool) -> list[Any]:
+        run = RunContext(eager=eager, max_tensor_bytes=self.max_tensor_bytes, spec=self.spec)
+        env = run_graph(self.spec, env, run, self._frees)
+        return [env[v.name] for v in self.spec.outputs]
+
+    def _env(self, values: Sequence[Any]) -> dict[str, Any]:
+        env: dict[str, Any] = dict(self.spec.initializers)
+        env.update(zip(self.input_names, values))
+        return env
+
+    def _build(self, arrays: list[Any]) -> tuple[Any, tuple]:
+        if self.spec.eager_reason is not None:
+            runner = _EagerRunner(self, self.spec.eager_reason)
+            return runner, runner(arrays)
+        captured: list[Any] = []
+
+        def traced(*tensors: Tensor) -> tuple:
+            outs = self._run(self._env(tensors), eager=False)
+            captured.extend(outs)
+            return tuple(_dynamic_leaves(outs))
+
+        try:
+            plan = compile_plan(traced, *arrays)
+        except DataDependentError as err:
+            runner = _EagerRunner(self, f"shapes depend on input values ({err})")
+            return runner, runner(arrays)
+        runner = _PlanRunner(self, plan, captured)
+        return runner, self._finish(captured)
+
+    def _finish(self, outs: list[Any]) -> tuple:
+        """Outputs as returned to the caller, checked against the declared dtypes."""
+        result = []
+        for value, spec in zip(outs, self.spec.outputs):
+            value = _public(value)
+            dtype = getattr(value, "dtype", None)
+            if spec.kind == "tensor" and spec.dtype is not None and dtype is not None \
+                    and np.dtype(dtype) != spec.dtype:
+                raise OnnxImportError(f"output {spec.name!r}: computed {np.dtype(dtype)} but the "
+                                      f"graph declares {spec.dtype} (a converter bug)")
+            result.append(value)
+        return tuple(result)
+
+
+class _PlanRunner:
+    """Calls one inference plan; static outputs (known without the inputs) are stored."""
+
+    mode = "plan"
+
+    def __init__(self, model: OnnxModel, plan: Any, traced_outs: list[Any]):
+        self.model = model
+        self.plan = plan
+        # The outputs' structure, with static values kept and dynamic ones to be filled.
+        self.template = [_freeze(o) for o in traced_outs]
+
+    def __call__(self, arrays: list[Any]) -> tuple:
+        results = self.plan(*arrays)
+        fresh = iter(results if isinstance(results, tuple) else (results,))
+        return self.model._finish([_fill(t, fresh) for t in self.template])
+
+
+class _EagerRunner:
+    def __init__(self, model: OnnxModel, reason: str):
+        self.model = model
+        self.mode = f"eager: {reason}"
+
+    def __call__(self, arrays: list[Any]) -> tuple:
+        values = [_as_tensor(a) for a in arrays]
+        with no_grad():
+            outs = self.model._run(self.model._env(values), eager=True)
+        return self.model._finish(outs)
+
+
+# ---------------------------------------------------------------- helpers
+
+_DYNAMIC = object()
+
+
+def _dynamic_leaves(outs: Sequence[Any]) -> list[Tensor]:
+    leaves: list[Tensor] = []
+    for o in outs:
+        if isinstance(o, list):
+            leaves.extend(_dynamic_leaves(o))
+        elif isinstance(o, Tensor):
+            leaves.append(o)
+    return leaves
+
+
+def _freeze(value: Any) -> Any:
+    if isinstance(value, list):
+        return [_freeze(v) for v in value]
+    return _DYNAMIC if isinstance(value, Tensor) else value
+
+
+def _fill(template: Any, fresh: Any) -> Any:
+    if isinstance(template, list):
+        return [_fill(t, fresh) for t in template]
+    if template is _DYNAMIC:
+        return next(fresh)
+    return template.copy()  # a static output: a copy, so callers cannot change the plan's
+
+
+def _public(value: Any) -> Any:
+    if isinstance(value, list):
+        return [_public(v) for v in value]
+    if isinstance(value, np.ndarray) and value.dtype.kind not in "OUS":
+        return _as_tensor(np.array(value))
+    return value
+
+
+def _as_tensor(value: Any) -> Any:
+    from ..tensor import tensor
+
+    if isinstance(value, np.ndarray) and value.dtype.kind not in "OUS":
+        return tensor(value)
+    if isinstance(value, list):
+        return [_as_tensor(v) for v in value]
+    return value
+
+
+def _signature(arrays: Sequence[Any]) -> tuple:
+    sig = []
+    for a in arrays:
+        if isinstance(a, list):
+            sig.append(("seq",) + _signature(a))
+        else:
+            sig.append((a.shape, a.dtype.str))
+    return tuple(sig)
+
+
+def _describe_spec(v: ValueSpec) -> str:
+    if v.kind != "tensor":
+        return f"{v.name}: {v.kind}"
+    shape = "?" if v.shape is None else "(" + ", ".join(str(d) for d in v.shape) + ")"
+    return f"{v.name}: {shape} {v.dtype}"
+
+
+def _as_input(x: Any, spec: ValueSpec) -> Any:
+    """An input as a NumPy array (a list of them for a sequence), checked against the
+    graph's declaration."""
+    if spec.kind == "sequence":
+        if not isinstance(x, (list, tuple)):
+            raise TypeError(f"input {spec.name!r} is a sequence: pass a list of arrays")
+        return [np.asarray(v.numpy() if isinstance(v, Tensor) else v) for v in x]
+    if isinstance(x, Tensor):
+        array = x.numpy()
+    elif isinstance(x, np.ndarray):
+        array = x
+    else:
+        array = np.asarray(x, dtype=spec.dtype if spec.dtype is not None else None)
+    if spec.dtype is not None and array.dtype != spec.dtype and not (
+            spec.dtype.kind == "O" and array.dtype.kind in "OUS"):
+        raise OnnxImportError(f"input {spec.name!r}: the graph declares {spec.dtype}, got an "
+                              f"array of {array.dtype} (shape {array.shape})")
+    if spec.dtype is not None and spec.dtype.kind == "O" and array.dtype.kind != "O":
+        array = array.astype(object)
+    if spec.shape is not None and (len(spec.shape) != array.ndim or any(
+            isinstance(d, int) and d > 0 and d != n for d, n in zip(spec.shape, array.shape))):
+        declared = tuple(d if isinstance(d, int) and d > 0 else (d or "?") for d in spec.shape)
+        raise OnnxImportError(f"input {spec.name!r}: the graph declares shape {declared}, got "
+                              f"{array.shape} {array.dtype}")
+    return array
+
+
+def _check_symbolic_dims(arrays: Sequence[Any], specs: Sequence[ValueSpec]) -> None:
+    """A named dimension ("batch") must have one size across all inputs."""
+    sizes: dict[str, tuple[int, str]] = {}
+    for array, spec in zip(arrays, specs):
+        if spec.shape is None or isinstance(array, list):
+            continue
+        for d, n in zip(spec.shape, array.shape):
+            if isinstance(d, str):
+                seen = sizes.setdefault(d, (n, spec.name))
+                if seen[0] != n:
+                    raise OnnxImportError(f"inputs {seen[1]!r} and {spec.name!r}: dimension "
+                                          f"{d!r} is {seen[0]} in one and {n} in the other")

@@ -1,0 +1,170 @@
+"""Neural-network ONNX ops composed of primitives: Gemm, MatMul, softmaxes, reductions,
+normalizations in inference mode (BatchNormalization, InstanceNormalization, LRN),
+Dropout as the identity."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ... import ops
+from ..errors import OnnxImportError
+from ..registry import converter
+from .common import axis_of, dtype, shape
+
+
+@converter("MatMul", (1, 9, 13))
+def _matmul(node: Any, a: Any, b: Any) -> Any:
+    if dtype(a) != dtype(b):
+        raise OnnxImportError(f"operands have different dtypes {dtype(a)} and {dtype(b)}")
+    return ops.matmul(a, b)
+
+
+@converter("Gemm", (6, 7, 9, 11, 13), ("alpha", "beta", "transA", "transB", "broadcast"))
+def _gemm(node: Any, a: Any, b: Any, c: Any = None) -> Any:
+    if len(shape(a)) != 2 or len(shape(b)) != 2:
+        raise OnnxImportError("A and B must be matrices")
+    alpha, beta = node.attr("alpha", 1.0), node.attr("beta", 1.0)
+    if node.attr("transA", 0):
+        a = ops.transpose(a)
+    if node.attr("transB", 0):
+        b = ops.transpose(b)
+    y = ops.matmul(a, b)
+    if alpha != 1.0:
+        y = ops.mul(y, alpha)
+    if c is None or beta == 0.0:
+        return y
+    if node.since < 7 and not node.attr("broadcast", 0) and shape(c) != shape(y):
+        raise OnnxImportError(f"C {shape(c)} must have the output's shape {shape(y)} without "
+                              "broadcast=1")
+    return ops.add(y, c if beta == 1.0 else ops.mul(c, beta))
+
+
+def _row_op(op_type: str, fn: Any) -> None:
+    @converter(op_type, (1, 11, 13), ("axis",))
+    def convert(node: Any, x: Any) -> Any:
+        sx = shape(x)
+        if node.since >= 13:
+            return fn(x, axis_of(node, node.attr("axis", -1), len(sx)))
+        # Before opset 13 the input is coerced to 2-D at `axis` and normalized per row.
+        axis = node.attr("axis", 1)
+        axis = axis + len(sx) if axis < 0 else axis
+        if not 0 <= axis <= len(sx):
+            raise OnnxImportError(f"axis {node.attr('axis', 1)} is out of range for "
+                                  f"{len(sx)} dimensions")
+        rows = int(np.prod(sx[:axis], dtype=np.int64))
+        flat = ops.reshape(x, (rows, int(np.prod(sx[axis:], dtype=np.int64))))
+        return ops.reshape(fn(flat, 1), sx)
+
+
+_row_op("Softmax", ops.softmax)
+_row_op("LogSoftmax", ops.log_softmax)
+
+
+def _reduce(op_type: str, fn: Any, versions: tuple, axes_input_from: int) -> None:
+    @converter(op_type, versions, ("axes", "keepdims", "noop_with_empty_axes"))
+    def convert(node: Any, x: Any, axes: Any = None) -> Any:
+        ndim = len(shape(x))
+        keepdims = bool(node.attr("keepdims", 1))
+        if node.since < axes_input_from:
+            chosen = node.attr("axes", None)
+        else:
+            chosen = None if axes is None else node.static_ints(axes, "axes")
+            if not chosen and node.attr("noop_with_empty_axes", 0):
+                return x
+            chosen = chosen or None
+        chosen = list(range(ndim)) if chosen is None else [axis_of(node, a, ndim)
+                                                           for a in chosen]
+        return fn(x, tuple(chosen), keepdims)
+
+
+_reduce("ReduceSum", ops.sum, (1, 11, 13), 13)
+_reduce("ReduceMean", ops.mean, (1, 11, 13), 18)
+
+
+@converter("GlobalAveragePool", (1,))
+def _global_average_pool(node: Any, x: Any) -> Any:
+    return ops.mean(x, tuple(range(2, len(shape(x)))), True)
+
+
+@converter("GlobalMaxPool", (1,))
+def _global_max_pool(node: Any, x: Any) -> Any:
+    return ops.max(x, tuple(range(2, len(shape(x)))), True)
+
+
+def _per_channel(v: Any, ndim: int) -> Any:
+    """A (C,) parameter shaped to broadcast over (N, C, ...)."""
+    return ops.reshape(v, (1, shape(v)[0]) + (1,) * (ndim - 2))
+
+
+@converter("BatchNormalization", (6, 7, 9, 14, 15),
+           ("epsilon", "momentum", "is_test", "spatial", "training_mode"))
+def _batch_norm(node: Any, x: Any, scale: Any, bias: Any, mean: Any, var: Any) -> Any:
+    if len([o for o in node.outputs if o]) > 1 or node.attr("training_mode", 0):
+        raise OnnxImportError("training mode (running statistics as outputs) is not "
+                              "implemented; only inference")
+    if not node.attr("spatial", 1):
+        raise OnnxImportError("spatial=0 (per-activation statistics) is not implemented")
+    sx = shape(x)
+    if len(sx) < 2 or any(shape(v) != (sx[1],) for v in (scale, bias, mean, var)):
+        raise OnnxImportError(f"scale, B, mean and var must each have shape ({sx[1]},) for an "
+                              f"input of shape {sx}")
+    eps = node.attr("epsilon", 1e-5)
+    # Fold into one scale and shift per channel: two ops on the activations, not four.
+    factor = ops.div(scale, ops.sqrt(ops.add(var, np.asarray(eps, dtype(var)))))
+    shift = ops.sub(bias, ops.mul(mean, factor))
+    return ops.add(ops.mul(x, _per_channel(factor, len(sx))), _per_channel(shift, len(sx)))
+
+
+@converter("InstanceNormalization", (6,), ("epsilon",))
+def _instance_norm(node: Any, x: Any, scale: Any, bias: Any) -> Any:
+    sx = shape(x)
+    axes = tuple(range(2, len(sx)))
+    if len(sx) < 3:
+        raise OnnxImportError("the input needs at least 3 dimensions (N, C, D1, ...)")
+    eps = node.attr("epsilon", 1e-5)
+    centered = ops.sub(x, ops.mean(x, axes, True))
+    var = ops.mean(ops.mul(centered, centered), axes, True)
+    normalized = ops.div(centered, ops.sqrt(ops.add(var, np.asarray(eps, dtype(x)))))
+    return ops.add(ops.mul(normalized, _per_channel(scale, len(sx))),
+                   _per_channel(bias, len(sx)))
+
+
+@converter("LRN", (1, 13), ("alpha", "beta", "bias", "size"))
+def _lrn(node: Any, x: Any) -> Any:
+    sx = shape(x)
+    size = node.attr("size")
+    alpha, beta, bias = node.attr("alpha", 1e-4), node.attr("beta", 0.75), node.attr("bias", 1.0)
+    if len(sx) < 3 or size < 1:
+        raise OnnxImportError(f"needs an (N, C, ...) input and size >= 1, got size {size}")
+    c = sx[1]
+    before, after = (size - 1) // 2, size - 1 - (size - 1) // 2
+    squares = ops.mul(x, x)
+    zeros = np.zeros((sx[0], max(before, after)) + sx[2:], dtype=dtype(x))
+    parts = ([zeros[:, :before]] if before else []) + [squares] + \
+        ([zeros[:, :after]] if after else [])
+    padded = ops.concatenate(parts, 1) if len(parts) > 1 else squares
+    # The window of channel i spans padded channels i .. i + size - 1.
+    total = None
+    for offset in range(size):
+        window = ops.getitem(padded, (slice(None), slice(offset, offset + c)))
+        total = window if total is None else ops.add(total, window)
+    denominator = ops.pow(ops.add(ops.mul(total, alpha / size), np.asarray(bias, dtype(x))),
+                          np.asarray(beta, dtype(x)))
+    return ops.div(x, denominator)
+
+
+@converter("Dropout", (6, 7, 10, 12, 13), ("ratio", "is_test", "seed"))
+def _dropout(node: Any, x: Any, ratio: Any = None, training_mode: Any = None) -> Any:
+    if training_mode is not None and bool(node.static(training_mode, "training_mode").item()):
+        raise OnnxImportError("training_mode=True (random dropout) is not implemented; "
+                              "inference only")
+    if node.since < 7 and node.attr("is_test", 0) == 0 and len(node.outputs) > 1:
+        raise OnnxImportError("is_test=0 with a mask output is training mode; inference only")
+    wants_mask = len(node.outputs) > 1 and node.outputs[1]
+    if not wants_mask:
+        return x
+    # In inference every element is kept: the mask is all ones (bool from opset 10).
+    mask_dtype = np.bool_ if node.since >= 10 else dtype(x)
+    return x, np.ones(shape(x), dtype=mask_dtype)

@@ -1,0 +1,131 @@
+"""The table of op converters: one per ONNX op type, as JAX keeps rules in tables.
+
+A converter turns one ONNX node into pullback primitives. It declares the
+schema versions it implements (the `since_version` of the op's ONNX schema)
+and the attributes it reads, so that a model is checked against the table
+when it is loaded, before anything runs. `NodeView` is what a converter sees:
+the node's attributes and the run's services (static values, size limits).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..tensor import Tensor
+from .errors import OnnxImportError
+
+DEFAULT_DOMAIN = ""
+
+
+@dataclass(frozen=True)
+class Converter:
+    op_type: str
+    fn: Callable[..., Any]
+    versions: frozenset[int]  # the schema since_versions this converter implements
+    attrs: frozenset[str]
+    domain: str = DEFAULT_DOMAIN
+    # False for ops that must not be evaluated ahead of time (none yet; kept for random ops).
+    foldable: bool = True
+    # Why the op cannot be lowered into a static plan, when it cannot (strings, Gradient).
+    eager_only: str | None = None
+
+
+#: Every converter, by (domain, op_type).
+CONVERTERS: dict[tuple[str, str], Converter] = {}
+
+#: Operators pullback knows and deliberately does not implement, with the reason.
+UNSUPPORTED: dict[tuple[str, str], str] = {}
+
+
+def converter(
+    op_type: str,
+    versions: Iterable[int],
+    attrs: Iterable[str] = (),
+    *,
+    domain: str = DEFAULT_DOMAIN,
+    foldable: bool = True,
+    eager_only: str | None = None,
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Register `fn(node, *inputs)` as the converter of `op_type`; it returns one value
+    or a tuple, one per node output (absent optional inputs arrive as None)."""
+
+    def register(fn: Callable[..., Any]) -> Callable[..., Any]:
+        key = (domain, op_type)
+        if key in CONVERTERS:
+            raise ValueError(f"a converter for {op_type!r} is already registered")
+        CONVERTERS[key] = Converter(op_type, fn, frozenset(versions), frozenset(attrs), domain,
+                                    foldable, eager_only)
+        return fn
+
+    return register
+
+
+class DataDependentError(Exception):
+    """A converter needs, at trace time, a value computed from the graph's inputs: the
+    graph's shapes depend on input values, so it cannot become one static plan."""
+
+
+_REQUIRED = object()
+
+
+class NodeView:
+    """One node as a converter sees it: name, op type, attributes, and the run's services."""
+
+    def __init__(self, proto: Any, index: int, since: int, attrs: dict[str, Any], run: Any):
+        self.proto = proto
+        self.op_type = proto.op_type
+        self.name = proto.name or f"#{index} ({', '.join(proto.output) or 'no outputs'})"
+        self.inputs = list(proto.input)
+        self.outputs = list(proto.output)
+        self.since = since  # the schema version that applies: what semantics to follow
+        self.attrs = attrs
+        self.run = run
+
+    def attr(self, name: str, default: Any = _REQUIRED) -> Any:
+        if name in self.attrs:
+            return self.attrs[name]
+        if default is _REQUIRED:
+            raise OnnxImportError(f"{self.op_type} node {self.name!r}: the required attribute "
+                                  f"{name!r} is missing")
+        return default
+
+    def static(self, value: Any, what: str) -> np.ndarray:
+        """`value` as a NumPy array known while the plan is built (a shape, axes, pads):
+        a constant, or anything while running eagerly."""
+        if isinstance(value, np.ndarray):
+            return value
+        if isinstance(value, Tensor):
+            if self.run.eager:
+                return value.numpy()
+            raise DataDependentError(f"{self.op_type} node {self.name!r}: its {what} is "
+                                     "computed from the graph's inputs")
+        raise OnnxImportError(f"{self.op_type} node {self.name!r}: {what} must be a tensor, "
+                              f"not {type(value).__name__}")
+
+    def static_ints(self, value: Any, what: str) -> list[int]:
+        array = self.static(value, what)
+        if array.dtype.kind not in "iu":
+            raise OnnxImportError(f"{self.op_type} node {self.name!r}: {what} must be "
+                                  f"integers, not {array.dtype}")
+        return [int(v) for v in array.reshape(-1)]
+
+    def check_size(self, shape: Iterable[int], dtype: Any, what: str = "output") -> tuple:
+        """Refuse a tensor too large for the memory budget before allocating it."""
+        shape = tuple(int(d) for d in shape)
+        if any(d < 0 for d in shape):
+            raise OnnxImportError(f"{self.op_type} node {self.name!r}: {what} shape {shape} "
+                                  "has a negative dimension")
+        count = 1
+        for d in shape:
+            count *= d
+        nbytes = count * np.dtype(dtype).itemsize
+        if nbytes > self.run.max_tensor_bytes:
+            raise OnnxImportError(
+                f"{self.op_type} node {self.name!r}: {what} of shape {shape} {np.dtype(dtype)} "
+                f"needs {nbytes:,} bytes, over the limit of {self.run.max_tensor_bytes:,} "
+                "(load(..., max_tensor_bytes=...) raises it)")
+        return shape
