@@ -24,23 +24,35 @@ def _store(call: str, targets: list[str], indent: str) -> str:
 
 def elementwise_source(nin: int, nout: int, pattern: tuple) -> str:
     """Drivers for an elementwise body of `nin` inputs and `nout` outputs. `pattern` is
-    (layout, arrays, flags): layout "flat" for 1-D contiguous arrays or "grid" for 2-D
-    (rows, last axis) broadcast views; bit i of `arrays` says input i is an array, bit i
-    of `flags` that it is a bool. Other scalars arrive as Python numbers and are cast
-    with global `cast` (the kernel dtype's type) first. A fourth entry, for flat loops,
-    names per output the input it overwrites (-1: none): such an output is no
-    parameter of its own and is stored through that input, so LLVM sees one array
-    where two aliased ones would fail its overlap check and leave the loop scalar."""
+    (layout, arrays, flags, ...): layout "flat" for 1-D contiguous arrays, "grid" for
+    2-D (rows, last axis) broadcast views, or "rows" for contiguous operands broadcast
+    by rows or columns (a fourth entry gives one letter per input). Bit i of `arrays`
+    says input i is an array, bit i of `flags` that it is a bool. Other scalars arrive
+    as Python numbers and are cast with global `cast` (the kernel dtype's type) first.
+    For flat loops a fourth entry names per output the input it overwrites (-1:
+    none): such an output is no parameter of its own and is stored through that
+    input, so LLVM sees one array where two aliased ones would fail its overlap check
+    and leave the loop scalar."""
     layout, mask, flags = pattern[:3]
-    alias = pattern[3] if len(pattern) > 3 else (-1,) * nout
+    alias = pattern[3] if layout == "flat" and len(pattern) > 3 else (-1,) * nout
     targets = [f"o{j}" if alias[j] < 0 else f"a{alias[j]}" for j in range(nout)]
     outputs = [t for t in targets if t.startswith("o")]
     params = ", ".join([f"a{i}" for i in range(nin)] + outputs)
     index = "i" if layout == "flat" else "r, c"
-    args = ", ".join(f"a{i}[{index}]" if mask >> i & 1 else f"a{i}" for i in range(nin))
+    if layout == "rows":
+        # (rows, last axis) over contiguous operands, each read whole ("f"), as one row
+        # shared by every row ("r"), one value per row ("c") or one value ("s"): plain
+        # indexing that LLVM vectorizes, where broadcast strides would not be.
+        pick = {"f": "r, c", "r": "c", "c": "r", "s": "0"}
+        args = ", ".join(f"a{i}[{pick[pattern[3][i]]}]" if mask >> i & 1 else f"a{i}"
+                         for i in range(nin))
+    else:
+        args = ", ".join(f"a{i}[{index}]" if mask >> i & 1 else f"a{i}" for i in range(nin))
     casts = "".join(f"    a{i} = cast(a{i})\n" for i in range(nin)
                     if not (mask | flags) >> i & 1)
-    text = [_HEADER]
+    # The layout named in the text: "rows" and "grid" loops can read alike, but their
+    # signatures differ, so they must not share a module (and its compiled loops).
+    text = [_HEADER, f"# {layout} layout\n"]
     for name, loop in (("serial", "range"), ("parallel", "prange")):
         text += [f"\n\ndef {name}({params}):\n", casts]
         if layout == "flat":

@@ -126,11 +126,17 @@ class ElementwiseKernel(Kernel):
 
     def _signature(self, dtype: np.dtype, key: tuple) -> tuple:
         layout, mask, flags = key[:3]
-        alias = key[3] if len(key) > 3 else (-1,) * self.nout
-        ndim, order = (1, "C") if layout == "flat" else (2, "A")
+        alias = key[3] if layout == "flat" and len(key) > 3 else (-1,) * self.nout
+        ndim, order = {"flat": (1, "C"), "grid": (2, "A"), "rows": (2, "C")}[layout]
         t = jit.numba().types
-        inputs = [jit.array_type(dtype, ndim, order, readonly=i not in alias) if mask >> i & 1
-                  else t.boolean if flags >> i & 1 else t.float64 for i in range(self.nin)]
+
+        def array(i: int) -> Any:
+            if layout == "rows" and key[3][i] != "f":
+                return jit.array_type(dtype, 1, "C", readonly=True)
+            return jit.array_type(dtype, ndim, order, readonly=i not in alias)
+
+        inputs = [array(i) if mask >> i & 1 else t.boolean if flags >> i & 1 else t.float64
+                  for i in range(self.nin)]
         outputs = [jit.array_type(dtype, ndim, order)] * alias.count(-1)
         return (*inputs, *outputs)
 
@@ -225,12 +231,48 @@ class ElementwiseKernel(Kernel):
         # Broadcast views as (rows, last axis): zero strides are fine for Numba's 'A'
         # arrays; reshape copies only for strides it cannot merge.
         grid = (math.prod(shape[:-1]), shape[-1]) if shape else (1, 1)
-        for i in range(self.nin):
-            if masks[0] >> i & 1:
-                values[i] = np.broadcast_to(values[i], shape).reshape(grid)
+        kinds = _row_kinds(values, masks[0], shape, dtype)
+        if kinds is not None:
+            key = ("rows", *masks, kinds)
+            for i, kind in enumerate(kinds):
+                if kind != "-":
+                    values[i] = values[i].reshape(grid if kind == "f" else -1)
+        else:
+            key = ("grid", *masks)
+            for i in range(self.nin):
+                if masks[0] >> i & 1:
+                    values[i] = np.broadcast_to(values[i], shape).reshape(grid)
         targets = [o.reshape(grid) if o.flags.c_contiguous else np.empty(grid, dtype)
                    for o in outs]
-        self._driver(dtype, ("grid", *masks), parallel)(*values, *targets)
+        self._driver(dtype, key, parallel)(*values, *targets)
         for o, t in zip(outs, targets):
             if not o.flags.c_contiguous:
                 o[...] = t.reshape(shape)
+
+
+def _row_kinds(values: list, mask: int, shape: tuple, dtype: np.dtype) -> str | None:
+    """Per input, how a contiguous array operand broadcasts over (rows, last axis) of
+    `shape`: "f" whole, "r" one row shared by all rows, "c" one value per row, "s" one
+    value ("-": not an array). None when some operand fits none of these."""
+    if not shape:
+        return None
+    kinds = []
+    lead = shape[:-1]
+    for i, v in enumerate(values):
+        if not mask >> i & 1:
+            kinds.append("-")
+            continue
+        if v.dtype != dtype or not v.flags.c_contiguous:
+            return None
+        s = (1,) * (len(shape) - v.ndim) + v.shape
+        if s == shape:
+            kinds.append("f")
+        elif v.size == 1:
+            kinds.append("s")
+        elif s[-1] == shape[-1] and all(d == 1 for d in s[:-1]):
+            kinds.append("r")
+        elif s[-1] == 1 and s[:-1] == lead:
+            kinds.append("c")
+        else:
+            return None
+    return "".join(kinds)

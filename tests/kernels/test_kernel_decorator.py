@@ -182,6 +182,23 @@ def test_in_place_outputs_get_a_loop_that_stores_through_the_input(rng, size):
     assert ("flat", 3, 0, (-1, 1)) in keys and ("flat", 3, 0, (1, 0)) in keys
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_row_and_column_broadcasts_take_the_rows_loop(rng, dtype):
+    x = rng.standard_normal((5, 7)).astype(dtype)
+    for other in (rng.standard_normal(7), rng.standard_normal((5, 1)),
+                  rng.standard_normal((1, 1)), rng.standard_normal((1, 7))):
+        other = other.astype(dtype)
+        np.testing.assert_array_equal(difference(x, other), x - other)
+        np.testing.assert_array_equal(difference(other, x), other - x)
+    x3 = rng.standard_normal((2, 5, 7)).astype(dtype)
+    per_row = rng.standard_normal((2, 5, 1)).astype(dtype)
+    np.testing.assert_array_equal(difference(x3, per_row), x3 - per_row)
+    odd = rng.standard_normal((5, 1)).astype(dtype)  # broadcast over the first axis too
+    np.testing.assert_array_equal(difference(x3, odd), x3 - odd)
+    assert (np.dtype(dtype).name, "rows", "serial") in difference.signatures
+    assert (np.dtype(dtype).name, "grid", "serial") in difference.signatures
+
+
 def test_non_contiguous_inputs_are_read_through_their_strides(rng):
     x = rng.standard_normal((6, 4))
     np.testing.assert_array_equal(axpy(1.0, x.T, 0.5), x.T + 0.5)
@@ -208,9 +225,13 @@ def test_parallel_and_serial_paths_agree(rng, dtype):
     np.testing.assert_array_equal(parallel, axpy.serial(0.5, x, y))
     np.testing.assert_array_equal(axpy.parallel(0.5, x[:3], y[:3]), axpy.serial(0.5, x[:3], y[:3]))
     assert (dtype.__name__, "flat", "parallel") in axpy.signatures
-    # Broadcast and strided operands take the (rows, last axis) loop, in parallel too.
+    # Contiguous operands broadcast by rows or columns take the "rows" loop, strided
+    # ones the general (rows, last axis) loop, in parallel too.
     column = rng.standard_normal((LARGE[0], 1)).astype(dtype)
     np.testing.assert_array_equal(axpy(0.5, column, y.T.T), axpy.serial(0.5, column, y))
+    assert (dtype.__name__, "rows", "parallel") in axpy.signatures
+    wide = rng.standard_normal((LARGE[1], LARGE[0])).astype(dtype)
+    np.testing.assert_array_equal(axpy(0.5, column, wide.T), axpy.serial(0.5, column, wide.T))
     assert (dtype.__name__, "grid", "parallel") in axpy.signatures
 
 
