@@ -137,7 +137,8 @@ def tensor_to_array(proto: Any, max_bytes: int, what: str) -> np.ndarray:
     except Exception as err:
         raise BadModelError(f"{what}: its data does not match shape {dims} {dtype}: "
                             f"{err}") from None
-    return np.ascontiguousarray(array)
+    # (np.ascontiguousarray would turn a 0-d scalar into shape (1,).)
+    return array if array.flags.c_contiguous else np.ascontiguousarray(array)
 
 
 def _value_spec(info: Any) -> ValueSpec:

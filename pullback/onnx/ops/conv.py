@@ -135,7 +135,8 @@ def _conv_transpose(node: Any, x: Any, w: Any, b: Any = None) -> Any:
         total = [f - t for f, t in zip(full, target)]
         if any(t < 0 for t in total):
             raise OnnxImportError(f"output_shape {target} exceeds the full size {full}")
-        upper = node.attr("auto_pad", "NOTSET") != "SAME_LOWER"
+        # The ONNX spec puts the larger half first unless auto_pad is SAME_UPPER.
+        upper = node.attr("auto_pad", "NOTSET") == "SAME_UPPER"
         begins = [t // 2 if upper else t - t // 2 for t in total]
         pads = begins + [t - bg for t, bg in zip(total, begins)]
     else:
