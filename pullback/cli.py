@@ -1,5 +1,6 @@
 """The `pullback` command: `pullback train` trains the default model on the bundled
-digits; `pullback check` checks every primitive's derivatives.
+digits; `pullback check` checks every primitive's derivatives; `pullback run` runs
+an ONNX model on inputs saved with NumPy.
 
 Each subcommand is an `_add_<name>` function that declares its arguments and
 the function that runs it; `main` dispatches.
@@ -39,6 +40,7 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     _add_train(commands)
     _add_check(commands)
+    _add_run(commands)
     return parser
 
 
@@ -111,6 +113,68 @@ def _run_check(args: argparse.Namespace, injected: dict[str, Any]) -> int:
     print(summary(rows, time.perf_counter() - start))
     sys.stdout.flush()
     return 0 if all(r.passed for r in rows) else 1
+
+
+def _add_run(commands: Any) -> None:
+    run = commands.add_parser(
+        "run", help="run an ONNX model on .npy inputs",
+        description="Load an ONNX model, run it on inputs saved with numpy.save (one --input "
+        "per graph input, in the graph's order), print each output's shape and dtype and the "
+        "time taken, and optionally save the outputs.")
+    run.add_argument("model", help="the .onnx file")
+    run.add_argument("--input", action="append", default=[], metavar="X.npy", dest="inputs",
+                     help="an input array (repeat for each graph input, in order)")
+    run.add_argument("--output", action="append", default=[], metavar="Y.npy", dest="outputs",
+                     help="where to save an output (repeat for later outputs, in order)")
+    run.add_argument("--repeat", type=int, default=3, metavar="N",
+                     help="timed calls after the first, which builds the plan (default: 3)")
+    run.set_defaults(run=_run_run, command_parser=run)
+
+
+def _run_run(args: argparse.Namespace, injected: dict[str, Any]) -> int:
+    import numpy as np
+
+    try:
+        import pullback.onnx as ponnx
+
+        start = time.perf_counter()
+        model = ponnx.load(args.model)
+        loaded = time.perf_counter() - start
+        if len(args.inputs) != len(model.input_names):
+            names = ", ".join(model.input_names)
+            args.command_parser.error(f"the model takes {len(model.input_names)} inputs "
+                                      f"({names}); give one --input per input, in order")
+        if len(args.outputs) > len(model.output_names):
+            args.command_parser.error(f"the model has {len(model.output_names)} outputs, but "
+                                      f"{len(args.outputs)} --output paths were given")
+        inputs = [np.load(path, allow_pickle=False) for path in args.inputs]
+        start = time.perf_counter()
+        outputs = model(*inputs)
+        first = time.perf_counter() - start
+        times = []
+        for _ in range(max(args.repeat, 0)):
+            start = time.perf_counter()
+            model(*inputs)
+            times.append(time.perf_counter() - start)
+    except (ImportError, OSError, ValueError) as error:  # OnnxImportError is a ValueError
+        print(f"pullback run: {error}", file=sys.stderr)
+        return 2
+    print(f"model: {args.model} (opset {model.opsets.get('', '?')}, {len(model.spec.nodes)} "
+          f"nodes), mode: {model.mode(*inputs)}")
+    for name, x in zip(model.input_names, inputs):
+        print(f"input {name}: {x.shape} {x.dtype}")
+    for name, y in zip(model.output_names, outputs):
+        array = np.asarray(y) if not isinstance(y, list) else None
+        described = f"{array.shape} {array.dtype}" if array is not None else \
+            f"sequence of {len(y)}"
+        print(f"output {name}: {described}")
+    steady = f", then {1e3 * sorted(times)[len(times) // 2]:.1f} ms per call (median of " \
+             f"{len(times)})" if times else ""
+    print(f"load {1e3 * loaded:.1f} ms, first call {1e3 * first:.1f} ms{steady}")
+    for path, y in zip(args.outputs, outputs):
+        np.save(path, np.asarray(y), allow_pickle=False)
+        print(f"saved {path}")
+    return 0
 
 
 if __name__ == "__main__":
