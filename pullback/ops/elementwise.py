@@ -272,9 +272,12 @@ abs_p = _unary("abs", saves_inputs=True)
 defjvp(abs_p, lambda t, out, x: mul(t, sign(x)))
 defvjp(abs_p, lambda be, g, n: (be.abs_backward(g, n.inputs[0]),))
 
-relu_p = _unary("relu", saves_inputs=True)
-defjvp(relu_p, lambda t, out, x: mul(t, greater(x, 0.0)))
-defvjp(relu_p, lambda be, g, n: (be.relu_backward(g, n.inputs[0]),))
+# relu(x) > 0 exactly where x > 0 (NaN included), so relu keeps its output, not its
+# input, and hands it to relu_backward as the input's stand-in: the input (a bias
+# add's result, say) is then free as soon as relu has run, and the two can be fused.
+relu_p = _unary("relu", saves_output=True)
+defjvp(relu_p, lambda t, out, x: mul(t, greater(out, 0.0)))
+defvjp(relu_p, lambda be, g, n: (be.relu_backward(g, n.output),))
 
 sigmoid_p = _unary("sigmoid", saves_output=True)
 defjvp(sigmoid_p, lambda t, out, x: mul(t, mul(out, sub(1.0, out))))

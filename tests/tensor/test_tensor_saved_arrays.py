@@ -123,12 +123,22 @@ def test_unsaved_operands_stay_writable() -> None:
 
 def test_array_saved_by_two_nodes_stays_read_only_until_both_are_gone(no_cyclic_gc) -> None:
     x, _ = _leaves()
-    y1, y2 = pb.log(x), pb.relu(x)  # both keep x for their backward
+    y1, y2 = pb.log(x), pb.abs(x)  # both keep x for their backward
     del y1
     with pytest.raises(ValueError, match="read-only"):
         x.numpy()[0] = 5.0
     y2.sum().backward()
     _assert_writable(x)
+
+
+def test_relu_keeps_its_output_not_its_input() -> None:
+    x, _ = _leaves()
+    y = pb.relu(x)
+    x.numpy()[0] = 5.0  # relu's backward reads y > 0, which is where x > 0
+    with pytest.raises(ValueError, match="read-only"):
+        y.numpy()[0] = 1.0
+    y.sum().backward()
+    np.testing.assert_array_equal(x.grad.numpy(), (y.numpy() > 0).astype(x.dtype))
 
 
 def test_scaling_by_a_constant_keeps_nothing_so_the_input_stays_writable() -> None:
