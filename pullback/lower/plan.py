@@ -19,6 +19,7 @@ from ..ad import DerivativeError, Node
 from ..backend.current import get_backend
 from ..tensor.backward import EagerExecutor, accumulate_grad
 from ..tensor.eager import _saved_as_float, _wrap
+from .fuse import Step, schedule
 from .graph import Eqn, StaticGraph, Var, trace
 
 
@@ -89,8 +90,15 @@ class Plan:
         self._template: list[Any] = [None] * len(graph.vars)
         for var, data in graph.consts:
             self._template[var.index] = data
-        self._steps = [self._step(eqn) for eqn in graph.eqns]
-        self._frees = self._forward_frees(keep=set())
+        self._views: set[int] = set()  # views of parameters (w.T), kept at no cost
+        self._saved: set[int] = self._plan_backward()
+        self._schedule = schedule(graph, keep=self._saved)
+        self._steps = [self._step(step) for step in self._schedule]
+        self._frees = self._forward_frees(keep=self._saved)
+
+    def _plan_backward(self) -> set[int]:
+        """The values backward reads (none: an inference plan has no backward)."""
+        return set()
 
     # ------------------------------------------------------------ building
 
@@ -105,21 +113,20 @@ class Plan:
             self._scalar_slots[key] = slot
         return slot
 
-    def _step(self, eqn: Eqn) -> tuple:
-        return eqn.primitive.impl, tuple(self._slot(a) for a in eqn.args), eqn.params, \
-            eqn.out.index
+    def _step(self, step: Step) -> tuple:
+        return step.impl, tuple(self._slot(a) for a in step.args), step.params, step.out.index
 
     def _forward_frees(self, keep: set[int]) -> list[tuple[int, ...]]:
         """After each forward step, the value slots no later step (nor the result) reads."""
         last: dict[int, int] = {}
-        for i, eqn in enumerate(self.graph.eqns):
-            for a in eqn.args:
+        for i, step in enumerate(self._schedule):
+            for a in step.args:
                 if isinstance(a, Var) and a.kind == "value":
                     last[a.index] = i
-            last.setdefault(eqn.out.index, i)
+            last.setdefault(step.out.index, i)
         for out in self.graph.outputs:
             last.pop(out.index, None)
-        frees: list[list[int]] = [[] for _ in self.graph.eqns]
+        frees: list[list[int]] = [[] for _ in self._schedule]
         for slot, i in last.items():
             if slot not in keep:
                 frees[i].append(slot)
@@ -163,26 +170,39 @@ class Plan:
     def explain(self) -> str:
         """The plan as text: its steps, buffers, saved activations and peak memory."""
         g = self.graph
+        fused = sum(step.fused for step in self._schedule)
         lines = [f"plan ({self.mode.value}): {len(g.inputs)} inputs, {len(g.params)} "
-                 f"parameters, {len(g.eqns)} forward steps"]
+                 f"parameters, {len(self._schedule)} forward steps ({len(g.eqns)} ops, "
+                 f"{fused} fused chains)"]
         for v in g.inputs:
             lines.append(f"  input {v!r}: {_describe(v)}")
         for v, p in g.params:
             name = getattr(p._node, "name", None) or "parameter"
             lines.append(f"  param {v!r} ({name}): {_describe(v)}")
         lines.append("forward:")
-        kept = getattr(self, "_saved", set())
-        for i, eqn in enumerate(g.eqns):
-            args = ", ".join(repr(a) for a in eqn.args)
-            note = "  [kept for backward]" if eqn.out.index in kept else ""
-            lines.append(f"  {i:3d}  {eqn.out!r} = {eqn.primitive.name}({args})  "
-                         f"{_describe(eqn.out)}  {_fmt_bytes(eqn.out.nbytes)}{note}")
+        for i, step in enumerate(self._schedule):
+            args = ", ".join(repr(a) for a in step.args)
+            note = "  [kept for backward]" if step.out.index in self._saved else ""
+            size = _fmt_bytes(self._bytes(step.out.index))
+            if step.out.index in self._views:
+                size = "a view of a parameter"
+            lines.append(f"  {i:3d}  {step.out!r} = {step.name}({args})  "
+                         f"{_describe(step.out)}  {size}{note}")
+            if step.fused:
+                inner = "; ".join(f"{e.out!r} = {e.primitive.name}("
+                                  + ", ".join(repr(a) for a in e.args) + ")"
+                                  for e in step.eqns)
+                lines.append(f"       one kernel, no intermediates stored: {inner}")
         lines += self._explain_backward()
         lines.append(f"peak memory of values (estimated): {_fmt_bytes(self.peak_bytes())}")
         return "\n".join(lines)
 
     def _explain_backward(self) -> list[str]:
         return []
+
+    def _bytes(self, index: int) -> int:
+        """Bytes a value holds of its own: a view of a parameter holds none."""
+        return 0 if index in self._views else self.graph.vars[index].nbytes
 
     def peak_bytes(self) -> int:
         """The most bytes of step results alive at once (inputs and parameters aside)."""
@@ -191,10 +211,10 @@ class Plan:
     def _forward_memory(self) -> tuple[int, int]:
         """(peak, still alive at the end) of step results over the forward steps."""
         live, peak = 0, 0
-        for eqn, frees in zip(self.graph.eqns, self._frees):
-            live += eqn.out.nbytes
+        for step, frees in zip(self._schedule, self._frees):
+            live += self._bytes(step.out.index)
             peak = max(peak, live)
-            live -= sum(self.graph.vars[s].nbytes for s in frees)
+            live -= sum(self._bytes(s) for s in frees)
         return peak, live
 
 
@@ -214,14 +234,13 @@ class TrainingPlan(Plan):
                                 f"one returns "
                                 f"{[_describe(v) for v in graph.outputs]}")
         super().__init__(graph, single)
+
+    def _plan_backward(self) -> set[int]:
         self._active = self._find_active()
-        loss = graph.outputs[0]
-        if loss.index not in self._active:
+        if self.graph.outputs[0].index not in self._active:
             raise LoweringError("compile: the loss does not depend on any parameter")
         self._backward = self._backward_steps()
-        saved = {s for step in self._backward for s in step[2]}
-        self._frees = self._forward_frees(keep=saved)
-        self._saved = saved
+        return {s for step in self._backward for s in step[2]}
 
     def _find_active(self) -> set[int]:
         active = {v.index for v, _ in self.graph.params}
@@ -251,9 +270,9 @@ class TrainingPlan(Plan):
         last_reader: dict[int, int] = {}
         # Views of parameters (w.T in a dense layer) cost no memory to keep; a backward
         # kernel given one can lay the parameter's gradient out like the parameter.
-        param_views = {e.out.index for e in self.graph.eqns
-                       if e.primitive.name in ("transpose", "reshape")
-                       and isinstance(e.args[0], Var) and e.args[0].kind == "param"}
+        param_views = self._views = {
+            e.out.index for e in self.graph.eqns if e.primitive.name in ("transpose", "reshape")
+            and isinstance(e.args[0], Var) and e.args[0].kind == "param"}
         for eqn in reversed(self.graph.eqns):
             if eqn.out.index not in self._active:
                 continue
@@ -362,11 +381,12 @@ class TrainingPlan(Plan):
                 "transpose" if eqn.primitive.transpose is not None else "linearize+transpose")
             lines.append(f"       d {eqn.out!r} via {eqn.primitive.name} ({kind}); reads {reads}"
                          + (f"; frees {', '.join(f'v{s}' for s in frees)}" if frees else ""))
-        saved = sorted(self._saved)
-        total = sum(self.graph.vars[s].nbytes for s in saved if self.graph.vars[s].kind == "value")
+        saved = [s for s in sorted(self._saved)
+                 if self.graph.vars[s].kind == "value" and s not in self._views]
+        total = sum(self._bytes(s) for s in saved)
         lines.append("saved activations: " + (", ".join(
-            f"v{s} {_fmt_bytes(self.graph.vars[s].nbytes)}" for s in saved
-            if self.graph.vars[s].kind == "value") or "none") + f" (total {_fmt_bytes(total)})")
+            f"v{s} {_fmt_bytes(self._bytes(s))}" for s in saved) or "none")
+            + f" (total {_fmt_bytes(total)})")
         return lines
 
     def peak_bytes(self) -> int:
@@ -375,5 +395,5 @@ class TrainingPlan(Plan):
             # a cotangent of each operand appears while the saved values are still held
             grads = sum(a.nbytes for a in eqn.args if isinstance(a, Var) and a.kind == "value")
             peak = max(peak, live + grads)
-            live -= sum(self.graph.vars[s].nbytes for s in frees)
+            live -= sum(self._bytes(s) for s in frees)
         return peak

@@ -1,0 +1,174 @@
+"""Fusion of elementwise chains: a plan's forward runs a chain such as
+`relu(matmul_out + bias)` as one generated kernel, one pass over memory where the
+ops one by one would make one pass each and materialize every intermediate.
+
+A chain grows through a value only when that value has no other reader: not a later
+step, not the plan's result, and (in a TRAINING plan) not any backward step. So the
+backward pass, which reads only saved values, runs unchanged over the member ops.
+Fusion happens only on CPU backends (the generated kernel computes on NumPy arrays);
+any other backend runs the members one by one, with the same results.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..backend.cpu import CpuBackend
+from ..kernels import scalar_math
+from ..kernels.core import SUPPORTED_DTYPES, kernel
+from .graph import Eqn, StaticGraph, Var
+
+# Scalar code per fusible primitive, in the terms NumPy's float loops use; the
+# transcendental ones come from kernels.scalar_math (within an ulp or two of NumPy).
+TEMPLATES = {
+    "add": "{0} + {1}",
+    "sub": "{0} - {1}",
+    "mul": "{0} * {1}",
+    "div": "{0} / {1}",
+    "neg": "-{0}",
+    "relu": "0.0 if {0} <= 0.0 else {0}",  # NaN stays NaN, as np.maximum(x, 0)
+    "exp": "exp({0})",
+    "tanh": "tanh({0})",
+    "sigmoid": "sigmoid({0})",
+}
+
+# A chain this small is not worth a kernel: NumPy's own loops are as fast there, and
+# each distinct chain costs a compile (cached on disk) the first time it runs.
+MIN_ELEMENTS = 4096
+
+
+@dataclass(eq=False)
+class Step:
+    """One forward step of a plan: one equation, or a fused chain of them."""
+
+    impl: Any
+    args: tuple  # Var or Python scalar operands
+    params: dict
+    out: Var
+    eqns: list[Eqn] = field(default_factory=list)
+
+    @property
+    def fused(self) -> bool:
+        return len(self.eqns) > 1
+
+    @property
+    def name(self) -> str:
+        if self.fused:
+            return "fused(" + ", ".join(e.primitive.name for e in self.eqns) + ")"
+        return self.eqns[0].primitive.name
+
+
+def schedule(graph: StaticGraph, keep: set[int]) -> list[Step]:
+    """The graph's equations as forward steps, elementwise chains fused; `keep` holds
+    the values something besides the next op needs (saved for backward)."""
+    readers: dict[int, int] = {}
+    for eqn in graph.eqns:
+        for a in eqn.args:
+            if isinstance(a, Var):
+                readers[a.index] = readers.get(a.index, 0) + 1
+    pinned = set(keep) | {v.index for v in graph.outputs}
+    steps: list[Step] = []
+    open_chain: dict[int, Step] = {}  # a fusible step's output index -> its step
+    for eqn in graph.eqns:
+        chain = _chain_to_extend(eqn, open_chain, readers, pinned)
+        if chain is None:
+            step = Step(eqn.primitive.impl, eqn.args, eqn.params, eqn.out, [eqn])
+            steps.append(step)
+        else:
+            # The chain runs where its last member was: its other operands exist by
+            # then, and its inner values have no reader that could need them earlier.
+            step = chain
+            del open_chain[step.out.index]
+            steps.remove(step)
+            steps.append(step)
+            step.eqns.append(eqn)
+            step.out = eqn.out
+        if _fusible(eqn):
+            open_chain[eqn.out.index] = step
+    for step in steps:
+        if step.fused:
+            _lower_chain(step)
+    return steps
+
+
+def _fusible(eqn: Eqn) -> bool:
+    if eqn.primitive.name not in TEMPLATES or eqn.params:
+        return False
+    dtype = eqn.out.dtype
+    if dtype not in SUPPORTED_DTYPES:
+        return False
+    return all(isinstance(a, float) or (isinstance(a, Var) and a.dtype == dtype)
+               for a in eqn.args)
+
+
+def _chain_to_extend(eqn: Eqn, open_chain: dict[int, Step], readers: dict[int, int],
+                     pinned: set[int]) -> Step | None:
+    if not _fusible(eqn) or int(np.prod(eqn.out.shape)) < MIN_ELEMENTS:
+        return None
+    for a in eqn.args:
+        if isinstance(a, Var) and a.index in open_chain and readers[a.index] == 1 \
+                and a.index not in pinned:
+            return open_chain[a.index]
+    return None
+
+
+def _lower_chain(step: Step) -> None:
+    """Give a fused step its operands (every Var or scalar its members read from
+    outside the chain) and its kernel."""
+    inside = {e.out.index for e in step.eqns}
+    operands: list[Any] = []
+    names: dict[Any, str] = {}
+
+    def name_of(a: Any) -> str:
+        key = a.index if isinstance(a, Var) else ("scalar", type(a), a)
+        if isinstance(a, Var) and a.index in inside:
+            return f"t{a.index}"
+        if key not in names:
+            names[key] = f"a{len(operands)}"
+            operands.append(a)
+        return names[key]
+
+    lines = []
+    for e in step.eqns:
+        args = [name_of(a) for a in e.args]
+        lines.append(f"    t{e.out.index} = " + TEMPLATES[e.primitive.name].format(*args))
+    body = (f"def fused({', '.join(f'a{i}' for i in range(len(operands)))}):\n"
+            + "\n".join(lines) + f"\n    return t{step.out.index}\n")
+    fused = _kernel_for(body)
+    members = [(e.primitive.impl, e.args, e.params, e.out.index) for e in step.eqns]
+    slot_of = {a.index: i for i, a in enumerate(operands) if isinstance(a, Var)}
+
+    def run(backend: Any, *arrays: Any) -> Any:
+        if isinstance(backend, CpuBackend):
+            return fused(*arrays)
+        # Not a NumPy backend: the members one by one, on that backend.
+        values = {index: arrays[i] for index, i in slot_of.items()}
+        result = None
+        for impl, args, params, out in members:
+            result = impl(backend, *[values[a.index] if isinstance(a, Var) else a
+                                     for a in args], **params)
+            values[out] = result
+        return result
+
+    step.impl, step.args, step.params = run, tuple(operands), {}
+    step.source = body
+
+
+_KERNELS: dict[str, Any] = {}
+_LOCK = threading.Lock()
+
+
+def _kernel_for(body: str) -> Any:
+    """One compiled kernel per distinct chain text, shared by every plan."""
+    with _LOCK:
+        found = _KERNELS.get(body)
+        if found is None:
+            scope = {"exp": scalar_math.exp, "tanh": scalar_math.tanh,
+                     "sigmoid": scalar_math.sigmoid, "__name__": __name__}
+            exec(compile(body, f"<pullback fused chain {len(_KERNELS)}>", "exec"), scope)
+            found = _KERNELS[body] = kernel(scope["fused"])
+        return found

@@ -1,0 +1,120 @@
+"""Fused elementwise chains in plans: one kernel per chain, results as eager, and
+nothing fused away that a later step or the backward pass reads."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import pullback as pb
+from pullback import nn
+from pullback.backend import Backend, BackwardOps, CpuBackend
+from pullback.lower.fuse import MIN_ELEMENTS
+
+TRAINING = pb.LoweringMode.TRAINING
+TOL = {np.float32: {"rtol": 2e-6, "atol": 1e-6}, np.float64: {"rtol": 1e-13, "atol": 1e-14}}
+
+# CpuBackend's forward ops on a backend that is not a CpuBackend: fused chains must run
+# there member by member.
+NotCpu = type("NotCpu", (BackwardOps, Backend), {
+    name: vars(CpuBackend)[name] for name, value in vars(Backend).items()
+    if callable(value) and not name.startswith("_")})
+
+
+def _rng(seed: int = 0) -> np.random.Generator:
+    return np.random.default_rng(seed)
+
+
+def _fused_steps(plan) -> list:
+    return [step for step in plan._schedule if step.fused]
+
+
+def chain(x, b):
+    """Every fusible op once, in one chain, broadcast over rows, with Python scalars."""
+    h = pb.tanh(-(pb.relu(x + b) * 0.5 - b) / 3.0)
+    return pb.exp(pb.sigmoid(h)) * x
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_a_chain_becomes_one_kernel_and_matches_eager(dtype) -> None:
+    x = _rng().standard_normal((64, 128)).astype(dtype)
+    b = _rng(1).standard_normal(128).astype(dtype)
+    plan = pb.compile(chain, x, b)
+    (step,) = _fused_steps(plan)
+    assert [e.primitive.name for e in step.eqns][:2] == ["add", "relu"]
+    assert len(plan._schedule) == 1
+    x2 = _rng(2).standard_normal((64, 128)).astype(dtype)
+    want = chain(pb.tensor(x2), pb.tensor(b)).numpy()
+    got = plan(x2, b).numpy()
+    assert got.dtype == dtype
+    np.testing.assert_allclose(got, want, **TOL[dtype])
+    assert "fused(add, relu" in plan.explain()
+
+
+def test_a_value_read_twice_is_kept_and_the_chain_stops_there() -> None:
+    x = _rng().standard_normal((64, 128)).astype(np.float32)
+
+    def fn(x):
+        h = x * 2.0 + 1.0  # read by both branches below
+        return pb.relu(h) - pb.exp(h)
+
+    plan = pb.compile(fn, x)
+    chains = [[e.primitive.name for e in step.eqns] for step in plan._schedule]
+    assert chains == [["mul", "add"], ["exp"], ["relu", "sub"]]
+    h = plan._schedule[0].out  # stored: both later steps read it
+    assert all(h in step.args for step in plan._schedule[1:])
+    np.testing.assert_allclose(plan(x).numpy(), fn(pb.tensor(x)).numpy(), **TOL[np.float32])
+
+
+def test_small_chains_are_left_to_numpy() -> None:
+    x = _rng().standard_normal(MIN_ELEMENTS // 2).astype(np.float32)
+    plan = pb.compile(lambda x: pb.relu(x + 1.0) * 2.0, x)
+    assert not _fused_steps(plan)
+
+
+def test_integer_operands_are_not_fused() -> None:
+    x = _rng().standard_normal((64, 128)).astype(np.float32)
+    k = np.arange(128)
+    plan = pb.compile(lambda x, k: pb.relu(x + k) * 2.0, x, k)
+    names = [step.name for step in plan._schedule]
+    assert names[0] == "add" and all("add" not in n for n in names[1:])
+    np.testing.assert_allclose(plan(x, k).numpy(), np.maximum(x + k, 0) * 2.0, rtol=1e-6)
+
+
+def test_training_plan_fuses_only_what_backward_does_not_read() -> None:
+    pb.manual_seed(0)
+    model = nn.Sequential(nn.Dense(32, 256), nn.ReLU(), nn.Dense(256, 128), nn.Sigmoid(),
+                          nn.Dense(128, 4))
+    x = _rng().standard_normal((32, 32)).astype(np.float32)
+    y = np.arange(32) % 4
+
+    def loss_fn(x, y):
+        return nn.cross_entropy(model(x), y)
+
+    plan = pb.compile(loss_fn, x, y, mode=TRAINING)
+    fused = _fused_steps(plan)
+    assert [[e.primitive.name for e in s.eqns] for s in fused] == [["add", "relu"],
+                                                                   ["add", "sigmoid"]]
+    for step in fused:  # the chain's inner values are never read by backward
+        assert not {e.out.index for e in step.eqns[:-1]} & plan._saved
+    loss = plan(x, y).item()
+    planned = [p.grad.numpy().copy() for p in model.parameters()]
+    for p in model.parameters():
+        p.grad = None
+    eager = loss_fn(pb.tensor(x), y)
+    eager.backward()
+    assert loss == pytest.approx(eager.item(), rel=1e-6)
+    for got, p in zip(planned, model.parameters()):
+        np.testing.assert_allclose(got, p.grad.numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_other_backends_run_the_members_one_by_one() -> None:
+    x = _rng().standard_normal((64, 128))
+    b = _rng(1).standard_normal(128)
+    plan = pb.compile(chain, x, b)
+    assert _fused_steps(plan)
+    with pb.use_backend(NotCpu()):
+        members = plan(x, b).numpy()
+    np.testing.assert_allclose(members, plan(x, b).numpy(), **TOL[np.float64])
+    np.testing.assert_allclose(members, chain(pb.tensor(x), pb.tensor(b)).numpy(),
+                               rtol=1e-15, atol=0)
