@@ -142,9 +142,9 @@ def _lower_chain(step: Step) -> None:
     members = [(e.primitive.impl, e.args, e.params, e.out.index) for e in step.eqns]
     slot_of = {a.index: i for i, a in enumerate(operands) if isinstance(a, Var)}
 
-    def run(backend: Any, *arrays: Any) -> Any:
+    def run(backend: Any, *arrays: Any, out: Any = None) -> Any:
         if isinstance(backend, CpuBackend):
-            return fused(*arrays)
+            return fused(*arrays, out=out)
         # Not a NumPy backend: the members one by one, on that backend.
         values = {index: arrays[i] for index, i in slot_of.items()}
         result = None

@@ -11,6 +11,7 @@ parameter's gradient in its `.grad`, accumulated as `loss.backward()` would.
 from __future__ import annotations
 
 import enum
+import threading
 from typing import Any
 
 import numpy as np
@@ -19,6 +20,7 @@ from ..ad import DerivativeError, Node
 from ..backend.current import get_backend
 from ..tensor.backward import EagerExecutor, accumulate_grad
 from ..tensor.eager import _saved_as_float, _wrap
+from . import buffers
 from .fuse import Step, schedule
 from .graph import Eqn, StaticGraph, Var, trace
 
@@ -93,8 +95,12 @@ class Plan:
         self._views: set[int] = set()  # views of parameters (w.T), kept at no cost
         self._saved: set[int] = self._plan_backward()
         self._schedule = schedule(graph, keep=self._saved)
-        self._steps = [self._step(step) for step in self._schedule]
         self._frees = self._forward_frees(keep=self._saved)
+        self._owner, self._buffers = buffers.assign(
+            self._schedule, self._frees, self._saved, {v.index for v in graph.outputs})
+        self._arena: list[np.ndarray] | None = None  # allocated at the first call
+        self._lock = threading.Lock()  # one call at a time: calls share the arena
+        self._steps = [self._step(step) for step in self._schedule]
 
     def _plan_backward(self) -> set[int]:
         """The values backward reads (none: an inference plan has no backward)."""
@@ -114,7 +120,11 @@ class Plan:
         return slot
 
     def _step(self, step: Step) -> tuple:
-        return step.impl, tuple(self._slot(a) for a in step.args), step.params, step.out.index
+        buf = self._owner.get(step.out.index, -1)
+        impl = step.impl
+        if buf >= 0 and not step.fused:
+            impl = buffers.matmul_into
+        return impl, tuple(self._slot(a) for a in step.args), step.params, step.out.index, buf
 
     def _forward_frees(self, keep: set[int]) -> list[tuple[int, ...]]:
         """After each forward step, the value slots no later step (nor the result) reads."""
@@ -154,15 +164,22 @@ class Plan:
 
     def _forward(self, env: list[Any]) -> None:
         backend = get_backend()
-        for (impl, slots, params, out), frees in zip(self._steps, self._frees):
-            env[out] = impl(backend, *[env[s] for s in slots], **params)
+        arena = self._arena
+        if arena is None:
+            arena = self._arena = [np.empty(b.shape, b.dtype) for b in self._buffers]
+        for (impl, slots, params, out, buf), frees in zip(self._steps, self._frees):
+            if buf < 0:
+                env[out] = impl(backend, *[env[s] for s in slots], **params)
+            else:
+                env[out] = impl(backend, *[env[s] for s in slots], out=arena[buf])
             for s in frees:
                 env[s] = None
 
     def __call__(self, *inputs: Any) -> Any:
-        env = self._start(inputs)
-        self._forward(env)
-        outs = tuple(_wrap(env[v.index], None) for v in self.graph.outputs)
+        with self._lock:
+            env = self._start(inputs)
+            self._forward(env)
+            outs = tuple(_wrap(env[v.index], None) for v in self.graph.outputs)
         return outs[0] if self.single else outs
 
     # ------------------------------------------------------------ explaining
@@ -183,6 +200,8 @@ class Plan:
         for i, step in enumerate(self._schedule):
             args = ", ".join(repr(a) for a in step.args)
             note = "  [kept for backward]" if step.out.index in self._saved else ""
+            if step.out.index in self._owner:
+                note = f"  in buffer b{self._owner[step.out.index]}" + note
             size = _fmt_bytes(self._bytes(step.out.index))
             if step.out.index in self._views:
                 size = "a view of a parameter"
@@ -193,6 +212,12 @@ class Plan:
                                   + ", ".join(repr(a) for a in e.args) + ")"
                                   for e in step.eqns)
                 lines.append(f"       one kernel, no intermediates stored: {inner}")
+        if self._buffers:
+            shared = len(self._owner) - len(self._buffers)
+            lines.append(f"buffers: {len(self._buffers)} preallocated "
+                         f"({_fmt_bytes(sum(b.nbytes for b in self._buffers))}), reused across "
+                         f"calls; {shared} of {len(self._owner)} values take over a buffer "
+                         "an earlier value is done with")
         lines += self._explain_backward()
         lines.append(f"peak memory of values (estimated): {_fmt_bytes(self.peak_bytes())}")
         return "\n".join(lines)
@@ -319,6 +344,10 @@ class TrainingPlan(Plan):
         return eqn.out.index in reach
 
     def __call__(self, *inputs: Any) -> Any:
+        with self._lock:
+            return self._step_once(inputs)
+
+    def _step_once(self, inputs: tuple) -> Any:
         env = self._start(inputs)
         self._forward(env)
         loss = env[self.graph.outputs[0].index]
@@ -337,6 +366,7 @@ class TrainingPlan(Plan):
             for s in frees:
                 env[s] = None  # the activation cache lets go as soon as it can
         taken = {id(a) for a in env if type(a) is np.ndarray}
+        taken.update(id(a) for a in self._arena)
         for var, p in self.graph.params:
             ct = cts.get(var.index)
             if ct is not None:

@@ -118,3 +118,46 @@ def test_other_backends_run_the_members_one_by_one() -> None:
     np.testing.assert_allclose(members, plan(x, b).numpy(), **TOL[np.float64])
     np.testing.assert_allclose(members, chain(pb.tensor(x), pb.tensor(b)).numpy(),
                                rtol=1e-15, atol=0)
+
+
+def test_buffers_are_shared_by_values_whose_lives_do_not_overlap() -> None:
+    pb.manual_seed(0)
+    model = nn.Sequential(*[nn.Dense(128, 128, bias=False) for _ in range(6)])
+    x = _rng().standard_normal((64, 128)).astype(np.float32)
+    plan = pb.compile(model, x)
+    assert len(plan._owner) == 5  # every matmul but the last, whose result is returned
+    assert len(plan._buffers) == 2  # two alternate: each layer reads one, writes the other
+    first = plan(x)
+    kept = first.numpy().copy()
+    x2 = _rng(1).standard_normal((64, 128)).astype(np.float32)
+    second = plan(x2)  # reuses the buffers: the first result must not change
+    np.testing.assert_array_equal(first.numpy(), kept)
+    np.testing.assert_allclose(second.numpy(), model(pb.tensor(x2)).numpy(), rtol=1e-5,
+                               atol=1e-6)
+    assert "buffers: 2 preallocated" in plan.explain()
+
+
+def test_a_training_plan_keeps_saved_values_in_buffers_of_their_own() -> None:
+    pb.manual_seed(0)
+    model = nn.Sequential(nn.Dense(64, 128), nn.Tanh(), nn.Dense(128, 128), nn.ReLU(),
+                          nn.Dense(128, 4))
+    y = np.arange(64) % 4
+
+    def loss_fn(x, y):
+        return nn.cross_entropy(model(x), y)
+
+    plan = pb.compile(loss_fn, _rng().standard_normal((64, 64)).astype(np.float32), y,
+                      mode=TRAINING)
+    saved = [i for i in plan._owner if i in plan._saved]
+    assert saved and len({plan._owner[i] for i in saved}) == len(saved)
+    for seed in (1, 2):  # the second call overwrites the first call's buffers
+        x = _rng(seed).standard_normal((64, 64)).astype(np.float32)
+        for p in model.parameters():
+            p.grad = None
+        plan(x, y)
+        planned = [p.grad.numpy().copy() for p in model.parameters()]
+        for p in model.parameters():
+            p.grad = None
+        loss_fn(pb.tensor(x), y).backward()
+        for got, p in zip(planned, model.parameters()):
+            np.testing.assert_allclose(got, p.grad.numpy(), rtol=1e-5, atol=1e-6)
