@@ -244,28 +244,33 @@ class BackwardOps:
     # -- convolution and pooling ----------------------------------------------------------
 
     def conv2d_input_backward(
-        self, upstream: Array, weight: Array, input_shape: Shape, stride: Pair, padding: Pair
+        self, upstream: Array, weight: Array, input_shape: Shape, stride: Pair, padding: Pair,
+        dilation: Pair = (1, 1), groups: int = 1,
     ) -> Array:
-        """Gradient wrt the conv input: weight^T @ upstream, folded back into windows."""
+        """Gradient wrt the conv input: weight^T @ upstream per group, folded back into
+        windows."""
         n, o, oh, ow = _shape(upstream)
-        _, c, kh, kw = _shape(weight)
-        w2 = self.reshape(weight, (o, c * kh * kw))
-        cols = self.matmul(self.transpose(w2, (1, 0)), self.reshape(upstream, (n, o, oh * ow)))
-        cols = self.reshape(cols, (n, c, kh, kw, oh, ow))
-        return self.fold2d(cols, input_shape, (kh, kw), stride, padding)
+        _, cg, kh, kw = _shape(weight)
+        w3 = self.reshape(weight, (groups, o // groups, cg * kh * kw))
+        up = self.reshape(upstream, (n, groups, o // groups, oh * ow))
+        cols = self.matmul(self.transpose(w3, (0, 2, 1)), up)  # (n, groups, cg kh kw, L)
+        cols = self.reshape(cols, (n, groups * cg, kh, kw, oh, ow))
+        return self.fold2d(cols, input_shape, (kh, kw), stride, padding, dilation)
 
     def conv2d_weight_backward(
         self, upstream: Array, forward_input: Array, weight_shape: Shape, stride: Pair,
-        padding: Pair,
+        padding: Pair, dilation: Pair = (1, 1), groups: int = 1,
     ) -> Array:
-        """Gradient wrt the conv weight: upstream @ windows^T over batch and pixels."""
+        """Gradient wrt the conv weight: upstream @ windows^T per group, over batch and
+        pixels."""
         n, o, oh, ow = _shape(upstream)
-        _, c, kh, kw = weight_shape
-        cols = self.unfold2d(forward_input, (kh, kw), stride, padding)
-        cols = self.reshape(cols, (n, c * kh * kw, oh * ow))
-        rows = self.reshape(self.transpose(cols, (0, 2, 1)), (n * oh * ow, c * kh * kw))
-        up = self.reshape(self.transpose(self.reshape(upstream, (n, o, oh * ow)), (1, 0, 2)),
-                          (o, n * oh * ow))
+        _, cg, kh, kw = weight_shape
+        size = cg * kh * kw
+        cols = self.unfold2d(forward_input, (kh, kw), stride, padding, 0.0, dilation)
+        cols = self.reshape(cols, (n, groups, size, oh * ow))
+        rows = self.reshape(self.transpose(cols, (1, 0, 3, 2)), (groups, n * oh * ow, size))
+        up = self.reshape(self.transpose(self.reshape(upstream, (n, groups, o // groups, oh * ow)),
+                                         (1, 2, 0, 3)), (groups, o // groups, n * oh * ow))
         return self.reshape(self.matmul(up, rows), tuple(weight_shape))
 
     def conv2d_bias_backward(self, upstream: Array) -> Array:
@@ -274,13 +279,13 @@ class BackwardOps:
 
     def max_pool2d_backward(
         self, upstream: Array, forward_input: Array, forward_output: Array, kernel: Pair,
-        stride: Pair, padding: Pair,
+        stride: Pair, padding: Pair, dilation: Pair = (1, 1),
     ) -> Array:
         """upstream to the first maximum (row-major) of each window, as PyTorch."""
         n, c, oh, ow = _shape(upstream)
         kh, kw = kernel
         size = kh * kw
-        cols = self.unfold2d(forward_input, kernel, stride, padding, pad_value=-math.inf)
+        cols = self.unfold2d(forward_input, kernel, stride, padding, -math.inf, dilation)
         cols = self.reshape(cols, (n, c, size, oh, ow))
         is_max = self.equal(cols, self.reshape(forward_output, (n, c, 1, oh, ow)))
         # Rank maxima so the first position in the window scores highest, then keep it.
@@ -291,7 +296,7 @@ class BackwardOps:
         routed = self.mul(self.astype(first, upstream.dtype),
                           self.reshape(upstream, (n, c, 1, oh, ow)))
         routed = self.reshape(routed, (n, c, kh, kw, oh, ow))
-        return self.fold2d(routed, _shape(forward_input), kernel, stride, padding)
+        return self.fold2d(routed, _shape(forward_input), kernel, stride, padding, dilation)
 
     def avg_pool2d_backward(
         self, upstream: Array, input_shape: Shape, kernel: Pair, stride: Pair, padding: Pair

@@ -200,26 +200,36 @@ class Backend:
         """Matrix product with NumPy's rules: 1-D operands, broadcast batch dims."""
         self._unimplemented("matmul")
 
-    def conv2d(self, x: Array, w: Array, stride: Pair, padding: Pair) -> Array:
-        """Cross-correlation of x (N, C, H, W) with w (O, C, kh, kw), as PyTorch's conv2d
-        without bias or groups; returns (N, O, OH, OW)."""
+    def conv2d(
+        self, x: Array, w: Array, stride: Pair, padding: Pair, dilation: Pair = (1, 1),
+        groups: int = 1,
+    ) -> Array:
+        """Cross-correlation of x (N, C, H, W) with w (O, C / groups, kh, kw), as PyTorch's
+        conv2d without bias: kernel taps `dilation` apart, input and output channels in
+        `groups` independent groups; returns (N, O, OH, OW)."""
         self._unimplemented("conv2d")
 
     def unfold2d(
-        self, x: Array, kernel: Pair, stride: Pair, padding: Pair, pad_value: float = 0.0
+        self, x: Array, kernel: Pair, stride: Pair, padding: Pair, pad_value: float = 0.0,
+        dilation: Pair = (1, 1),
     ) -> Array:
-        """The sliding windows of x (N, C, H, W) as (N, C, kh, kw, OH, OW) (im2col)."""
+        """The sliding windows of x (N, C, H, W) as (N, C, kh, kw, OH, OW) (im2col), taps
+        `dilation` apart."""
         self._unimplemented("unfold2d")
 
     def fold2d(
-        self, cols: Array, input_shape: Shape, kernel: Pair, stride: Pair, padding: Pair
+        self, cols: Array, input_shape: Shape, kernel: Pair, stride: Pair, padding: Pair,
+        dilation: Pair = (1, 1),
     ) -> Array:
         """The adjoint of unfold2d: sum windows (N, C, kh, kw, OH, OW) back into
         input_shape (N, C, H, W), overlaps added and padding cropped."""
         self._unimplemented("fold2d")
 
-    def max_pool2d(self, x: Array, kernel: Pair, stride: Pair, padding: Pair) -> Array:
-        """Max over each window of x (N, C, H, W), padding counting as -inf."""
+    def max_pool2d(
+        self, x: Array, kernel: Pair, stride: Pair, padding: Pair, dilation: Pair = (1, 1)
+    ) -> Array:
+        """Max over each window of x (N, C, H, W), taps `dilation` apart, padding
+        counting as -inf."""
         self._unimplemented("max_pool2d")
 
     def avg_pool2d(self, x: Array, kernel: Pair, stride: Pair, padding: Pair) -> Array:

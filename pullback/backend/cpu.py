@@ -563,34 +563,42 @@ class CpuBackend(BackwardOps, FusedOps, Backend):
         except (ValueError, TypeError):
             raise KernelError("matmul", [a, b], _matmul_reason(a, b)) from None
 
-    def conv2d(self, x: np.ndarray, w: np.ndarray, stride: Pair, padding: Pair) -> np.ndarray:
-        return conv.conv2d(x, w, stride, padding)
+    def conv2d(
+        self, x: np.ndarray, w: np.ndarray, stride: Pair, padding: Pair,
+        dilation: Pair = (1, 1), groups: int = 1,
+    ) -> np.ndarray:
+        return conv.conv2d(x, w, stride, padding, dilation, groups)
 
     def unfold2d(
-        self, x: np.ndarray, kernel: Pair, stride: Pair, padding: Pair, pad_value: float = 0.0
+        self, x: np.ndarray, kernel: Pair, stride: Pair, padding: Pair, pad_value: float = 0.0,
+        dilation: Pair = (1, 1),
     ) -> np.ndarray:
-        kernel, stride, padding, out_hw = conv.check_windows("unfold2d", x, kernel, stride, padding)
+        win = conv.check_windows("unfold2d", x, kernel, stride, padding, dilation=dilation)
+        conv.check_float("unfold2d", [x])
         try:
-            return conv.unfold(x, kernel, stride, padding, out_hw, pad_value)
+            pad_value = float(pad_value)
         except (ValueError, TypeError, OverflowError) as exc:
             raise KernelError("unfold2d", [x], f"cannot pad with {pad_value!r}: {exc}") from None
+        return conv.unfold(x, win, pad_value)
 
     def fold2d(
-        self, cols: np.ndarray, input_shape: Shape, kernel: Pair, stride: Pair, padding: Pair
+        self, cols: np.ndarray, input_shape: Shape, kernel: Pair, stride: Pair, padding: Pair,
+        dilation: Pair = (1, 1),
     ) -> np.ndarray:
         if cols.ndim != 6 or len(input_shape) != 4:
             raise KernelError("fold2d", [cols], "expected (N, C, kh, kw, OH, OW) windows")
         probe = np.broadcast_to(np.empty((), cols.dtype), tuple(input_shape))
-        kernel, stride, padding, out_hw = conv.check_windows(
-            "fold2d", probe, kernel, stride, padding, [cols]
-        )
-        expected = (*input_shape[:2], *kernel, *out_hw)
+        win = conv.check_windows("fold2d", probe, kernel, stride, padding, [cols], dilation)
+        expected = (*input_shape[:2], *win.kernel, *win.out_hw)
         if cols.shape != expected:
             raise KernelError("fold2d", [cols], f"expected windows of shape {expected}")
-        return conv.fold(cols, input_shape, kernel, stride, padding)
+        conv.check_float("fold2d", [cols])
+        return conv.fold(cols, input_shape, win)
 
-    def max_pool2d(self, x: np.ndarray, kernel: Pair, stride: Pair, padding: Pair) -> np.ndarray:
-        return conv.max_pool2d(x, kernel, stride, padding)
+    def max_pool2d(
+        self, x: np.ndarray, kernel: Pair, stride: Pair, padding: Pair, dilation: Pair = (1, 1)
+    ) -> np.ndarray:
+        return conv.max_pool2d(x, kernel, stride, padding, dilation)
 
     def avg_pool2d(self, x: np.ndarray, kernel: Pair, stride: Pair, padding: Pair) -> np.ndarray:
         return conv.avg_pool2d(x, kernel, stride, padding)
@@ -791,25 +799,27 @@ class CpuBackend(BackwardOps, FusedOps, Backend):
 
     def conv2d_input_backward(
         self, upstream: np.ndarray, weight: np.ndarray, input_shape: Shape, stride: Pair,
-        padding: Pair,
+        padding: Pair, dilation: Pair = (1, 1), groups: int = 1,
     ) -> np.ndarray:
-        return conv.conv2d_input_backward(upstream, weight, input_shape, stride, padding)
+        return conv.conv2d_input_backward(upstream, weight, input_shape, stride, padding,
+                                          dilation, groups)
 
     def conv2d_weight_backward(
         self, upstream: np.ndarray, forward_input: np.ndarray, weight_shape: Shape,
-        stride: Pair, padding: Pair,
+        stride: Pair, padding: Pair, dilation: Pair = (1, 1), groups: int = 1,
     ) -> np.ndarray:
-        return conv.conv2d_weight_backward(upstream, forward_input, weight_shape, stride, padding)
+        return conv.conv2d_weight_backward(upstream, forward_input, weight_shape, stride,
+                                           padding, dilation, groups)
 
     def conv2d_bias_backward(self, upstream: np.ndarray) -> np.ndarray:
         return np.add.reduce(upstream, axis=(0, 2, 3))
 
     def max_pool2d_backward(
         self, upstream: np.ndarray, forward_input: np.ndarray, forward_output: np.ndarray,
-        kernel: Pair, stride: Pair, padding: Pair,
+        kernel: Pair, stride: Pair, padding: Pair, dilation: Pair = (1, 1),
     ) -> np.ndarray:
         return conv.max_pool2d_backward(
-            upstream, forward_input, forward_output, kernel, stride, padding
+            upstream, forward_input, forward_output, kernel, stride, padding, dilation
         )
 
     def avg_pool2d_backward(

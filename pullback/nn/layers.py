@@ -94,21 +94,33 @@ class Bias1d(Module):
 
 
 class Conv2d(Module):
-    """2-D convolution, NCHW input, weight (out, in, k, k), as PyTorch's Conv2d."""
+    """2-D convolution, NCHW input, weight (out, in / groups, kh, kw), as PyTorch's
+    Conv2d (zero padding, symmetric per axis), with PyTorch's initialization."""
 
     def __init__(self, in_channels: int, out_channels: int, kernel_size: Any, stride: Any = 1,
-                 padding: Any = 0, bias: bool = True, dtype: Any = np.float32):
+                 padding: Any = 0, bias: bool = True, dtype: Any = np.float32,
+                 dilation: Any = 1, groups: int = 1):
         super().__init__()
         kh, kw = ops.conv.pair("Conv2d", kernel_size, "kernel_size")
         self.stride = ops.conv.pair("Conv2d", stride, "stride")
         self.padding = ops.conv.pair("Conv2d", padding, "padding")
-        fan_in = in_channels * kh * kw
+        self.dilation = ops.conv.pair("Conv2d", dilation, "dilation")
+        if isinstance(groups, bool) or not isinstance(groups, int) or groups < 1:
+            raise ValueError(f"Conv2d: groups must be a positive int, not {groups!r}")
+        if in_channels % groups or out_channels % groups:
+            raise ValueError(f"Conv2d: groups {groups} must divide both in_channels "
+                             f"{in_channels} and out_channels {out_channels}")
+        self.groups = groups
+        fan_in = in_channels // groups * kh * kw
         bound = 1.0 / math.sqrt(fan_in) if fan_in else 0.0
-        self.weight = uniform((out_channels, in_channels, kh, kw), bound, dtype)
+        self.weight = uniform((out_channels, in_channels // groups, kh, kw), bound, dtype)
         self.bias = uniform((out_channels,), bound, dtype) if bias else None
 
+    def _geometry(self) -> tuple:
+        return self.stride, self.padding, self.dilation, self.groups
+
     def forward(self, x: Any) -> Tensor:
-        return ops.conv2d(x, self.weight, self.bias, self.stride, self.padding)
+        return ops.conv2d(x, self.weight, self.bias, *self._geometry())
 
     def traced_forward(self, x: Any) -> tuple[Tensor, Any]:
         if not isinstance(get_backend(), BackwardOps):
@@ -124,16 +136,22 @@ class Conv2d(Module):
         be = get_backend()
         g = _data(grad_output)
         w = self.weight._data
-        grads = {"weight": _wrap(be.conv2d_weight_backward(g, x, w.shape, self.stride,
-                                                           self.padding), None)}
+        grads = {"weight": _wrap(be.conv2d_weight_backward(g, x, w.shape, *self._geometry()),
+                                 None)}
         if self.bias is not None:
             grads["bias"] = _wrap(be.conv2d_bias_backward(g), None)
-        gx = be.conv2d_input_backward(g, w, x.shape, self.stride, self.padding)
+        gx = be.conv2d_input_backward(g, w, x.shape, *self._geometry())
         return _wrap(gx, None), grads
 
     def extra_repr(self) -> str:
         o, i, kh, kw = self.weight.shape
-        return f"{i}, {o}, kernel_size={(kh, kw)}, stride={self.stride}, padding={self.padding}"
+        text = (f"{i * self.groups}, {o}, kernel_size={(kh, kw)}, stride={self.stride}, "
+                f"padding={self.padding}")
+        if self.dilation != (1, 1):
+            text += f", dilation={self.dilation}"
+        if self.groups != 1:
+            text += f", groups={self.groups}"
+        return text
 
 
 class GLU(Module):

@@ -1,4 +1,5 @@
-"""2-D convolution and pooling (NCHW, weights OIHW, as PyTorch).
+"""2-D convolution and pooling (NCHW, weights OIHW, as PyTorch), with dilation and
+groups.
 
 conv2d is bilinear; its transposes are written with unfold2d (im2col), fold2d
 (its adjoint) and matmul, so that every derivative of a convolution is itself
@@ -8,6 +9,7 @@ window, as PyTorch's backward does.
 
 from __future__ import annotations
 
+import operator
 from typing import Any
 
 from ..ad import defbilinear, defjvp, deflinear, defvjp
@@ -20,127 +22,171 @@ from .reduce import sum as reduce_sum
 from .registry import declare, dtype_of, is_float, shape_of
 from .shape import broadcast_to, reshape, swap_last, transpose
 
+NO_DILATION = (1, 1)
+
+
+def _int(value: Any) -> int | None:
+    # An int, or an integer-like (NumPy's) as int; None for anything else, bools included.
+    if isinstance(value, bool):
+        return None
+    try:
+        return operator.index(value)
+    except TypeError:
+        return None
+
 
 def pair(op: str, value: Any, name: str) -> tuple[int, int]:
     """An int or a pair of ints as a pair, or a KernelError naming the op and argument."""
-    pair_ = (value, value) if isinstance(value, int) else tuple(value)
-    if len(pair_) != 2 or not all(isinstance(v, int) for v in pair_):
+    pair_ = (value, value) if _int(value) is not None else value
+    try:
+        pair_ = tuple(_int(v) for v in pair_)
+    except TypeError:
+        pair_ = ()
+    if len(pair_) != 2 or None in pair_:
         raise KernelError(op, (), f"{name} must be an int or a pair of ints, not {value!r}")
     return pair_
 
 
-def _out_size(op: str, operands: tuple, size: int, k: int, s: int, p: int) -> int:
-    if s < 1 or p < 0:
-        raise KernelError(op, operands, f"stride must be >= 1 and padding >= 0, not {s} and {p}")
-    if size + 2 * p < k:
+def _out_size(op: str, operands: tuple, size: int, k: int, s: int, p: int, d: int) -> int:
+    if s < 1 or p < 0 or d < 1:
+        raise KernelError(op, operands, f"stride and dilation must be >= 1 and padding >= 0, "
+                                        f"not {s}, {d} and {p}")
+    span = d * (k - 1) + 1
+    if size + 2 * p < span:
+        dilated = f" (dilated by {d}: {span})" if d != 1 else ""
         raise KernelError(
-            op, operands, f"kernel size {k} exceeds the padded input size {size + 2 * p}"
+            op, operands, f"kernel size {k}{dilated} exceeds the padded input size {size + 2 * p}"
         )
-    return (size + 2 * p - k) // s + 1
+    return (size + 2 * p - span) // s + 1
 
 
-def _window_shape(op: str, x: Any, kernel: tuple, stride: tuple, padding: tuple) -> tuple:
+def _window_shape(op: str, x: Any, kernel: tuple, stride: tuple, padding: tuple,
+                  dilation: tuple = NO_DILATION, operands: tuple | None = None) -> tuple:
     shape = shape_of(x)
+    operands = (x,) if operands is None else operands
     if len(shape) != 4:
-        raise KernelError(op, (x,), "expected a 4-D input (N, C, H, W)")
+        raise KernelError(op, operands, "expected a 4-D input (N, C, H, W)")
     if not is_float(dtype_of(x)):
-        raise KernelError(op, (x,), "expected a floating dtype")
-    oh = _out_size(op, (x,), shape[2], kernel[0], stride[0], padding[0])
-    ow = _out_size(op, (x,), shape[3], kernel[1], stride[1], padding[1])
+        raise KernelError(op, operands, "expected a floating dtype")
+    oh = _out_size(op, operands, shape[2], kernel[0], stride[0], padding[0], dilation[0])
+    ow = _out_size(op, operands, shape[3], kernel[1], stride[1], padding[1], dilation[1])
     return oh, ow
 
 
 # ---------------------------------------------------------------- im2col and its adjoint
 
 
-def _unfold_shape(x: Any, kernel: tuple, stride: tuple, padding: tuple, pad_value: float) -> tuple:
-    oh, ow = _window_shape("unfold2d", x, kernel, stride, padding)
+def _unfold_shape(x: Any, kernel: tuple, stride: tuple, padding: tuple, pad_value: float,
+                  dilation: tuple) -> tuple:
+    oh, ow = _window_shape("unfold2d", x, kernel, stride, padding, dilation)
     n, c = shape_of(x)[:2]
     return (n, c, *kernel, oh, ow), dtype_of(x)
 
 
 unfold2d_p = declare(
     "unfold2d",
-    lambda backend, x, kernel, stride, padding, pad_value: backend.unfold2d(
-        x, kernel, stride, padding, pad_value),
+    lambda backend, x, kernel, stride, padding, pad_value, dilation: backend.unfold2d(
+        x, kernel, stride, padding, pad_value, dilation),
     _unfold_shape,
 )
 
 
-def unfold2d(x: Any, kernel: tuple, stride: tuple, padding: tuple, pad_value: float = 0.0) -> Any:
-    """Sliding windows as (N, C, kh, kw, OH, OW)."""
-    return unfold2d_p.bind(x, kernel=kernel, stride=stride, padding=padding, pad_value=pad_value)
+def unfold2d(x: Any, kernel: tuple, stride: tuple, padding: tuple, pad_value: float = 0.0,
+             dilation: tuple = NO_DILATION) -> Any:
+    """Sliding windows as (N, C, kh, kw, OH, OW), taps `dilation` apart."""
+    return unfold2d_p.bind(x, kernel=kernel, stride=stride, padding=padding, pad_value=pad_value,
+                           dilation=tuple(dilation))
 
 
 def _fold_shape(
-    cols: Any, input_shape: tuple, kernel: tuple, stride: tuple, padding: tuple
+    cols: Any, input_shape: tuple, kernel: tuple, stride: tuple, padding: tuple, dilation: tuple
 ) -> tuple:
     return tuple(input_shape), dtype_of(cols)
 
 
 fold2d_p = declare(
     "fold2d",
-    lambda backend, cols, input_shape, kernel, stride, padding: backend.fold2d(
-        cols, input_shape, kernel, stride, padding),
+    lambda backend, cols, input_shape, kernel, stride, padding, dilation: backend.fold2d(
+        cols, input_shape, kernel, stride, padding, dilation),
     _fold_shape,
 )
 
 
-def fold2d(cols: Any, input_shape: tuple, kernel: tuple, stride: tuple, padding: tuple) -> Any:
+def fold2d(cols: Any, input_shape: tuple, kernel: tuple, stride: tuple, padding: tuple,
+           dilation: tuple = NO_DILATION) -> Any:
     """Sum windows (N, C, kh, kw, OH, OW) back into an input of `input_shape`."""
     return fold2d_p.bind(cols, input_shape=tuple(input_shape), kernel=kernel, stride=stride,
-                         padding=padding)
+                         padding=padding, dilation=tuple(dilation))
 
 
-deflinear(unfold2d_p, lambda ct, x, kernel, stride, padding, pad_value: (
-    fold2d(ct, x.shape, kernel, stride, padding),))
+deflinear(unfold2d_p, lambda ct, x, kernel, stride, padding, pad_value, dilation: (
+    fold2d(ct, x.shape, kernel, stride, padding, dilation),))
 # The tangent of a window of padding is zero whatever the padding value.
-defjvp(unfold2d_p, lambda t, out, x, kernel, stride, padding, pad_value: unfold2d(
-    t, kernel, stride, padding))
-deflinear(fold2d_p, lambda ct, cols, input_shape, kernel, stride, padding: (
-    unfold2d(ct, kernel, stride, padding),))
+defjvp(unfold2d_p, lambda t, out, x, kernel, stride, padding, pad_value, dilation: unfold2d(
+    t, kernel, stride, padding, 0.0, dilation))
+deflinear(fold2d_p, lambda ct, cols, input_shape, kernel, stride, padding, dilation: (
+    unfold2d(ct, kernel, stride, padding, 0.0, dilation),))
 
 # ---------------------------------------------------------------- convolution
 
 
-def _conv_shape(x: Any, w: Any, stride: tuple, padding: tuple) -> tuple:
+def _conv_shape(x: Any, w: Any, stride: tuple, padding: tuple, dilation: tuple,
+                groups: int) -> tuple:
     sx, sw = shape_of(x), shape_of(w)
     if len(sx) != 4 or len(sw) != 4:
         raise KernelError(
-            "conv2d", (x, w), "expected a 4-D input (N, C, H, W) and 4-D weight (O, C, kh, kw)"
+            "conv2d", (x, w),
+            "expected a 4-D input (N, C, H, W) and 4-D weight (O, C / groups, kh, kw)",
         )
-    if sx[1] != sw[1]:
+    if sx[1] % groups or sw[0] % groups:
         raise KernelError(
-            "conv2d", (x, w), f"weight has {sw[1]} input channels but input has {sx[1]}"
+            "conv2d", (x, w),
+            f"groups {groups} must divide both the input channels {sx[1]} and the output "
+            f"channels {sw[0]}",
+        )
+    if sw[1] * groups != sx[1]:
+        want = "" if groups == 1 else f" / groups {groups} = {sx[1] // groups}"
+        raise KernelError(
+            "conv2d", (x, w), f"weight has {sw[1]} input channels but input has {sx[1]}{want}"
         )
     if str(dtype_of(x)) != str(dtype_of(w)) or not is_float(dtype_of(x)):
         raise KernelError("conv2d", (x, w), "input and weight must share one floating dtype")
-    oh, ow = _window_shape("conv2d", x, sw[2:], stride, padding)
+    oh, ow = _window_shape("conv2d", x, sw[2:], stride, padding, dilation, (x, w))
     return (sx[0], sw[0], oh, ow), dtype_of(x)
 
 
 conv2d_p = declare(
     "conv2d",
-    lambda backend, x, w, stride, padding: backend.conv2d(x, w, stride, padding),
+    lambda backend, x, w, stride, padding, dilation, groups: backend.conv2d(
+        x, w, stride, padding, dilation, groups),
     _conv_shape,
 )
 
 
-def _conv_transpose_input(ct: Any, x: Any, w: Any, stride: tuple, padding: tuple) -> Any:
+def _conv_transpose_input(ct: Any, x: Any, w: Any, stride: tuple, padding: tuple,
+                          dilation: tuple, groups: int) -> Any:
     n, c, _, _ = shape_of(x)
-    o, _, kh, kw = shape_of(w)
+    o, cg, kh, kw = shape_of(w)
     oh, ow = shape_of(ct)[2:]
-    cols = matmul(swap_last(reshape(w, (o, c * kh * kw))), reshape(ct, (n, o, oh * ow)))
-    return fold2d(reshape(cols, (n, c, kh, kw, oh, ow)), shape_of(x), (kh, kw), stride, padding)
+    # Per group: (C/g kh kw, O/g) @ (O/g, OH OW), broadcast over the batch.
+    w_t = swap_last(reshape(w, (groups, o // groups, cg * kh * kw)))
+    cols = matmul(w_t, reshape(ct, (n, groups, o // groups, oh * ow)))
+    return fold2d(reshape(cols, (n, c, kh, kw, oh, ow)), shape_of(x), (kh, kw), stride, padding,
+                  dilation)
 
 
-def _conv_transpose_weight(ct: Any, x: Any, w: Any, stride: tuple, padding: tuple) -> Any:
-    n, c, _, _ = shape_of(x)
-    o, _, kh, kw = shape_of(w)
+def _conv_transpose_weight(ct: Any, x: Any, w: Any, stride: tuple, padding: tuple,
+                           dilation: tuple, groups: int) -> Any:
+    n = shape_of(x)[0]
+    o, cg, kh, kw = shape_of(w)
     oh, ow = shape_of(ct)[2:]
-    cols = transpose(unfold2d(x, (kh, kw), stride, padding), (1, 2, 3, 0, 4, 5))
-    cols = reshape(cols, (c * kh * kw, n * oh * ow))
-    ct_rows = reshape(transpose(ct, (1, 0, 2, 3)), (o, n * oh * ow))
+    pixels = n * oh * ow
+    # Per group: (O/g, N OH OW) @ (N OH OW, C/g kh kw), the batch folded into the product.
+    cols = reshape(unfold2d(x, (kh, kw), stride, padding, 0.0, dilation),
+                   (n, groups, cg * kh * kw, oh * ow))
+    cols = reshape(transpose(cols, (1, 2, 0, 3)), (groups, cg * kh * kw, pixels))
+    ct_rows = reshape(ct, (n, groups, o // groups, oh * ow))
+    ct_rows = reshape(transpose(ct_rows, (1, 2, 0, 3)), (groups, o // groups, pixels))
     return reshape(matmul(ct_rows, swap_last(cols)), shape_of(w))
 
 
@@ -150,20 +196,32 @@ defbilinear(conv2d_p, _conv_transpose_input, _conv_transpose_weight)
 def _conv_vjp(be: Any, g: Any, n: Any) -> tuple:
     x, w = n.inputs  # only what each active operand's gradient needs was saved
     x_shape, w_shape = n.in_shapes
-    stride, padding = n.params["stride"], n.params["padding"]
+    p = n.params
+    geometry = (p["stride"], p["padding"], p["dilation"], p["groups"])
     return (
-        be.conv2d_input_backward(g, w, x_shape, stride, padding) if n.parents[0] else None,
-        be.conv2d_weight_backward(g, x, w_shape, stride, padding) if n.parents[1] else None,
+        be.conv2d_input_backward(g, w, x_shape, *geometry) if n.parents[0] else None,
+        be.conv2d_weight_backward(g, x, w_shape, *geometry) if n.parents[1] else None,
     )
 
 
 defvjp(conv2d_p, _conv_vjp)
 
 
-def conv2d(x: Any, w: Any, b: Any = None, stride: Any = 1, padding: Any = 0) -> Any:
-    """2-D cross-correlation, NCHW input, OIHW weight, optional bias of shape (O,)."""
+def _groups(value: Any) -> int:
+    groups = _int(value)
+    if groups is None or groups < 1:
+        raise KernelError("conv2d", (), f"groups must be a positive int, not {value!r}")
+    return groups
+
+
+def conv2d(x: Any, w: Any, b: Any = None, stride: Any = 1, padding: Any = 0,
+           dilation: Any = 1, groups: Any = 1) -> Any:
+    """2-D cross-correlation, NCHW input, weight (O, C / groups, kh, kw), optional bias
+    of shape (O,); kernel taps `dilation` apart, channels in `groups` independent
+    groups, as PyTorch's and ONNX's Conv (symmetric padding)."""
     y = conv2d_p.bind(x, w, stride=pair("conv2d", stride, "stride"),
-                      padding=pair("conv2d", padding, "padding"))
+                      padding=pair("conv2d", padding, "padding"),
+                      dilation=pair("conv2d", dilation, "dilation"), groups=_groups(groups))
     if b is None:
         return y
     if shape_of(b) != (shape_of(w)[0],):
@@ -174,27 +232,32 @@ def conv2d(x: Any, w: Any, b: Any = None, stride: Any = 1, padding: Any = 0) -> 
 # ---------------------------------------------------------------- pooling
 
 
-def _pool_shape(op: str) -> Any:
-    def rule(x: Any, kernel: tuple, stride: tuple, padding: tuple) -> tuple:
-        oh, ow = _window_shape(op, x, kernel, stride, padding)
-        return shape_of(x)[:2] + (oh, ow), dtype_of(x)
+def _max_pool_shape(x: Any, kernel: tuple, stride: tuple, padding: tuple,
+                    dilation: tuple) -> tuple:
+    oh, ow = _window_shape("max_pool2d", x, kernel, stride, padding, dilation)
+    return shape_of(x)[:2] + (oh, ow), dtype_of(x)
 
-    return rule
+
+def _avg_pool_shape(x: Any, kernel: tuple, stride: tuple, padding: tuple) -> tuple:
+    oh, ow = _window_shape("avg_pool2d", x, kernel, stride, padding)
+    return shape_of(x)[:2] + (oh, ow), dtype_of(x)
 
 
 max_pool2d_p = declare(
     "max_pool2d",
-    lambda backend, x, kernel, stride, padding: backend.max_pool2d(x, kernel, stride, padding),
-    _pool_shape("max_pool2d"),
+    lambda backend, x, kernel, stride, padding, dilation: backend.max_pool2d(
+        x, kernel, stride, padding, dilation),
+    _max_pool_shape,
     saves_inputs=True,
     saves_output=True,
 )
 
 
-def _first_max_mask(x: Any, out: Any, kernel: tuple, stride: tuple, padding: tuple) -> Any:
+def _first_max_mask(x: Any, out: Any, kernel: tuple, stride: tuple, padding: tuple,
+                    dilation: tuple) -> Any:
     """One-hot (N, C, kh, kw, OH, OW) marking the first maximum of each window."""
     kh, kw = kernel
-    cols = unfold2d(x, kernel, stride, padding, float("-inf"))
+    cols = unfold2d(x, kernel, stride, padding, float("-inf"), dilation)
     n, c, oh, ow = shape_of(out)
     hits = astype(equal(cols, reshape(out, (n, c, 1, 1, oh, ow))), dtype_of(x))
     # Rank the window positions so that the earliest hit scores highest.
@@ -204,19 +267,21 @@ def _first_max_mask(x: Any, out: Any, kernel: tuple, stride: tuple, padding: tup
     return astype(equal(scored, reduce_max(scored, (2, 3), True)), dtype_of(x))
 
 
-def _max_pool_jvp(t: Any, out: Any, x: Any, kernel: tuple, stride: tuple, padding: tuple) -> Any:
-    mask = _first_max_mask(x, out, kernel, stride, padding)
-    return reduce_sum(mul(unfold2d(t, kernel, stride, padding), mask), (2, 3))
+def _max_pool_jvp(t: Any, out: Any, x: Any, kernel: tuple, stride: tuple, padding: tuple,
+                  dilation: tuple) -> Any:
+    mask = _first_max_mask(x, out, kernel, stride, padding, dilation)
+    return reduce_sum(mul(unfold2d(t, kernel, stride, padding, 0.0, dilation), mask), (2, 3))
 
 
 defjvp(max_pool2d_p, _max_pool_jvp)
 defvjp(max_pool2d_p, lambda be, g, n: (be.max_pool2d_backward(
-    g, n.inputs[0], n.output, n.params["kernel"], n.params["stride"], n.params["padding"]),))
+    g, n.inputs[0], n.output, n.params["kernel"], n.params["stride"], n.params["padding"],
+    n.params["dilation"]),))
 
 avg_pool2d_p = declare(
     "avg_pool2d",
     lambda backend, x, kernel, stride, padding: backend.avg_pool2d(x, kernel, stride, padding),
-    _pool_shape("avg_pool2d"),
+    _avg_pool_shape,
 )
 
 
@@ -242,9 +307,14 @@ def _pool_args(op: str, kernel_size: Any, stride: Any, padding: Any) -> dict:
     }
 
 
-def max_pool2d(x: Any, kernel_size: Any, stride: Any = None, padding: Any = 0) -> Any:
-    return max_pool2d_p.bind(x, **_pool_args("max_pool2d", kernel_size, stride, padding))
+def max_pool2d(x: Any, kernel_size: Any, stride: Any = None, padding: Any = 0,
+               dilation: Any = 1) -> Any:
+    """Maximum over each window (padding reads as -inf), taps `dilation` apart; the
+    gradient goes to the first maximum of each window in row-major order."""
+    return max_pool2d_p.bind(x, **_pool_args("max_pool2d", kernel_size, stride, padding),
+                             dilation=pair("max_pool2d", dilation, "dilation"))
 
 
 def avg_pool2d(x: Any, kernel_size: Any, stride: Any = None, padding: Any = 0) -> Any:
+    """Mean over each window, padding counted as zeros (count_include_pad=True)."""
     return avg_pool2d_p.bind(x, **_pool_args("avg_pool2d", kernel_size, stride, padding))

@@ -1,0 +1,613 @@
+"""Sliding-window kernels on NCHW arrays, compiled with Numba per dtype (float32,
+float64): im2col (`unfold`) into any window layout whose last two axes are (OH, OW),
+its adjoint col2im (`fold`), and max and average pooling with their backward passes.
+
+Each kernel is a serial loop that releases the GIL, so ThreadedCpuBackend may split
+it over the batch. The windows are described by one int64 array, `geometry`
+(GEOMETRY names its entries); loops skip padding by computing each row's valid
+column range once, which keeps the inner loops branch-free and contiguous.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from pullback.kernels import jit
+from pullback.kernels.base import _SUPPORTED, SUPPORTED_DTYPES, _error
+
+# kernel, stride, padding and dilation pairs, the output size (OH, OW), then, for the
+# window array (blocks, OH, OW) of unfold and fold, the strides of its (n, c, i, j)
+# axes in blocks and the block of the first window.
+GEOMETRY = ("kh", "kw", "sh", "sw", "ph", "pw", "dh", "dw", "oh", "ow",
+            "s_n", "s_c", "s_i", "s_j", "base")
+
+
+def geometry(kernel: Sequence[int], stride: Sequence[int], padding: Sequence[int],
+             dilation: Sequence[int], out_hw: Sequence[int], windows: np.ndarray | None = None,
+             base: int = 0) -> np.ndarray:
+    """The `geometry` array the kernels read (see GEOMETRY). `windows` is the window
+    array as (N, C, kh, kw, OH, OW), any view of a C-contiguous buffer whose last two
+    axes are contiguous (N first or C first); pooling needs none."""
+    strides = (0,) * 4
+    if windows is not None:
+        block = windows.itemsize * out_hw[0] * out_hw[1]
+        strides = tuple(s // block for s in windows.strides[:4])
+    return np.array([*kernel, *stride, *padding, *dilation, *out_hw, *strides, base],
+                    dtype=np.int64)
+
+
+# ---------------------------------------------------------------- kernel bodies
+# Plain Python, compiled by `compiled`. Arrays are read and written as flat memory at
+# unsigned offsets (U): a signed index makes Numba check it for wraparound per element,
+# which stops LLVM vectorizing the short rows these loops copy (im2col of 64x32x16x16
+# took 4.8 ms over 2-D views, 2.5 ms flat and unsigned). Unsigned values are only
+# combined with unsigned ones: Numba types int64 + uint64 as float64.
+
+U = np.uint64
+
+
+def _spans(kw, sw, dw, pw, w_, ow_):
+    """For each kernel column j, the range [lo, hi) of output columns t whose input
+    column t sw + j dw - pw lies inside [0, w_): computed once per call, as integer
+    divisions in the row loops cost more than the rows' own work."""
+    spans = np.empty((kw, 2), dtype=np.int64)
+    for j in range(kw):
+        start = j * dw - pw
+        lo = 0 if start >= 0 else (sw - 1 - start) // sw
+        hi = 0 if start > w_ - 1 else (w_ - 1 - start) // sw + 1
+        lo = min(lo, ow_)
+        spans[j, 0] = lo
+        spans[j, 1] = max(lo, min(hi, ow_))
+    return spans
+
+
+def unfold_body(x, out, g, pad_value):
+    """out[base + n s_n + c s_c + i s_i + j s_j, r, t] = x[n, c, r sh + i dh - ph,
+    t sw + j dw - pw], pad_value outside x; out is (blocks, OH, OW)."""
+    kh, kw, sh, sw, ph, pw, dh, dw = g[0], g[1], g[2], g[3], g[4], g[5], g[6], g[7]
+    oh_, ow_, s_n, s_c, s_i, s_j, base = g[8], g[9], g[10], g[11], g[12], g[13], g[14]
+    n_, c_, h_, w_ = x.shape
+    spans = _spans(kw, sw, dw, pw, w_, ow_)
+    src = x.reshape(x.size)
+    dst = out.reshape(out.size)
+    step, width = U(sw), U(ow_)
+    for n in range(n_):
+        for c in range(c_):
+            plane = (n * c_ + c) * h_ * w_
+            for i in range(kh):
+                for j in range(kw):
+                    block = (base + n * s_n + c * s_c + i * s_i + j * s_j) * oh_ * ow_
+                    col0 = j * dw - pw
+                    lo, hi = spans[j, 0], spans[j, 1]
+                    for r in range(oh_):
+                        h = r * sh + i * dh - ph
+                        at = U(block + r * ow_)
+                        if h < 0 or h >= h_:
+                            for t in range(width):
+                                dst[at + t] = pad_value
+                            continue
+                        for t in range(U(lo)):
+                            dst[at + t] = pad_value
+                        to = at + U(lo)
+                        start = U(plane + h * w_ + lo * sw + col0)
+                        if sw == 1:
+                            for t in range(U(hi - lo)):
+                                dst[to + t] = src[start + t]
+                        else:
+                            for t in range(U(hi - lo)):
+                                dst[to + t] = src[start + t * step]
+                        for t in range(U(hi), width):
+                            dst[at + t] = pad_value
+
+
+def fold_body(cols, out, g):
+    """out[n, c] = the sum of the windows in cols (blocks, OH, OW), laid out as
+    unfold_body writes them, over the positions they cover; offsets added in
+    row-major (i, j) order, as NumPy's loop of `out[window] += cols[i, j]`."""
+    kh, kw, sh, sw, ph, pw, dh, dw = g[0], g[1], g[2], g[3], g[4], g[5], g[6], g[7]
+    oh_, ow_, s_n, s_c, s_i, s_j, base = g[8], g[9], g[10], g[11], g[12], g[13], g[14]
+    n_, c_, h_, w_ = out.shape
+    spans = _spans(kw, sw, dw, pw, w_, ow_)
+    src = cols.reshape(cols.size)
+    dst = out.reshape(out.size)
+    step = U(sw)
+    for n in range(n_):
+        for c in range(c_):
+            plane = (n * c_ + c) * h_ * w_
+            for t in range(U(h_ * w_)):
+                dst[U(plane) + t] = 0
+            for i in range(kh):
+                for j in range(kw):
+                    block = (base + n * s_n + c * s_c + i * s_i + j * s_j) * oh_ * ow_
+                    col0 = j * dw - pw
+                    lo, hi = spans[j, 0], spans[j, 1]
+                    for r in range(oh_):
+                        h = r * sh + i * dh - ph
+                        if h < 0 or h >= h_:
+                            continue
+                        start = U(block + r * ow_ + lo)
+                        to = U(plane + h * w_ + lo * sw + col0)
+                        if sw == 1:
+                            for t in range(U(hi - lo)):
+                                dst[to + t] += src[start + t]
+                        else:
+                            for t in range(U(hi - lo)):
+                                dst[to + t * step] += src[start + t]
+
+
+def _running_max(src, dst, start, to, count, step):
+    """dst[to + t] = max(dst[to + t], src[start + t step]) for t < count, NaN winning
+    (np.maximum). Inlined, so a constant `step` reaches LLVM, which then vectorizes
+    the strided reads."""
+    for t in range(count):
+        v = src[start + t * step]
+        a = dst[to + t]
+        dst[to + t] = v if (v > a) | (v != v) else a
+
+
+def max_pool_body(x, out, g, lowest):
+    """out[n, c, r, t] = the maximum of its window, NaN if the window holds one, as
+    np.maximum over the window's offsets in turn; padding (`lowest`, -inf) changes
+    nothing, so it is skipped."""
+    kh, kw, sh, sw, ph, pw, dh, dw = g[0], g[1], g[2], g[3], g[4], g[5], g[6], g[7]
+    oh_, ow_ = g[8], g[9]
+    n_, c_, h_, w_ = x.shape
+    spans = _spans(kw, sw, dw, pw, w_, ow_)
+    src = x.reshape(x.size)
+    dst = out.reshape(out.size)
+    width = U(ow_)
+    for n in range(n_):
+        for c in range(c_):
+            plane = (n * c_ + c) * h_ * w_
+            for r in range(oh_):
+                at = U(((n * c_ + c) * oh_ + r) * ow_)
+                for t in range(width):
+                    dst[at + t] = lowest
+                for i in range(kh):
+                    h = r * sh + i * dh - ph
+                    if h < 0 or h >= h_:
+                        continue
+                    for j in range(kw):
+                        lo, hi = spans[j, 0], spans[j, 1]
+                        to = at + U(lo)
+                        start = U(plane + h * w_ + lo * sw + j * dw - pw)
+                        if sw == 2:
+                            _running_max(src, dst, start, to, U(hi - lo), U(2))
+                        elif sw == 1:
+                            _running_max(src, dst, start, to, U(hi - lo), U(1))
+                        else:
+                            _running_max(src, dst, start, to, U(hi - lo), U(sw))
+    return out
+
+
+def _route(src, peak, up, dst, taken, start, at, row, count, step, assign):
+    """For windows at + t (t < count) whose maximum is not yet routed: where src[start
+    + t step] equals it, route upstream there and mark the window; elsewhere add (or,
+    `assign`, write) u - u, which is 0 as u * 0 is, NaN for an infinite or NaN u, and
+    never -0.0. Branch-free, and inlined so that constant `step` and `assign` let LLVM
+    vectorize it."""
+    for t in range(count):
+        pos = start + t * step
+        done = taken[row + t]
+        hit = (src[pos] == peak[at + t]) & (not done)
+        u = up[at + t]
+        share = u if hit else u - u
+        if assign:
+            dst[pos] = share
+        else:
+            dst[pos] += share
+        taken[row + t] = done | hit
+
+
+def _pad_hits(peak, taken, at, row, first, stop, lowest):
+    # Windows reading padding at t in [first, stop): padding equals a -inf maximum.
+    for t in range(first, stop):
+        taken[row + t] = taken[row + t] | (peak[at + t] == lowest)
+
+
+def max_pool_backward_body(upstream, x, y, grad, g, lowest):
+    """grad[n, c] = upstream times a one-hot mask of the first position of each window
+    (row-major, padding reading as `lowest`) where x equals the window's maximum: the
+    NumPy code's loop over offsets, so that overlapping windows add in the same order,
+    a window without a match (a NaN maximum) routes nothing, and a NaN or infinite
+    upstream spreads over its window as NaN (u * 0)."""
+    kh, kw, sh, sw, ph, pw, dh, dw = g[0], g[1], g[2], g[3], g[4], g[5], g[6], g[7]
+    oh_, ow_ = g[8], g[9]
+    n_, c_, h_, w_ = x.shape
+    spans = _spans(kw, sw, dw, pw, w_, ow_)
+    src = x.reshape(x.size)
+    peak = y.reshape(y.size)
+    up = upstream.reshape(upstream.size)
+    dst = grad.reshape(grad.size)
+    width = U(ow_)
+    # Windows that tile the input (MaxPool2d(k)) write each covered position once, so
+    # only the rows and columns past the last window need zeros first.
+    tiles = sh == kh and sw == kw and dh == 1 and dw == 1 and ph == 0 and pw == 0
+    covered_h = oh_ * kh if tiles else 0
+    covered_w = ow_ * kw if tiles else 0
+    taken = np.empty(oh_ * ow_, dtype=np.bool_)  # per window: its maximum is routed
+    for n in range(n_):
+        for c in range(c_):
+            plane = (n * c_ + c) * h_ * w_
+            windows = (n * c_ + c) * oh_ * ow_
+            for h in range(h_):
+                first = 0 if h >= covered_h else covered_w
+                for t in range(U(first), U(w_)):
+                    dst[U(plane + h * w_) + t] = 0
+            for t in range(U(oh_ * ow_)):
+                taken[t] = False
+            for i in range(kh):
+                for j in range(kw):
+                    lo, hi = spans[j, 0], spans[j, 1]
+                    for r in range(oh_):
+                        h = r * sh + i * dh - ph
+                        row = U(r * ow_)
+                        at = U(windows) + row
+                        if h < 0 or h >= h_:
+                            _pad_hits(peak, taken, at, row, U(0), width, lowest)
+                            continue
+                        if lo > 0 or hi < ow_:
+                            _pad_hits(peak, taken, at, row, U(0), U(lo), lowest)
+                            _pad_hits(peak, taken, at, row, U(hi), width, lowest)
+                        start = U(plane + h * w_ + lo * sw + j * dw - pw)
+                        count = U(hi - lo)
+                        row += U(lo)
+                        at += U(lo)
+                        if tiles and sw == 2:
+                            _route(src, peak, up, dst, taken, start, at, row, count, U(2), True)
+                        elif tiles:
+                            _route(src, peak, up, dst, taken, start, at, row, count, U(sw),
+                                   True)
+                        elif sw == 1:
+                            _route(src, peak, up, dst, taken, start, at, row, count, U(1),
+                                   False)
+                        elif sw == 2:
+                            _route(src, peak, up, dst, taken, start, at, row, count, U(2),
+                                   False)
+                        else:
+                            _route(src, peak, up, dst, taken, start, at, row, count, U(sw),
+                                   False)
+    return grad
+
+
+def avg_pool_body(x, out, g, scale):
+    """out[n, c, r, t] = scale * the sum of its window (padding adds nothing), offsets
+    summed in row-major order, as NumPy's loop over offsets."""
+    kh, kw, sh, sw, ph, pw, dh, dw = g[0], g[1], g[2], g[3], g[4], g[5], g[6], g[7]
+    oh_, ow_ = g[8], g[9]
+    n_, c_, h_, w_ = x.shape
+    spans = _spans(kw, sw, dw, pw, w_, ow_)
+    src = x.reshape(x.size)
+    dst = out.reshape(out.size)
+    step, width = U(sw), U(ow_)
+    for n in range(n_):
+        for c in range(c_):
+            plane = (n * c_ + c) * h_ * w_
+            for r in range(oh_):
+                at = U(((n * c_ + c) * oh_ + r) * ow_)
+                for t in range(width):
+                    dst[at + t] = 0
+                for i in range(kh):
+                    h = r * sh + i * dh - ph
+                    if h < 0 or h >= h_:
+                        continue
+                    for j in range(kw):
+                        col0 = j * dw - pw
+                        lo, hi = spans[j, 0], spans[j, 1]
+                        to = at + U(lo)
+                        start = U(plane + h * w_ + lo * sw + col0)
+                        if sw == 2:
+                            for t in range(U(hi - lo)):
+                                dst[to + t] += src[start + t * U(2)]
+                        else:
+                            for t in range(U(hi - lo)):
+                                dst[to + t] += src[start + t * step]
+                for t in range(width):
+                    dst[at + t] = dst[at + t] * scale
+    return out
+
+
+def avg_pool_backward_body(upstream, grad, g, scale):
+    """grad[n, c] = the sum, over the windows covering each position, of scale *
+    upstream; offsets in row-major order, as NumPy's loop of `grad[window] += share`."""
+    kh, kw, sh, sw, ph, pw, dh, dw = g[0], g[1], g[2], g[3], g[4], g[5], g[6], g[7]
+    oh_, ow_ = g[8], g[9]
+    n_, c_, h_, w_ = grad.shape
+    spans = _spans(kw, sw, dw, pw, w_, ow_)
+    up = upstream.reshape(upstream.size)
+    dst = grad.reshape(grad.size)
+    step = U(sw)
+    for n in range(n_):
+        for c in range(c_):
+            plane = (n * c_ + c) * h_ * w_
+            windows = (n * c_ + c) * oh_ * ow_
+            for t in range(U(h_ * w_)):
+                dst[U(plane) + t] = 0
+            for i in range(kh):
+                for j in range(kw):
+                    col0 = j * dw - pw
+                    lo, hi = spans[j, 0], spans[j, 1]
+                    for r in range(oh_):
+                        h = r * sh + i * dh - ph
+                        if h < 0 or h >= h_:
+                            continue
+                        at = U(windows + r * ow_ + lo)
+                        to = U(plane + h * w_ + lo * sw + col0)
+                        for t in range(U(hi - lo)):
+                            dst[to + t * step] += up[at + t] * scale
+    return grad
+
+
+# ---------------------------------------------------------------- tiling windows
+# Pools whose windows tile the input (stride = kernel, no padding or dilation: the
+# MaxPool2d(k) of most CNNs) take one pass per output, with the window's taps in the
+# inner loops. Those loops unroll only for constant kernel sizes, and unrolled they
+# let LLVM vectorize across outputs: MaxPool2d(2) of 64x32x32x32 took 0.2 ms this way,
+# 2 ms with the general loops above. So these bodies are closures over kh, kw (and
+# the dtype's zero), compiled per size; Numba's cache keys them by those values.
+TILE_SIZES = range(1, 5)  # kh and kw with their own compiled tile kernels
+
+
+def tile_bodies(kh: int, kw: int, zero: Any) -> dict[str, Callable]:
+    """Tile pooling bodies for a kh x kw window; zero is 0 in the kernel's dtype."""
+
+    def max_forward(x, out, lowest):
+        """out = the maximum of each window, NaN winning, taps in row-major order."""
+        n_, c_, h_, w_ = x.shape
+        oh_, ow_ = out.shape[2], out.shape[3]
+        src = x.reshape(x.size)
+        dst = out.reshape(out.size)
+        for p in range(n_ * c_):
+            for r in range(oh_):
+                at = U((p * oh_ + r) * ow_)
+                base = U(p * h_ * w_ + r * kh * w_)
+                for t in range(U(ow_)):
+                    a = lowest
+                    for i in range(kh):
+                        for j in range(kw):
+                            v = src[base + U(i * w_ + j) + t * U(kw)]
+                            a = v if (v > a) | (v != v) else a
+                    dst[at + t] = a
+        return out
+
+    def max_backward(upstream, x, y, grad):
+        """grad = upstream at the first tap of each window equal to its maximum, and
+        0 + u * 0 at the others: the NumPy mask product, bit for bit."""
+        n_, c_, h_, w_ = x.shape
+        oh_, ow_ = y.shape[2], y.shape[3]
+        src = x.reshape(x.size)
+        peak = y.reshape(y.size)
+        up = upstream.reshape(upstream.size)
+        dst = grad.reshape(grad.size)
+        for p in range(n_ * c_):
+            _zero_uncovered(dst, p * h_ * w_, h_, w_, oh_ * kh, ow_ * kw, zero)
+            for r in range(oh_):
+                at = U((p * oh_ + r) * ow_)
+                base = U(p * h_ * w_ + r * kh * w_)
+                for t in range(U(ow_)):
+                    m = peak[at + t]
+                    u = up[at + t]
+                    found = False
+                    for i in range(kh):
+                        for j in range(kw):
+                            pos = base + U(i * w_ + j) + t * U(kw)
+                            hit = (src[pos] == m) & (not found)
+                            dst[pos] = (u if hit else u * zero) + zero
+                            found = found | hit
+        return grad
+
+    def avg_forward(x, out, scale):
+        """out = scale * the sum of each window, taps in row-major order."""
+        n_, c_, h_, w_ = x.shape
+        oh_, ow_ = out.shape[2], out.shape[3]
+        src = x.reshape(x.size)
+        dst = out.reshape(out.size)
+        for p in range(n_ * c_):
+            for r in range(oh_):
+                at = U((p * oh_ + r) * ow_)
+                base = U(p * h_ * w_ + r * kh * w_)
+                for t in range(U(ow_)):
+                    a = zero
+                    for i in range(kh):
+                        for j in range(kw):
+                            a += src[base + U(i * w_ + j) + t * U(kw)]
+                    dst[at + t] = a * scale
+        return out
+
+    def avg_backward(upstream, grad, scale):
+        """grad = 0 + upstream * scale at every tap of its window."""
+        n_, c_, h_, w_ = grad.shape
+        oh_, ow_ = upstream.shape[2], upstream.shape[3]
+        up = upstream.reshape(upstream.size)
+        dst = grad.reshape(grad.size)
+        for p in range(n_ * c_):
+            _zero_uncovered(dst, p * h_ * w_, h_, w_, oh_ * kh, ow_ * kw, zero)
+            for r in range(oh_):
+                at = U((p * oh_ + r) * ow_)
+                base = U(p * h_ * w_ + r * kh * w_)
+                for t in range(U(ow_)):
+                    share = up[at + t] * scale + zero
+                    for i in range(kh):
+                        for j in range(kw):
+                            dst[base + U(i * w_ + j) + t * U(kw)] = share
+        return grad
+
+    return {"max_forward": max_forward, "max_backward": max_backward,
+            "avg_forward": avg_forward, "avg_backward": avg_backward}
+
+
+def _zero_uncovered(dst, plane, h_, w_, covered_h, covered_w, zero):
+    # Zero the rows and columns of a plane past the last tiling window.
+    for h in range(h_):
+        first = 0 if h >= covered_h else covered_w
+        for t in range(U(first), U(w_)):
+            dst[U(plane + h * w_) + t] = zero
+
+
+_TILE_KINDS = {
+    "max_forward": ("in4", "out4", "value"),
+    "max_backward": ("in4", "in4", "in4", "out4"),
+    "avg_forward": ("in4", "out4", "value"),
+    "avg_backward": ("in4", "out4", "value"),
+}
+
+
+# ---------------------------------------------------------------- compiling
+
+
+# Argument kinds: "in4" a read-only 4-D array, "out4"/"out3" writable arrays, "geo" the
+# geometry, "value" a scalar of the kernel's dtype.
+_KINDS: dict[Callable, tuple[str, ...]] = {
+    unfold_body: ("in4", "out3", "geo", "value"),
+    fold_body: ("in3", "out4", "geo"),
+    max_pool_body: ("in4", "out4", "geo", "value"),
+    max_pool_backward_body: ("in4", "in4", "in4", "out4", "geo", "value"),
+    avg_pool_body: ("in4", "out4", "geo", "value"),
+    avg_pool_backward_body: ("in4", "out4", "geo", "value"),
+}
+_lock = threading.Lock()
+_compiled_loops: dict[tuple, Any] = {}
+_registered = False
+
+
+def _signature(dtype: np.dtype, kinds: Sequence[str]) -> tuple:
+    nb = jit.numba()
+    types = []
+    for kind in kinds:
+        if kind == "geo":
+            types.append(jit.array_type(np.dtype(np.int64), 1, "C", readonly=True))
+        elif kind == "value":
+            types.append(nb.from_dtype(dtype))
+        else:
+            types.append(jit.array_type(dtype, int(kind[-1]), "C", readonly=kind[:2] == "in"))
+    return tuple(types)
+
+
+def _register_helpers(nb: Any) -> None:
+    global _registered
+    if not _registered:  # the helpers the bodies call, callable from Numba
+        for helper in (_spans, _running_max, _route, _pad_hits, _zero_uncovered):
+            nb.extending.register_jitable(error_model="numpy")(helper)
+        _registered = True
+
+
+def _compile(key: tuple, body: Callable, dtype: np.dtype, kinds: Sequence[str]) -> Any:
+    found = _compiled_loops.get(key)
+    if found is not None:
+        return found
+    with _lock:
+        found = _compiled_loops.get(key)
+        if found is None:
+            nb = jit.numba()
+            _register_helpers(nb)
+            found = nb.njit(cache=True, **jit.JIT_OPTIONS)(body)
+            found.compile(_signature(dtype, kinds))
+            found.disable_compile()
+            _compiled_loops[key] = found
+    return found
+
+
+def compiled(body: Callable, dtype: np.dtype) -> Any:
+    """`body` compiled for `dtype` (one explicit signature; inputs may be read-only),
+    cached on disk by Numba; compiled once per process."""
+    return _compile((body.__name__, dtype), body, dtype, _KINDS[body])
+
+
+def compiled_tile(kind: str, kh: int, kw: int, dtype: np.dtype) -> Any:
+    """The tile pooling body `kind` for a kh x kw window, compiled for dtype."""
+    key = (kind, kh, kw, dtype)
+    found = _compiled_loops.get(key)
+    if found is not None:
+        return found
+    body = tile_bodies(kh, kw, dtype.type(0))[kind]
+    return _compile(key, body, dtype, _TILE_KINDS[kind])
+
+
+def check_dtype(op: str, arrays: Sequence[np.ndarray]) -> np.dtype:
+    """The one supported float dtype of arrays, or a KernelError naming op."""
+    dtype = arrays[0].dtype
+    if dtype not in SUPPORTED_DTYPES or any(a.dtype != dtype for a in arrays):
+        names = " and ".join(sorted({a.dtype.name for a in arrays}))
+        raise _error(op, list(arrays), f"unsupported dtype {names}; {_SUPPORTED}")
+    return dtype
+
+
+# ---------------------------------------------------------------- entry points
+# Callers (pullback.backend.conv) validate shapes and geometry; these only run loops.
+
+
+def _blocks(buffer: np.ndarray, geo: np.ndarray) -> np.ndarray:
+    # A C-contiguous window buffer as (blocks, OH, OW), without a copy.
+    return buffer.reshape(-1, int(geo[8]), int(geo[9]))
+
+
+def unfold(x: np.ndarray, buffer: np.ndarray, geo: np.ndarray, pad_value: Any) -> np.ndarray:
+    """Write the windows of x (N, C, H, W) into `buffer` (C-contiguous, at the block
+    strides `geo` names), padding reading as pad_value; returns buffer."""
+    dtype = check_dtype("unfold2d", [x, buffer])
+    if not buffer.flags.c_contiguous:
+        raise _error("unfold2d", [buffer], "the window buffer must be C-contiguous")
+    compiled(unfold_body, dtype)(np.ascontiguousarray(x), _blocks(buffer, geo), geo,
+                                 dtype.type(pad_value))
+    return buffer
+
+
+def fold(buffer: np.ndarray, out: np.ndarray, geo: np.ndarray) -> np.ndarray:
+    """Sum the windows in `buffer` (C-contiguous, at the block strides `geo` names)
+    into `out` (N, C, H, W), overwriting it; returns out."""
+    dtype = check_dtype("fold2d", [buffer, out])
+    compiled(fold_body, dtype)(_blocks(np.ascontiguousarray(buffer), geo), out, geo)
+    return out
+
+
+def _tiles(geo: np.ndarray) -> bool:
+    """Whether the windows tile the input with a size that has its own kernels."""
+    kh, kw, sh, sw, ph, pw, dh, dw = (int(v) for v in geo[:8])
+    return (sh == kh and sw == kw and ph == pw == 0 and dh == dw == 1
+            and kh in TILE_SIZES and kw in TILE_SIZES)
+
+
+def max_pool(x: np.ndarray, out: np.ndarray, geo: np.ndarray) -> np.ndarray:
+    """out (N, C, OH, OW) = the maximum of each window of x; returns out."""
+    dtype = check_dtype("max_pool2d", [x, out])
+    x = np.ascontiguousarray(x)
+    lowest = dtype.type(-np.inf)
+    if _tiles(geo):
+        return compiled_tile("max_forward", int(geo[0]), int(geo[1]), dtype)(x, out, lowest)
+    return compiled(max_pool_body, dtype)(x, out, geo, lowest)
+
+
+def max_pool_backward(upstream: np.ndarray, x: np.ndarray, y: np.ndarray, grad: np.ndarray,
+                      geo: np.ndarray) -> np.ndarray:
+    """grad (N, C, H, W) = upstream routed to each window's first maximum; returns grad."""
+    dtype = check_dtype("max_pool2d_backward", [upstream, x, y, grad])
+    args = (np.ascontiguousarray(upstream), np.ascontiguousarray(x), np.ascontiguousarray(y),
+            grad)
+    if _tiles(geo):
+        return compiled_tile("max_backward", int(geo[0]), int(geo[1]), dtype)(*args)
+    return compiled(max_pool_backward_body, dtype)(*args, geo, dtype.type(-np.inf))
+
+
+def avg_pool(x: np.ndarray, out: np.ndarray, geo: np.ndarray) -> np.ndarray:
+    """out (N, C, OH, OW) = the mean of each window of x, padding counted; returns out."""
+    dtype = check_dtype("avg_pool2d", [x, out])
+    x = np.ascontiguousarray(x)
+    scale = dtype.type(1.0 / (geo[0] * geo[1]))
+    if _tiles(geo):
+        return compiled_tile("avg_forward", int(geo[0]), int(geo[1]), dtype)(x, out, scale)
+    return compiled(avg_pool_body, dtype)(x, out, geo, scale)
+
+
+def avg_pool_backward(upstream: np.ndarray, grad: np.ndarray, geo: np.ndarray) -> np.ndarray:
+    """grad (N, C, H, W) = upstream / (kh kw) spread over each window; returns grad."""
+    dtype = check_dtype("avg_pool2d_backward", [upstream, grad])
+    upstream = np.ascontiguousarray(upstream)
+    scale = dtype.type(1.0 / (geo[0] * geo[1]))
+    if _tiles(geo):
+        return compiled_tile("avg_backward", int(geo[0]), int(geo[1]), dtype)(upstream, grad,
+                                                                               scale)
+    return compiled(avg_pool_backward_body, dtype)(upstream, grad, geo, scale)
