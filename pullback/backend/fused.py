@@ -143,3 +143,18 @@ class FusedOps:
             slope = self.add(cdf, self.mul(z, pdf))
         grad = self.mul(upstream, slope)
         return grad, self.sum_to_shape(grad, tuple(bias.shape))
+
+
+class _Defaults(FusedOps):
+    """FusedOps' defaults over the forward ops of a backend without FusedOps."""
+
+    def __init__(self, backend: Any):
+        self._backend = backend
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._backend, name)
+
+
+def fused_ops(backend: Any) -> FusedOps:
+    """The backend's fused ops: its own, or the defaults written in its forward ops."""
+    return backend if isinstance(backend, FusedOps) else _Defaults(backend)

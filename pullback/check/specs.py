@@ -152,6 +152,8 @@ SPECS: dict[str, Spec] = {
     "softmax": Spec(lambda x: (ops.softmax(x), ops.softmax(x, axis=0)), inputs(normal(3, 5))),
     "log_softmax": Spec(lambda x: (ops.log_softmax(x), ops.log_softmax(x, axis=0)),
                         inputs(normal(3, 5))),
+    "layer_norm": Spec(lambda x, w, b: (ops.layer_norm(x, w, b), ops.layer_norm(x, w, b, 0.1)),
+                       inputs(normal(2, 3, 5), normal(5), normal(5))),
     # shapes
     "reshape": Spec(lambda x: ops.reshape(x, (6, 4)), inputs(normal(2, 3, 4))),
     "transpose": Spec(lambda x: ops.transpose(x, (2, 0, 1)), inputs(normal(2, 3, 4))),

@@ -1,8 +1,8 @@
 """Layers with parameters: Dense, Bias1d, Conv2d, GLU, LayerNorm.
 
 Dense, Conv2d and GLU trace and backprop by themselves (from the backend's
-backward kernels, with no graph recorded); Bias1d and LayerNorm use the
-default path through the autodiff core. Initializations are PyTorch's.
+backward kernels, with no graph recorded); Bias1d and LayerNorm (one fused
+primitive) use the default path through the autodiff core. Initializations are PyTorch's.
 """
 
 from __future__ import annotations
@@ -197,10 +197,7 @@ class LayerNorm(Module):
         self.bias = Parameter(zeros(n, dtype=dtype))
 
     def forward(self, x: Any) -> Tensor:
-        centered = ops.sub(x, ops.mean(x, -1, True))
-        variance = ops.mean(ops.mul(centered, centered), -1, True)
-        normed = ops.div(centered, ops.sqrt(ops.add(variance, self.eps)))
-        return ops.add(ops.mul(normed, self.weight), self.bias)
+        return ops.layer_norm(x, self.weight, self.bias, self.eps)
 
     def extra_repr(self) -> str:
         return f"{self.weight.shape[0]}, eps={self.eps}"

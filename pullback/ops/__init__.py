@@ -42,6 +42,7 @@ from .elementwise import (
 )
 from .linalg import matmul
 from .loss import cross_entropy, dropout_mask, one_hot
+from .norm import layer_norm
 from .reduce import log_softmax, max, mean, softmax, sum
 from .registry import PRIMITIVES, declare
 from .shape import (
@@ -82,6 +83,7 @@ __all__ = [
     "getitem",
     "greater",
     "greater_equal",
+    "layer_norm",
     "less",
     "less_equal",
     "log",

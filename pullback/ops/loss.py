@@ -11,6 +11,7 @@ from typing import Any
 
 from ..ad import defjvp, defvjp
 from ..backend.errors import KernelError
+from ..backend.fused import fused_ops
 from .elementwise import exp, mul, sub
 from .reduce import log_softmax
 from .reduce import sum as reduce_sum
@@ -46,14 +47,15 @@ def _cross_entropy_shape(logits: Any, labels: Any) -> tuple:
 
 
 def _cross_entropy_impl(backend: Any, logits: Any, labels: Any) -> Any:
-    n, c = logits.shape
-    picked = backend.mul(backend.log_softmax(logits, 1), _one_hot_impl(backend, labels, c,
-                                                                     logits.dtype))
-    return backend.mul(backend.reduce_sum(picked, (0, 1), False), -1.0 / n)
+    n = logits.shape[0]
+    # One pass per row on the CPU backends (FusedOps); labels out of range raise.
+    per_row = fused_ops(backend).cross_entropy(logits, labels)
+    return backend.mul(backend.reduce_sum(per_row, (0,), False), 1.0 / n)
 
 
 cross_entropy_p = declare("cross_entropy", _cross_entropy_impl, _cross_entropy_shape,
                           saves_inputs=True)
+cross_entropy_p.exact_inputs = True  # labels stay integers for the fused backward kernel
 
 
 def _softmax_minus_target(logits: Any, labels: Any) -> Any:
@@ -70,10 +72,8 @@ defjvp(cross_entropy_p,
 
 def _cross_entropy_vjp(be: Any, g: Any, node: Any) -> tuple:
     logits, labels = node.inputs
-    n, c = logits.shape
-    probs = be.softmax(logits, 1)
-    grad = be.mul(be.sub(probs, _one_hot_impl(be, labels, c, logits.dtype)), be.mul(g, 1.0 / n))
-    return grad, None
+    upstream = be.mul(g, 1.0 / logits.shape[0])
+    return fused_ops(be).cross_entropy_backward(upstream, logits, labels), None
 
 
 defvjp(cross_entropy_p, _cross_entropy_vjp)

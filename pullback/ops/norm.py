@@ -1,0 +1,93 @@
+"""layer_norm: normalize over the last axis, then scale and shift, as one primitive.
+
+Forward and backward run as the backend's fused ops (`FusedOps.layer_norm` and
+`layer_norm_backward`: one Numba pass each on the CPU backends; on a backend without
+them, their defaults in its forward ops); the JVP rules are written in primitives,
+so forward mode and higher orders work as for every other op.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..ad import defjvp, defvjp
+from ..backend.errors import KernelError
+from ..backend.fused import fused_ops
+from .elementwise import add, div, mul, sqrt, sub
+from .reduce import mean
+from .registry import declare, dtype_of, is_float, shape_of
+from .shape import broadcast_to
+
+
+def _shape(x: Any, weight: Any, bias: Any, eps: float) -> tuple:
+    shape = shape_of(x)
+    operands = (x, weight, bias)
+    if not shape or not is_float(dtype_of(x)):
+        raise KernelError("layer_norm", operands, "x must be floating, with a last axis to "
+                          "normalize over")
+    for name, v in (("weight", weight), ("bias", bias)):
+        if shape_of(v) != shape[-1:] or dtype_of(v) != dtype_of(x):
+            raise KernelError("layer_norm", operands, f"{name} must have shape "
+                              f"({shape[-1]},) and x's dtype")
+    return shape, dtype_of(x)
+
+
+def _statistics(backend: Any, x: Any, eps: float) -> tuple[Any, Any]:
+    """Per row of the last axis: mean and 1 / sqrt(variance + eps), shaped x.shape[:-1]."""
+    last = (x.ndim - 1,)
+    width = x.shape[-1]
+    mu = backend.div(backend.reduce_sum(x, last, True), width)
+    centered = backend.sub(x, mu)
+    var = backend.div(backend.reduce_sum(backend.mul(centered, centered), last, True), width)
+    rstd = backend.div(1.0, backend.sqrt(backend.add(var, eps)))
+    return backend.reshape(mu, x.shape[:-1]), backend.reshape(rstd, x.shape[:-1])
+
+
+def _impl(backend: Any, x: Any, weight: Any, bias: Any, eps: float) -> Any:
+    _shape(x, weight, bias, eps)  # eager calls skip shape rules; these shapes must agree
+    return fused_ops(backend).layer_norm(x, weight, bias, eps)[0]
+
+
+layer_norm_p = declare("layer_norm", _impl, _shape, saves_inputs=True)
+
+
+def _normalized(x: Any, eps: float) -> tuple[Any, Any]:
+    """(x - mean) * rstd and rstd, in primitives (for the JVP rules)."""
+    centered = sub(x, mean(x, -1, True))
+    rstd = div(1.0, sqrt(add(mean(mul(centered, centered), -1, True), eps)))
+    return mul(centered, rstd), rstd
+
+
+def _jvp_x(t: Any, out: Any, x: Any, weight: Any, bias: Any, eps: float) -> Any:
+    # d xhat = rstd * (t - mean(t) - xhat * mean(t * xhat)).
+    xhat, rstd = _normalized(x, eps)
+    d = sub(sub(t, mean(t, -1, True)), mul(xhat, mean(mul(t, xhat), -1, True)))
+    return mul(mul(d, rstd), weight)
+
+
+def _jvp_weight(t: Any, out: Any, x: Any, weight: Any, bias: Any, eps: float) -> Any:
+    return mul(_normalized(x, eps)[0], t)
+
+
+def _jvp_bias(t: Any, out: Any, x: Any, weight: Any, bias: Any, eps: float) -> Any:
+    return broadcast_to(t, shape_of(x))
+
+
+defjvp(layer_norm_p, _jvp_x, _jvp_weight, _jvp_bias)
+
+
+def _vjp(be: Any, g: Any, n: Any) -> tuple:
+    # mean and rstd are recomputed (two reductions) rather than kept: a primitive keeps
+    # one output, and the layer's output is what the next op reads.
+    x, weight, _ = n.inputs
+    mu, rstd = _statistics(be, x, n.params["eps"])
+    return fused_ops(be).layer_norm_backward(g, x, weight, mu, rstd)
+
+
+defvjp(layer_norm_p, _vjp)
+
+
+def layer_norm(x: Any, weight: Any, bias: Any, eps: float = 1e-5) -> Any:
+    """(x - mean) / sqrt(var + eps) * weight + bias over the last axis, as
+    torch.nn.functional.layer_norm(x, (n,), weight, bias, eps)."""
+    return layer_norm_p.bind(x, weight, bias, eps=float(eps))
