@@ -331,8 +331,33 @@ class TrainingPlan(Plan):
         for s, i in last_reader.items():
             if self.graph.vars[s].kind == "value" and s not in returned:
                 frees[i].append(s)
-        return [(eqn, node, saved, needed_in, tuple(f))
+        return [(eqn, node, saved, needed_in, tuple(f), self._direct(eqn, needed_in))
                 for (eqn, node, saved, needed_in), f in zip(steps, frees)]
+
+    @staticmethod
+    def _direct(eqn: Eqn, needed_in: tuple) -> tuple | None:
+        """For a step the backend's fused kernel can take straight from the cache: its
+        inputs as a template (constants in place) and the (position, slot) pairs to
+        fill in; None where the general path is needed (no kernel, or saved integers
+        that the rules expect as floats)."""
+        prim = eqn.primitive
+        if prim.vjp is None:
+            return None
+        template = [None] * len(eqn.args)
+        fill = []
+        for i in needed_in if prim.saves_inputs else ():
+            a = eqn.args[i]
+            if not isinstance(a, Var):
+                template[i] = a
+            elif a.dtype.kind in "iub" and not prim.exact_inputs:
+                return None
+            else:
+                fill.append((i, a.index))
+        if not prim.saves_inputs and any(not isinstance(a, Var) for a in eqn.args):
+            template = [None if isinstance(a, Var) else a for a in eqn.args]
+        inputs = tuple(template) if prim.saves_inputs or fill or any(
+            t is not None for t in template) else None
+        return prim.vjp, inputs, tuple(fill), prim.saves_output
 
     def _depends(self, eqn: Eqn, param: Var) -> bool:
         reach = {param.index}
@@ -352,12 +377,16 @@ class TrainingPlan(Plan):
         self._forward(env)
         loss = env[self.graph.outputs[0].index]
         executor = EagerExecutor()
+        backend, fused = executor.backend, executor.fused
         cts: dict[int, Any] = {self.graph.outputs[0].index: np.ones_like(loss)}
         add = executor.add_operands
-        for eqn, node, _, needed_in, frees in self._backward:
+        for eqn, node, _, needed_in, frees, direct in self._backward:
             ct = cts.pop(eqn.out.index, None)  # a cotangent is freed once consumed
             if ct is not None:
-                in_cts = self._vjp(executor, eqn, node, needed_in, env, ct)
+                if fused and direct is not None:
+                    in_cts = self._direct_vjp(backend, direct, node, env, eqn.out.index, ct)
+                else:
+                    in_cts = self._vjp(executor, eqn, node, needed_in, env, ct)
                 for parent, in_ct in zip(node.parents, in_cts):
                     if parent is None or in_ct is None:
                         continue
@@ -375,6 +404,24 @@ class TrainingPlan(Plan):
             return _wrap(loss, None)
         return (_wrap(loss, None),) + tuple(_wrap(env[v.index], None)
                                             for v in self.graph.outputs[1:])
+
+    @staticmethod
+    def _direct_vjp(backend: Any, direct: tuple, node: Node, env: list, out: int,
+                    ct: Any) -> tuple:
+        """The backend's backward kernel, fed straight from the cache: no linearization."""
+        vjp, template, fill, saves_output = direct
+        if fill:
+            values = list(template)
+            for i, slot in fill:
+                values[i] = env[slot]
+            node.inputs = tuple(values)
+        else:
+            node.inputs = template
+        node.output = env[out] if saves_output else None
+        try:
+            return vjp(backend, ct, node)
+        finally:
+            node.inputs = node.output = None
 
     @staticmethod
     def _vjp(executor: EagerExecutor, eqn: Eqn, node: Node, needed_in: tuple, env: list,
@@ -405,7 +452,7 @@ class TrainingPlan(Plan):
 
     def _explain_backward(self) -> list[str]:
         lines = ["backward:"]
-        for eqn, _, saved, _, frees in self._backward:
+        for eqn, _, saved, _, frees, _ in self._backward:
             reads = ", ".join(f"v{s}" for s in saved) or "nothing"
             kind = "fused kernel" if eqn.primitive.vjp is not None else (
                 "transpose" if eqn.primitive.transpose is not None else "linearize+transpose")
@@ -421,7 +468,7 @@ class TrainingPlan(Plan):
 
     def peak_bytes(self) -> int:
         peak, live = self._forward_memory()
-        for eqn, _, _, _, frees in self._backward:
+        for eqn, _, _, _, frees, _ in self._backward:
             # a cotangent of each operand appears while the saved values are still held
             grads = sum(a.nbytes for a in eqn.args if isinstance(a, Var) and a.kind == "value")
             peak = max(peak, live + grads)
