@@ -1,13 +1,17 @@
-"""ONNX import: `pullback.onnx.load(path_or_bytes)` returns a callable model.
+"""ONNX import and export.
 
-The graph's nodes become pullback primitives (through the converter table in
+`pullback.onnx.load(path_or_bytes)` returns a callable model (an `nn.Module`):
+the graph's nodes become pullback primitives (through the converter table in
 `registry`, filled by `pullback.onnx.ops`), run as an inference plan per input
-signature. The `onnx` package is needed only when a model is loaded:
+signature, or recorded for training when loaded with `trainable=True`.
+`pullback.onnx.export(module, example_input, path)` writes a module as an ONNX
+file. The `onnx` package is needed only to load or export:
 `pip install 'pullback[onnx]'`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from . import ops as _ops  # noqa: F401  (fills the converter table)
@@ -17,16 +21,24 @@ from .model import OnnxModel
 from .registry import CONVERTERS, UNSUPPORTED
 
 
-def load(path_or_bytes: Any, *, max_tensor_bytes: int | None = None) -> OnnxModel:
+def load(path_or_bytes: Any, *, trainable: bool | Iterable[str] = False,
+         max_tensor_bytes: int | None = None) -> OnnxModel:
     """Load an ONNX model from a path, bytes or a ModelProto.
+
+    `trainable=True` makes every floating-point initializer that holds weights a
+    parameter of the returned model (an `nn.Module`), to fine-tune: all but those
+    read as shapes, axes, pads, bounds or other build-time values, and
+    BatchNormalization's running statistics. A collection of initializer names
+    makes exactly those parameters. `model.trainable_initializers()` lists why
+    each initializer is or is not trainable.
 
     Raises `UnsupportedOperatorError` listing every operator pullback does not
     implement, `BadModelError` for a file that is not a valid, consistent model,
     and `OnnxImportError` for a tensor over `max_tensor_bytes` (by default half
-    the machine's memory)."""
+    the machine's memory) or an initializer that cannot be trained."""
     limit = default_max_tensor_bytes() if max_tensor_bytes is None else int(max_tensor_bytes)
     model = read_model(path_or_bytes)
-    return OnnxModel(parse(model, limit), limit)
+    return OnnxModel(parse(model, limit), limit, trainable)
 
 
 def supported_operators() -> list[str]:

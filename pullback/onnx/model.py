@@ -1,4 +1,4 @@
-"""`OnnxModel`: a loaded ONNX graph, callable on NumPy arrays or tensors.
+"""`OnnxModel`: a loaded ONNX graph, callable on NumPy arrays or tensors; an `nn.Module`.
 
 Each input signature (shapes and dtypes) gets its own inference plan
 (`pb.compile`), traced on the first call with that signature, whose outputs
@@ -7,6 +7,12 @@ under `no_grad` instead, for every call with that signature: one whose shapes
 depend on input values (an Expand to a shape given as an input), or one with
 string or sequence inputs, or a `Gradient` node. `model.mode(*inputs)` says
 which, and why.
+
+When something must be differentiated (a trainable parameter or an input that
+requires grad, with grad enabled) or traced (inside `pb.compile`, `pb.grad`...),
+a call runs the graph's nodes op by op on tensors instead, recorded like any
+module's forward: that is how a model loaded with `trainable=True` trains,
+eagerly or through a TRAINING plan.
 """
 
 from __future__ import annotations
@@ -17,25 +23,38 @@ from typing import Any
 
 import numpy as np
 
+from ..ad import core as _ad_core
 from ..lower import compile as compile_plan
-from ..tensor import Tensor, no_grad
+from ..nn import Module, Parameter
+from ..tensor import Tensor, is_grad_enabled, no_grad
+from ..tensor.eager import evaluate
 from .errors import OnnxImportError
 from .interpreter import RunContext, last_uses, run_graph
 from .loader import GraphSpec, ValueSpec
 from .registry import DataDependentError
+from .trainable import choose_trainable, frozen_reasons
 
 _MAX_PLANS = 16  # plans kept per model (least recently used dropped)
 
 
-class OnnxModel:
+class OnnxModel(Module):
     """`model(*inputs)` returns a tuple with one entry per graph output: a Tensor for a
-    numeric tensor, a NumPy array of str for a string tensor, a list for a sequence."""
+    numeric tensor, a NumPy array of str for a string tensor, a list for a sequence.
 
-    def __init__(self, spec: GraphSpec, max_tensor_bytes: int):
+    Loaded with `trainable=...`, the chosen initializers are its parameters
+    (`named_parameters()` gives them under their ONNX names) and it trains as any
+    module does; `trainable_initializers()` says which could be and why not."""
+
+    def __init__(self, spec: GraphSpec, max_tensor_bytes: int,
+                 trainable: bool | Sequence[str] = False):
+        super().__init__()
         self.spec = spec
         self.max_tensor_bytes = max_tensor_bytes
         self._runners: OrderedDict[tuple, Any] = OrderedDict()
         self._frees = last_uses(spec)
+        for name in choose_trainable(spec, trainable):
+            # A copy: the parameter is trained in place, the spec keeps the file's values.
+            self._parameters[name] = Parameter(np.array(spec.initializers[name]), name)
 
     @property
     def input_names(self) -> list[str]:
@@ -52,12 +71,22 @@ class OnnxModel:
     def __repr__(self) -> str:
         ins = ", ".join(_describe_spec(v) for v in self.spec.inputs)
         outs = ", ".join(_describe_spec(v) for v in self.spec.outputs)
+        trained = f", {len(self._parameters)} trainable" if self._parameters else ""
         return f"OnnxModel({self.spec.name or 'graph'}: ({ins}) -> ({outs}), " \
-               f"{len(self.spec.nodes)} nodes)"
+               f"{len(self.spec.nodes)} nodes{trained})"
+
+    def trainable_initializers(self) -> dict[str, str]:
+        """Every initializer: "trainable" (it may be a parameter), or why it stays constant
+        (not floating point; a shape, axes, pads or other value a plan is built with;
+        BatchNormalization's running statistics)."""
+        reasons = frozen_reasons(self.spec)
+        return {name: reasons.get(name, "trainable") for name in self.spec.initializers}
 
     # ------------------------------------------------------------ calling
 
     def __call__(self, *inputs: Any) -> tuple:
+        if self._records(inputs):
+            return self.forward(*inputs)
         arrays = self._prepare(inputs)
         key = _signature(arrays)
         runner = self._runners.get(key)
@@ -70,6 +99,55 @@ class OnnxModel:
             self._runners.popitem(last=False)
         return outputs
 
+    def forward(self, *inputs: Any) -> tuple:
+        """The graph's nodes run op by op on tensors, recorded for autodiff (or traced,
+        inside `pb.compile`): the outputs carry gradients to the inputs and parameters."""
+        return self.call_with({}, *inputs)
+
+    def call_with(self, parameters: dict[str, Any], *inputs: Any) -> tuple:
+        """`forward` with the given tensors in place of the named parameters (the rest as
+        they are), as `torch.func.functional_call`: e.g. `pb.gradcheck(lambda w:
+        model.call_with({"w": w}, x)[0], (w0,))` checks gradients with respect to `w`."""
+        unknown = sorted(set(parameters) - set(self._parameters))
+        if unknown:
+            raise KeyError(f"call_with: {', '.join(map(repr, unknown))} "
+                           f"{'is not a parameter' if len(unknown) == 1 else 'are not parameters'}"
+                           f" of this model (its parameters: "
+                           f"{', '.join(self._parameters) or 'none; load with trainable=True'})")
+        traced = _ad_core._evaluator is not evaluate
+        if traced and self.spec.eager_reason is not None:
+            raise OnnxImportError(f"this graph cannot be traced into a plan "
+                                  f"({self.spec.eager_reason}); call it eagerly")
+        values = [_recorded_input(x, v) for x, v in zip(self._check_count(inputs),
+                                                        self.spec.inputs)]
+        _check_symbolic_dims(values, self.spec.inputs)
+        env = self._env(values)
+        for name, value in parameters.items():
+            env[name] = _as_parameter_value(name, value, self.spec.initializers[name])
+        try:
+            outs = self._run(env, eager=not traced)
+        except DataDependentError as err:
+            raise OnnxImportError(f"this graph's shapes depend on input values ({err}), so it "
+                                  "cannot be traced into a plan; call it eagerly") from None
+        return self._finish(outs)
+
+    def _records(self, inputs: Sequence[Any]) -> bool:
+        """Whether this call must record (or be traced) rather than run a plan."""
+        if _ad_core._evaluator is not evaluate:
+            return True  # traced (pb.compile, transforms): the plan would hide the ops
+        if not is_grad_enabled():
+            return False
+        return bool(self._parameters) or any(
+            isinstance(x, Tensor) and x.requires_grad for x in inputs)
+
+    def _check_count(self, inputs: Sequence[Any]) -> Sequence[Any]:
+        specs = self.spec.inputs
+        if len(inputs) != len(specs):
+            names = ", ".join(v.name for v in specs)
+            raise TypeError(f"the model takes {len(specs)} input{'s' if len(specs) != 1 else ''}"
+                            f" ({names}), got {len(inputs)}")
+        return inputs
+
     def mode(self, *inputs: Any) -> str:
         """"plan" or "eager: <reason>" for these inputs' signature (after a call with them)."""
         runner = self._runners.get(_signature(self._prepare(inputs)))
@@ -79,11 +157,7 @@ class OnnxModel:
 
     def _prepare(self, inputs: Sequence[Any]) -> list[Any]:
         specs = self.spec.inputs
-        if len(inputs) != len(specs):
-            names = ", ".join(v.name for v in specs)
-            raise TypeError(f"the model takes {len(specs)} input{'s' if len(specs) != 1 else ''}"
-                            f" ({names}), got {len(inputs)}")
-        arrays = [_as_input(x, v) for x, v in zip(inputs, specs)]
+        arrays = [_as_input(x, v) for x, v in zip(self._check_count(inputs), specs)]
         _check_symbolic_dims(arrays, specs)
         return arrays
 
@@ -94,6 +168,7 @@ class OnnxModel:
 
     def _env(self, values: Sequence[Any]) -> dict[str, Any]:
         env: dict[str, Any] = dict(self.spec.initializers)
+        env.update(self._parameters)  # trainable initializers: tensors, read at each call
         env.update(zip(self.input_names, values))
         return env
 
@@ -248,6 +323,25 @@ def _as_input(x: Any, spec: ValueSpec) -> Any:
         raise OnnxImportError(f"input {spec.name!r}: the graph declares shape {declared}, got "
                               f"{array.shape} {array.dtype}")
     return array
+
+
+def _recorded_input(x: Any, spec: ValueSpec) -> Any:
+    """An input for the recorded path: a tensor stays itself (its graph and its trace
+    identity matter), checked against the declaration like any input."""
+    if isinstance(x, Tensor):
+        _as_input(x, spec)  # the checks only
+        return x
+    return _as_tensor(_as_input(x, spec))
+
+
+def _as_parameter_value(name: str, value: Any, initializer: np.ndarray) -> Any:
+    shape, dtype = getattr(value, "shape", None), getattr(value, "dtype", None)
+    if shape is None or tuple(shape) != initializer.shape or np.dtype(dtype) != initializer.dtype:
+        raise OnnxImportError(f"call_with: parameter {name!r} is {initializer.shape} "
+                              f"{initializer.dtype}; got "
+                              f"{tuple(shape) if shape is not None else type(value).__name__}"
+                              f"{' ' + str(np.dtype(dtype)) if dtype is not None else ''}")
+    return value if isinstance(value, Tensor) else _as_tensor(np.asarray(value))
 
 
 def _check_symbolic_dims(arrays: Sequence[Any], specs: Sequence[ValueSpec]) -> None:

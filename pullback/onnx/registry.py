@@ -32,6 +32,12 @@ class Converter:
     foldable: bool = True
     # Why the op cannot be lowered into a static plan, when it cannot (strings, Gradient).
     eager_only: str | None = None
+    # Input positions read as build-time values (shapes, axes, pads, clip bounds): whatever
+    # feeds them stays a constant when initializers become trainable parameters.
+    static_inputs: frozenset[int] = frozenset()
+    # Input positions that hold statistics, not weights (BatchNormalization's running mean
+    # and variance): kept constant when fine-tuning, as PyTorch keeps them buffers.
+    statistics_inputs: frozenset[int] = frozenset()
 
 
 #: Every converter, by (domain, op_type).
@@ -49,6 +55,8 @@ def converter(
     domain: str = DEFAULT_DOMAIN,
     foldable: bool = True,
     eager_only: str | None = None,
+    static_inputs: Iterable[int] = (),
+    statistics_inputs: Iterable[int] = (),
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Register `fn(node, *inputs)` as the converter of `op_type`; it returns one value
     or a tuple, one per node output (absent optional inputs arrive as None)."""
@@ -58,7 +66,8 @@ def converter(
         if key in CONVERTERS:
             raise ValueError(f"a converter for {op_type!r} is already registered")
         CONVERTERS[key] = Converter(op_type, fn, frozenset(versions), frozenset(attrs), domain,
-                                    foldable, eager_only)
+                                    foldable, eager_only, frozenset(static_inputs),
+                                    frozenset(statistics_inputs))
         return fn
 
     return register
@@ -99,6 +108,11 @@ class NodeView:
         if isinstance(value, np.ndarray):
             return value
         if isinstance(value, Tensor):
+            if value.requires_grad:
+                # Reading it as a number would cut its gradient: refuse rather than drop it.
+                raise OnnxImportError(f"{self.op_type} node {self.name!r}: its {what} is "
+                                      "computed from a tensor that requires grad (a trainable "
+                                      "parameter or input); it must be a constant")
             if self.run.eager:
                 return value.numpy()
             raise DataDependentError(f"{self.op_type} node {self.name!r}: its {what} is "

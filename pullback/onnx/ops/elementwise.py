@@ -111,7 +111,7 @@ def _shrink(node: Any, x: Any) -> Any:
     return ops.add(ramps, ops.mul(ops.sub(above, below), lambd - bias))
 
 
-@converter("Clip", (6, 11, 12, 13), ("min", "max"))
+@converter("Clip", (6, 11, 12, 13), ("min", "max"), static_inputs=(1, 2))
 def _clip(node: Any, x: Any, lo: Any = None, hi: Any = None) -> Any:
     if node.since < 11:
         lo, hi = node.attr("min", -math.inf), node.attr("max", math.inf)

@@ -63,7 +63,8 @@ _row_op("LogSoftmax", ops.log_softmax)
 
 
 def _reduce(op_type: str, fn: Any, versions: tuple, axes_input_from: int) -> None:
-    @converter(op_type, versions, ("axes", "keepdims", "noop_with_empty_axes"))
+    @converter(op_type, versions, ("axes", "keepdims", "noop_with_empty_axes"),
+               static_inputs=(1,))
     def convert(node: Any, x: Any, axes: Any = None) -> Any:
         ndim = len(shape(x))
         keepdims = bool(node.attr("keepdims", 1))
@@ -99,7 +100,8 @@ def _per_channel(v: Any, ndim: int) -> Any:
 
 
 @converter("BatchNormalization", (6, 7, 9, 14, 15),
-           ("epsilon", "momentum", "is_test", "spatial", "training_mode"))
+           ("epsilon", "momentum", "is_test", "spatial", "training_mode"),
+           statistics_inputs=(3, 4))
 def _batch_norm(node: Any, x: Any, scale: Any, bias: Any, mean: Any, var: Any) -> Any:
     if len([o for o in node.outputs if o]) > 1 or node.attr("training_mode", 0):
         raise OnnxImportError("training mode (running statistics as outputs) is not "
@@ -155,7 +157,8 @@ def _lrn(node: Any, x: Any) -> Any:
     return ops.div(x, denominator)
 
 
-@converter("Dropout", (6, 7, 10, 12, 13), ("ratio", "is_test", "seed"))
+@converter("Dropout", (6, 7, 10, 12, 13), ("ratio", "is_test", "seed"),
+           static_inputs=(1, 2))
 def _dropout(node: Any, x: Any, ratio: Any = None, training_mode: Any = None) -> Any:
     if training_mode is not None and bool(node.static(training_mode, "training_mode").item()):
         raise OnnxImportError("training_mode=True (random dropout) is not implemented; "

@@ -48,7 +48,7 @@ def _construct(node: Any, *xs: Any) -> list:
     return list(xs)
 
 
-@converter("SequenceInsert", _V)
+@converter("SequenceInsert", _V, static_inputs=(2,))
 def _insert(node: Any, seq: Any, x: Any, pos: Any = None) -> list:
     items = list(_sequence(seq))
     if items and dtype(items[0]) != dtype(x):
@@ -58,7 +58,7 @@ def _insert(node: Any, seq: Any, x: Any, pos: Any = None) -> list:
     return items
 
 
-@converter("SequenceAt", _V)
+@converter("SequenceAt", _V, static_inputs=(1,))
 def _at(node: Any, seq: Any, pos: Any) -> Any:
     items = _sequence(seq)
     if not items:
@@ -66,7 +66,7 @@ def _at(node: Any, seq: Any, pos: Any) -> Any:
     return items[_position(node, pos, len(items), False)]
 
 
-@converter("SequenceErase", _V)
+@converter("SequenceErase", _V, static_inputs=(1,))
 def _erase(node: Any, seq: Any, pos: Any = None) -> list:
     items = list(_sequence(seq))
     if not items:
@@ -80,7 +80,7 @@ def _length(node: Any, seq: Any) -> np.ndarray:
     return np.asarray(len(_sequence(seq)), dtype=np.int64)
 
 
-@converter("SplitToSequence", _V, ("axis", "keepdims"))
+@converter("SplitToSequence", _V, ("axis", "keepdims"), static_inputs=(1,))
 def _split_to_sequence(node: Any, x: Any, split: Any = None) -> list:
     sx = shape(x)
     axis = axis_of(node, node.attr("axis", 0), len(sx))

@@ -24,7 +24,7 @@ def _size(dims: tuple) -> int:
     return n
 
 
-@converter("Reshape", (5, 13, 14), ("allowzero",))
+@converter("Reshape", (5, 13, 14), ("allowzero",), static_inputs=(1,))
 def _reshape(node: Any, x: Any, target: Any) -> Any:
     dims = node.static_ints(target, "shape")
     allowzero = node.attr("allowzero", 0)
@@ -84,7 +84,7 @@ def _axes(node: Any, axes_input: Any, ndim: int) -> list[int] | None:
     return normalized
 
 
-@converter("Squeeze", (1, 11, 13, 21), ("axes",))
+@converter("Squeeze", (1, 11, 13, 21), ("axes",), static_inputs=(1,))
 def _squeeze(node: Any, x: Any, axes: Any = None) -> Any:
     sx = shape(x)
     chosen = _axes(node, axes, len(sx))
@@ -96,7 +96,7 @@ def _squeeze(node: Any, x: Any, axes: Any = None) -> Any:
     return ops.reshape(x, tuple(d for i, d in enumerate(sx) if i not in chosen))
 
 
-@converter("Unsqueeze", (1, 11, 13, 21), ("axes",))
+@converter("Unsqueeze", (1, 11, 13, 21), ("axes",), static_inputs=(1,))
 def _unsqueeze(node: Any, x: Any, axes: Any = None) -> Any:
     sx = shape(x)
     if node.since < 13:
@@ -148,7 +148,7 @@ def split_along(x: Any, axis: int, sizes: list[int]) -> tuple:
     return tuple(pieces)
 
 
-@converter("Split", (2, 11, 13), ("axis", "split"))
+@converter("Split", (2, 11, 13), ("axis", "split"), static_inputs=(1,))
 def _split(node: Any, x: Any, split: Any = None) -> tuple:
     sx = shape(x)
     axis = axis_of(node, node.attr("axis", 0), len(sx))
@@ -163,7 +163,8 @@ def _split(node: Any, x: Any, split: Any = None) -> tuple:
     return split_along(x, axis, sizes)
 
 
-@converter("Slice", (1, 10, 11, 13), ("starts", "ends", "axes"))
+@converter("Slice", (1, 10, 11, 13), ("starts", "ends", "axes"),
+           static_inputs=(1, 2, 3, 4))
 def _slice(node: Any, x: Any, starts: Any = None, ends: Any = None, axes: Any = None,
            steps: Any = None) -> Any:
     sx = shape(x)
@@ -188,7 +189,7 @@ def _slice(node: Any, x: Any, starts: Any = None, ends: Any = None, axes: Any = 
     return ops.getitem(x, tuple(index))
 
 
-@converter("Gather", (1, 11, 13), ("axis",))
+@converter("Gather", (1, 11, 13), ("axis",), static_inputs=(1,))
 def _gather(node: Any, x: Any, indices: Any) -> Any:
     sx = shape(x)
     axis = axis_of(node, node.attr("axis", 0), len(sx))
@@ -201,7 +202,7 @@ def _gather(node: Any, x: Any, indices: Any) -> Any:
     return ops.getitem(x, (slice(None),) * axis + (idx.astype(np.int64),))
 
 
-@converter("Expand", (8, 13))
+@converter("Expand", (8, 13), static_inputs=(1,))
 def _expand(node: Any, x: Any, target: Any) -> Any:
     dims = tuple(node.static_ints(target, "shape"))
     out = broadcast_shape(shape(x), dims)  # bidirectional: a 1 in `shape` keeps x's size
@@ -209,7 +210,7 @@ def _expand(node: Any, x: Any, target: Any) -> Any:
     return ops.broadcast_to(x, out)
 
 
-@converter("Tile", (6, 13))
+@converter("Tile", (6, 13), static_inputs=(1,))
 def _tile(node: Any, x: Any, repeats: Any) -> Any:
     sx = shape(x)
     reps = node.static_ints(repeats, "repeats")
@@ -222,7 +223,7 @@ def _tile(node: Any, x: Any, repeats: Any) -> Any:
     return ops.reshape(tiled, tuple(d * r for d, r in zip(sx, reps)))
 
 
-@converter("Pad", (2, 11, 13), ("mode", "pads", "value"))
+@converter("Pad", (2, 11, 13), ("mode", "pads", "value"), static_inputs=(1, 2))
 def _pad(node: Any, x: Any, pads: Any = None, value: Any = None) -> Any:
     sx = shape(x)
     mode = node.attr("mode", "constant")
@@ -253,7 +254,7 @@ def _constant(node: Any) -> np.ndarray:
     return np.asarray(value, dtype=kinds[name])
 
 
-@converter("ConstantOfShape", (9,), ("value",))
+@converter("ConstantOfShape", (9,), ("value",), static_inputs=(0,))
 def _constant_of_shape(node: Any, target: Any) -> np.ndarray:
     dims = tuple(node.static_ints(target, "shape"))
     value = node.attr("value", np.zeros(1, np.float32))
