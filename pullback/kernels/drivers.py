@@ -25,8 +25,9 @@ def _store(call: str, targets: list[str], indent: str) -> str:
 def elementwise_source(nin: int, nout: int, pattern: tuple) -> str:
     """Drivers for an elementwise body of `nin` inputs and `nout` outputs. `pattern` is
     (layout, arrays, flags, ...): layout "flat" for 1-D contiguous arrays, "grid" for
-    2-D (rows, last axis) broadcast views, or "rows" for contiguous operands broadcast
-    by rows or columns (a fourth entry gives one letter per input). Bit i of `arrays`
+    2-D (rows, last axis) broadcast views, "rows" for contiguous operands broadcast
+    by rows or columns, or "planes" for ones broadcast over outer and inner axes (a
+    per-channel bias); for the last two a fourth entry gives one letter per input. Bit i of `arrays`
     says input i is an array, bit i of `flags` that it is a bool. Other scalars arrive
     as Python numbers and are cast with global `cast` (the kernel dtype's type) first.
     For flat loops a fourth entry names per output the input it overwrites (-1:
@@ -38,8 +39,14 @@ def elementwise_source(nin: int, nout: int, pattern: tuple) -> str:
     targets = [f"o{j}" if alias[j] < 0 else f"a{alias[j]}" for j in range(nout)]
     outputs = [t for t in targets if t.startswith("o")]
     params = ", ".join([f"a{i}" for i in range(nin)] + outputs)
-    index = "i" if layout == "flat" else "r, c"
-    if layout == "rows":
+    index = {"flat": "i", "planes": "p, r, c"}.get(layout, "r, c")
+    if layout == "planes":
+        # (outer, middle, inner) planes over contiguous operands read whole ("f"), per
+        # middle index ("m": a per-channel bias over NCHW) or as one value ("s").
+        pick = {"f": "p, r, c", "m": "r", "s": "0"}
+        args = ", ".join(f"a{i}[{pick[pattern[3][i]]}]" if mask >> i & 1 else f"a{i}"
+                         for i in range(nin))
+    elif layout == "rows":
         # (rows, last axis) over contiguous operands, each read whole ("f"), as one row
         # shared by every row ("r"), one value per row ("c") or one value ("s"): plain
         # indexing that LLVM vectorizes, where broadcast strides would not be.
@@ -58,6 +65,11 @@ def elementwise_source(nin: int, nout: int, pattern: tuple) -> str:
         if layout == "flat":
             text += [f"    for i in {loop}({targets[0]}.shape[0]):\n",
                      _store(f"fn({args})", [f"{o}[{index}]" for o in targets], " " * 8)]
+        elif layout == "planes":
+            text += [f"    for p in {loop}(o0.shape[0]):\n",
+                     "        for r in range(o0.shape[1]):\n",
+                     "            for c in range(o0.shape[2]):\n",
+                     _store(f"fn({args})", [f"{o}[{index}]" for o in outputs], " " * 16)]
         else:
             text += [f"    for r in {loop}(o0.shape[0]):\n",
                      "        for c in range(o0.shape[1]):\n",

@@ -127,11 +127,12 @@ class ElementwiseKernel(Kernel):
     def _signature(self, dtype: np.dtype, key: tuple) -> tuple:
         layout, mask, flags = key[:3]
         alias = key[3] if layout == "flat" and len(key) > 3 else (-1,) * self.nout
-        ndim, order = {"flat": (1, "C"), "grid": (2, "A"), "rows": (2, "C")}[layout]
+        ndim, order = {"flat": (1, "C"), "grid": (2, "A"), "rows": (2, "C"),
+                       "planes": (3, "C")}[layout]
         t = jit.numba().types
 
         def array(i: int) -> Any:
-            if layout == "rows" and key[3][i] != "f":
+            if layout in ("rows", "planes") and key[3][i] != "f":
                 return jit.array_type(dtype, 1, "C", readonly=True)
             return jit.array_type(dtype, ndim, order, readonly=i not in alias)
 
@@ -232,8 +233,15 @@ class ElementwiseKernel(Kernel):
         # arrays; reshape copies only for strides it cannot merge.
         grid = (math.prod(shape[:-1]), shape[-1]) if shape else (1, 1)
         kinds = _row_kinds(values, masks[0], shape, dtype)
+        planes = None if kinds is not None else _plane_kinds(values, masks[0], shape, dtype)
         if kinds is not None:
             key = ("rows", *masks, kinds)
+            for i, kind in enumerate(kinds):
+                if kind != "-":
+                    values[i] = values[i].reshape(grid if kind == "f" else -1)
+        elif planes is not None:
+            grid, kinds = planes
+            key = ("planes", *masks, kinds)
             for i, kind in enumerate(kinds):
                 if kind != "-":
                     values[i] = values[i].reshape(grid if kind == "f" else -1)
@@ -276,3 +284,35 @@ def _row_kinds(values: list, mask: int, shape: tuple, dtype: np.dtype) -> str | 
         else:
             return None
     return "".join(kinds)
+
+
+def _plane_kinds(values: list, mask: int, shape: tuple, dtype: np.dtype
+                 ) -> tuple[tuple, str] | None:
+    """`shape` as (outer, middle, inner) planes when every contiguous array operand is
+    whole ("f"), one value ("s"), or varies along the middle axes only ("m"): a
+    per-channel bias or scale over NCHW, say. None otherwise."""
+    kinds, span = [], None
+    for i, v in enumerate(values):
+        if not mask >> i & 1:
+            kinds.append("-")
+            continue
+        if v.dtype != dtype or not v.flags.c_contiguous:
+            return None
+        s = (1,) * (len(shape) - v.ndim) + v.shape
+        if s == shape:
+            kinds.append("f")
+            continue
+        if v.size == 1:
+            kinds.append("s")
+            continue
+        varying = [d for d, n in enumerate(s) if n != 1]
+        lo, hi = varying[0], varying[-1] + 1
+        if s[lo:hi] != shape[lo:hi] or (span is not None and span != (lo, hi)):
+            return None
+        span = (lo, hi)
+        kinds.append("m")
+    if span is None:
+        return None
+    lo, hi = span
+    grid = (math.prod(shape[:lo]), math.prod(shape[lo:hi]), math.prod(shape[hi:]))
+    return grid, "".join(kinds)

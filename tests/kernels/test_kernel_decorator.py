@@ -193,10 +193,25 @@ def test_row_and_column_broadcasts_take_the_rows_loop(rng, dtype):
     x3 = rng.standard_normal((2, 5, 7)).astype(dtype)
     per_row = rng.standard_normal((2, 5, 1)).astype(dtype)
     np.testing.assert_array_equal(difference(x3, per_row), x3 - per_row)
-    odd = rng.standard_normal((5, 1)).astype(dtype)  # broadcast over the first axis too
-    np.testing.assert_array_equal(difference(x3, odd), x3 - odd)
+    strided = rng.standard_normal((7, 5)).astype(dtype).T  # not contiguous
+    np.testing.assert_array_equal(difference(strided, x3[0, :, :1]), strided - x3[0, :, :1])
     assert (np.dtype(dtype).name, "rows", "serial") in difference.signatures
     assert (np.dtype(dtype).name, "grid", "serial") in difference.signatures
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_middle_axis_broadcasts_take_the_planes_loop(rng, dtype):
+    x = rng.standard_normal((3, 4, 5, 6)).astype(dtype)
+    for shape in [(1, 4, 1, 1), (4, 1, 1), (3, 4, 1, 1), (1, 4, 5, 1), (3, 1, 1, 1)]:
+        other = rng.standard_normal(shape).astype(dtype)
+        np.testing.assert_array_equal(difference(x, other), x - other)
+        np.testing.assert_array_equal(difference(other, x), other - x)
+        np.testing.assert_array_equal(axpy(other, x, 1.5), other * x + 1.5)
+    assert (np.dtype(dtype).name, "planes", "serial") in difference.signatures
+    # Two operands varying along different axes fit no planes: the general loop.
+    a, b = rng.standard_normal((1, 4, 1, 1)), rng.standard_normal((1, 1, 5, 1))
+    np.testing.assert_array_equal(axpy(a.astype(dtype), x, b.astype(dtype)),
+                                  a.astype(dtype) * x + b.astype(dtype))
 
 
 def test_non_contiguous_inputs_are_read_through_their_strides(rng):
