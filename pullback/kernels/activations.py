@@ -74,6 +74,13 @@ def softplus(x):
 
 
 @kernel
+def relu_backward(upstream, y):
+    """upstream where relu's output (or input: the same sign) is positive; a multiply by
+    the mask, so a NaN upstream stays NaN, as NumPy's upstream * (y > 0)."""
+    return upstream * (1.0 if y > 0.0 else 0.0)
+
+
+@kernel
 def sigmoid_backward(upstream, y):
     """upstream * y (1 - y), from the saved output."""
     return upstream * y * (1.0 - y)

@@ -13,7 +13,7 @@ from pullback.kernels import activations as act
 
 FORWARD = [act.gelu, act.gelu_tanh, act.silu, act.softplus, act.sigmoid]
 BACKWARD = [act.gelu_backward, act.gelu_tanh_backward, act.silu_backward,
-            act.softplus_backward, act.sigmoid_backward, act.tanh_backward]
+            act.softplus_backward, act.sigmoid_backward, act.tanh_backward, act.relu_backward]
 # As tests/backend: 1 + erf and 1 + tanh cancel for negative x, where float32 keeps only
 # an absolute accuracy of a few ulp of 1, hence the absolute floor.
 TOL = {np.float32: {"rtol": 3e-6, "atol": 2e-6}, np.float64: {"rtol": 1e-12, "atol": 1e-14}}
@@ -60,11 +60,19 @@ def test_backward_of_input_is_the_vjp_of_forward(rng, k):
 
 
 @pytest.mark.parametrize(("forward", "backward"),
-                         [(act.sigmoid, act.sigmoid_backward), (np.tanh, act.tanh_backward)],
-                         ids=["sigmoid", "tanh"])
+                         [(act.sigmoid, act.sigmoid_backward), (np.tanh, act.tanh_backward),
+                          (lambda x: np.maximum(x, 0), act.relu_backward)],
+                         ids=["sigmoid", "tanh", "relu"])
 def test_backward_of_output_is_the_vjp_of_forward(rng, forward, backward):
     x = rng.standard_normal(SMALL) * 3
     vjp_check(forward, lambda u: [backward(u, forward(x))], [x], [0], rng)
+
+
+def test_relu_backward_keeps_nan_upstream_and_masks_nan_output():
+    upstream = np.array([np.nan, 1.0, 2.0, np.nan], np.float32)
+    y = np.array([1.0, np.nan, 0.0, -1.0], np.float32)
+    want = upstream * (y > 0)
+    np.testing.assert_array_equal(act.relu_backward(upstream, y), want)
 
 
 def test_softplus_is_exact_in_both_tails():
