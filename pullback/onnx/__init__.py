@@ -16,6 +16,7 @@ from typing import Any
 
 from . import ops as _ops  # noqa: F401  (fills the converter table)
 from .errors import BadModelError, NodeError, OnnxImportError, UnsupportedOperatorError
+from .export import ExportError, export, to_model
 from .loader import default_max_tensor_bytes, parse, read_model
 from .model import OnnxModel
 from .registry import CONVERTERS, UNSUPPORTED
@@ -49,10 +50,13 @@ def supported_operators() -> list[str]:
 __all__ = [
     "UNSUPPORTED",
     "BadModelError",
+    "ExportError",
     "NodeError",
     "OnnxImportError",
     "OnnxModel",
     "UnsupportedOperatorError",
+    "export",
     "load",
     "supported_operators",
+    "to_model",
 ]

@@ -127,6 +127,28 @@ CASES = [
     Case("transpose_default", "Transpose", {"x": f32(2, 3, 4)}),
     Case("f64_matmul_broadcast", "MatMul", {"a": rng.standard_normal((2, 3, 4)),
                                             "b": rng.standard_normal((4, 5))}),
+    # Operators pullback's own export writes (opset 17), so that exported files load.
+    Case("erf", "Erf", {"x": f32(3, 4) * 2}, opset=17),
+    Case("less_broadcast", "Less", {"a": f32(3, 4), "b": f32(4)}, opset=17,
+         output_types=[np.bool_]),
+    Case("greater_or_equal", "GreaterOrEqual", {"a": f32(3, 4), "b": f32(3, 1)}, opset=17,
+         output_types=[np.bool_]),
+    Case("equal_ints", "Equal", {"a": i64(1, 2, 3), "b": i64(1, 0, 3)}, opset=17,
+         output_types=[np.bool_]),
+    Case("not", "Not", {"x": np.asarray([True, False, True])}, opset=17),
+    Case("reduce_max_13_attr", "ReduceMax", {"x": f32(2, 3, 4)}, {"axes": [0, 2], "keepdims": 0},
+         opset=17),
+    Case("reduce_max_18_input", "ReduceMax", {"x": f32(2, 3, 4)}, constants={"a": i64(1)},
+         opset=18),
+    Case("layer_norm_last_axis", "LayerNormalization", {"x": f32(2, 3, 8)},
+         {"epsilon": 1e-3}, constants={"s": f32(8), "b": f32(8)}, opset=17),
+    Case("layer_norm_two_axes_no_bias", "LayerNormalization", {"x": f32(2, 3, 4)},
+         {"axis": -2}, constants={"s": f32(3, 4)}, opset=17),
+    Case("layer_norm_statistics", "LayerNormalization", {"x": f32(2, 5)},
+         constants={"s": f32(5), "b": f32(5)}, opset=17, outputs=3),
+    Case("layer_norm_f64_float_stash", "LayerNormalization", {"x": rng.standard_normal((3, 6))},
+         constants={"s": rng.standard_normal(6), "b": rng.standard_normal(6)}, opset=17,
+         outputs=3, output_types=[np.float64, np.float32, np.float32]),
 ]
 
 

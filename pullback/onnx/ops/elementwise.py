@@ -8,6 +8,8 @@ import math
 from functools import reduce
 from typing import Any
 
+import numpy as np
+
 from ... import ops
 from ..errors import OnnxImportError
 from ..registry import converter
@@ -67,6 +69,30 @@ _unary("Tanh", ops.tanh)
 _unary("Softplus", ops.softplus, (1,))
 _unary("Sign", ops.sign, (9, 13))
 _unary("Identity", lambda x: x, (1, 13, 14, 16))
+_unary("Erf", ops.erf, (9, 13))
+
+
+def _comparison(op_type: str, fn: Any, versions: tuple) -> None:
+    @converter(op_type, versions)
+    def convert(node: Any, a: Any, b: Any) -> Any:
+        if dtype(a) != dtype(b):
+            raise OnnxImportError(f"operands have different dtypes {dtype(a)} and {dtype(b)}")
+        broadcast_shape(shape(a), shape(b))
+        return fn(a, b)
+
+
+_comparison("Less", ops.less, (7, 9, 13))
+_comparison("Greater", ops.greater, (7, 9, 13))
+_comparison("LessOrEqual", ops.less_equal, (12, 16))
+_comparison("GreaterOrEqual", ops.greater_equal, (12, 16))
+_comparison("Equal", ops.equal, (7, 11, 13))
+
+
+@converter("Not", (1,))
+def _not(node: Any, x: Any) -> Any:
+    if dtype(x) != np.bool_:
+        raise OnnxImportError(f"Not takes a bool tensor, not {dtype(x)}")
+    return ops.equal(x, np.zeros((), np.bool_))
 
 
 @converter("Elu", (6,), ("alpha",))

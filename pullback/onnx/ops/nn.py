@@ -82,6 +82,7 @@ def _reduce(op_type: str, fn: Any, versions: tuple, axes_input_from: int) -> Non
 
 _reduce("ReduceSum", ops.sum, (1, 11, 13), 13)
 _reduce("ReduceMean", ops.mean, (1, 11, 13), 18)
+_reduce("ReduceMax", ops.max, (1, 11, 12, 13, 18), 18)
 
 
 @converter("GlobalAveragePool", (1,))
@@ -131,6 +132,38 @@ def _instance_norm(node: Any, x: Any, scale: Any, bias: Any) -> Any:
     normalized = ops.div(centered, ops.sqrt(ops.add(var, np.asarray(eps, dtype(x)))))
     return ops.add(ops.mul(normalized, _per_channel(scale, len(sx))),
                    _per_channel(bias, len(sx)))
+
+
+@converter("LayerNormalization", (17,), ("axis", "epsilon", "stash_type"))
+def _layer_norm(node: Any, x: Any, scale: Any, bias: Any = None) -> tuple:
+    sx = shape(x)
+    axis = axis_of(node, node.attr("axis", -1), len(sx))
+    eps = node.attr("epsilon", 1e-5)
+    if dtype(x).kind != "f" or dtype(scale) != dtype(x) or (bias is not None and
+                                                            dtype(bias) != dtype(x)):
+        raise OnnxImportError(f"X, Scale and B must share one floating dtype, not {dtype(x)}, "
+                              f"{dtype(scale)}, {dtype(bias) if bias is not None else '-'}")
+    stash = node.attr("stash_type", 1)
+    if stash not in (1, 11):  # FLOAT, DOUBLE: the precision of the statistics
+        raise OnnxImportError(f"stash_type {stash} is not implemented (1 float, 11 double are)")
+    outputs = [o for o in node.outputs[1:] if o]
+    fused = axis == len(sx) - 1 and bias is not None and shape(scale) == sx[-1:] and \
+        shape(bias) == sx[-1:] and not outputs and np.dtype(dtype(x)) == (
+            np.float32 if stash == 1 else np.float64)
+    if fused:
+        return ops.layer_norm(x, scale, bias, eps)
+    # The spec's function body: statistics in the stash type, then back to X's type.
+    work = np.float32 if stash == 1 else np.float64
+    xs = ops.astype(x, work)
+    axes = tuple(range(axis, len(sx)))
+    mean = ops.mean(xs, axes, True)
+    centered = ops.sub(xs, mean)
+    inv_std = ops.div(np.ones((), work), ops.sqrt(ops.add(
+        ops.mean(ops.mul(centered, centered), axes, True), np.asarray(eps, work))))
+    y = ops.mul(ops.astype(ops.mul(centered, inv_std), dtype(x)), scale)
+    if bias is not None:
+        y = ops.add(y, bias)
+    return y, mean, inv_std
 
 
 @converter("LRN", (1, 13), ("alpha", "beta", "bias", "size"))
