@@ -96,6 +96,17 @@ _CONV = {"stride": (2, 1), "padding": (1, 0)}
 _WINDOW = {"kernel": (2, 3), "stride": (2, 1), "padding": (1, 0)}
 
 
+def _conv_variants(x: Any, w: Any, b: Any) -> tuple:
+    """conv2d plain, dilated, grouped and depthwise: w (2, 4, 3, 2) reshaped to each
+    grouping's (O, C / groups, kh, kw)."""
+    return (
+        ops.conv2d(x, w, b, **_CONV),
+        ops.conv2d(x, w, b, padding=(2, 1), dilation=(2, 3)),
+        ops.conv2d(x, ops.reshape(w, (4, 2, 3, 2)), stride=(1, 2), groups=2),
+        ops.conv2d(x, ops.reshape(w, (8, 1, 3, 2)), padding=1, dilation=(1, 2), groups=4),
+    )
+
+
 # Comparisons see equal values too: distinct entries, some of them repeated in b.
 _compared = inputs(distinct(3, 4), constant([0.0, 0.05, -0.1, 7.0]))
 
@@ -169,11 +180,15 @@ SPECS: dict[str, Spec] = {
     # linear algebra, convolution, pooling
     "matmul": Spec(lambda a, b, v: (ops.matmul(a, b), ops.matmul(a, v), ops.matmul(v, b)),
                    inputs(normal(2, 3, 4), normal(4, 5), normal(4))),
-    "unfold2d": Spec(lambda x: ops.unfold2d(x, **_WINDOW), inputs(normal(1, 2, 5, 5))),
-    "fold2d": Spec(lambda c: ops.fold2d(c, (1, 2, 5, 5), **_WINDOW), _fold_sample),
-    "conv2d": Spec(lambda x, w, b: ops.conv2d(x, w, b, **_CONV),
-                   inputs(normal(2, 3, 5, 4), normal(2, 3, 3, 2), normal(2))),
-    "max_pool2d": Spec(lambda x: (ops.max_pool2d(x, 2), ops.max_pool2d(x, 3, 2, 1)),
+    "unfold2d": Spec(lambda x: (ops.unfold2d(x, **_WINDOW),
+                                ops.unfold2d(x, **_WINDOW, dilation=(2, 1))),
+                     inputs(normal(1, 2, 5, 5))),
+    "fold2d": Spec(lambda c: (ops.fold2d(c, (1, 2, 5, 5), **_WINDOW),
+                              ops.fold2d(c, (1, 2, 5, 5), **_WINDOW, dilation=(2, 1))),
+                   _fold_sample),
+    "conv2d": Spec(_conv_variants, inputs(normal(2, 4, 6, 5), normal(2, 4, 3, 2), normal(2))),
+    "max_pool2d": Spec(lambda x: (ops.max_pool2d(x, 2), ops.max_pool2d(x, 3, 2, 1),
+                                  ops.max_pool2d(x, 2, 1, 1, dilation=(2, 3))),
                        inputs(distinct(1, 2, 5, 6))),
     "avg_pool2d": Spec(lambda x: (ops.avg_pool2d(x, 2), ops.avg_pool2d(x, 3, 2, 1)),
                        inputs(normal(1, 2, 5, 6))),

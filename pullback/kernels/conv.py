@@ -530,9 +530,11 @@ def compiled_tile(kind: str, kh: int, kw: int, dtype: np.dtype) -> Any:
 def check_dtype(op: str, arrays: Sequence[np.ndarray]) -> np.dtype:
     """The one supported float dtype of arrays, or a KernelError naming op."""
     dtype = arrays[0].dtype
-    if dtype not in SUPPORTED_DTYPES or any(a.dtype != dtype for a in arrays):
+    if any(a.dtype != dtype for a in arrays):
         names = " and ".join(sorted({a.dtype.name for a in arrays}))
-        raise _error(op, list(arrays), f"unsupported dtype {names}; {_SUPPORTED}")
+        raise _error(op, list(arrays), f"mixed dtypes {names}; {_SUPPORTED}")
+    if dtype not in SUPPORTED_DTYPES:
+        raise _error(op, list(arrays), f"unsupported dtype {dtype.name}; {_SUPPORTED}")
     return dtype
 
 

@@ -47,30 +47,31 @@ def pair(op: str, value: Any, name: str) -> tuple[int, int]:
     return pair_
 
 
-def _out_size(op: str, operands: tuple, size: int, k: int, s: int, p: int, d: int) -> int:
-    if s < 1 or p < 0 or d < 1:
-        raise KernelError(op, operands, f"stride and dilation must be >= 1 and padding >= 0, "
-                                        f"not {s}, {d} and {p}")
-    span = d * (k - 1) + 1
-    if size + 2 * p < span:
-        dilated = f" (dilated by {d}: {span})" if d != 1 else ""
-        raise KernelError(
-            op, operands, f"kernel size {k}{dilated} exceeds the padded input size {size + 2 * p}"
-        )
-    return (size + 2 * p - span) // s + 1
-
-
 def _window_shape(op: str, x: Any, kernel: tuple, stride: tuple, padding: tuple,
                   dilation: tuple = NO_DILATION, operands: tuple | None = None) -> tuple:
+    """(OH, OW) of a window op on x (N, C, H, W), or a KernelError worded as the
+    backends word theirs (pullback.backend.conv)."""
     shape = shape_of(x)
     operands = (x,) if operands is None else operands
     if len(shape) != 4:
         raise KernelError(op, operands, "expected a 4-D input (N, C, H, W)")
     if not is_float(dtype_of(x)):
         raise KernelError(op, operands, "expected a floating dtype")
-    oh = _out_size(op, operands, shape[2], kernel[0], stride[0], padding[0], dilation[0])
-    ow = _out_size(op, operands, shape[3], kernel[1], stride[1], padding[1], dilation[1])
-    return oh, ow
+    for name, value, least in (("kernel", kernel, 1), ("stride", stride, 1),
+                               ("padding", padding, 0), ("dilation", dilation, 1)):
+        if min(value) < least:
+            bound = "positive" if least else "non-negative"
+            raise KernelError(op, operands, f"{name} {tuple(value)} must be {bound}")
+    span = tuple(d * (k - 1) + 1 for k, d in zip(kernel, dilation))
+    padded = (shape[2] + 2 * padding[0], shape[3] + 2 * padding[1])
+    if span[0] > padded[0] or span[1] > padded[1]:
+        what = f"kernel {kernel[0]}x{kernel[1]}"
+        if tuple(dilation) != NO_DILATION:
+            what += f" dilated by {tuple(dilation)} ({span[0]}x{span[1]})"
+        raise KernelError(
+            op, operands, f"{what} is larger than the padded input {padded[0]}x{padded[1]}"
+        )
+    return tuple((p - k) // s + 1 for p, k, s in zip(padded, span, stride))
 
 
 # ---------------------------------------------------------------- im2col and its adjoint

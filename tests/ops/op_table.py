@@ -353,6 +353,11 @@ EDGE_ROWS = [
        lambda x: torch.clamp(x, CLIP_LO, CLIP_HI), (4, 5), domain=on_clip_bounds, order=1),
     op("max_pool2d_with_ties", lambda x: pb.max_pool2d(x, 2, stride=1),
        lambda x: F.max_pool2d(x, 2, stride=1), (1, 2, 4, 4), domain=few_values, order=1),
+    op("max_pool2d_tiling_with_ties", lambda x: pb.max_pool2d(x, 2),
+       lambda x: F.max_pool2d(x, 2), (2, 2, 5, 7), domain=few_values, order=1),
+    op("max_pool2d_dilated_with_ties", lambda x: pb.max_pool2d(x, 2, 1, 1, dilation=2),
+       lambda x: F.max_pool2d(x, 2, 1, 1, dilation=2), (1, 2, 5, 5), domain=few_values,
+       order=1),
     # Saturation: large |x| must not overflow.
     *(op(f"{name}_wide_inputs", f, g, (4, 6), domain=wide) for name, f, g, _ in UNARY
       if name in ("sigmoid", "tanh", "silu", "softplus", "gelu", "gelu_tanh")),
