@@ -23,11 +23,13 @@ from typing import Any
 
 import numpy as np
 
+from ..ad import Leaf
 from ..ad import core as _ad_core
 from ..lower import compile as compile_plan
 from ..nn import Module, Parameter
-from ..tensor import Tensor, is_grad_enabled, no_grad
-from ..tensor.eager import evaluate
+from ..nn.module import GraphTrace
+from ..tensor import Tensor, enable_grad, is_grad_enabled, no_grad
+from ..tensor.eager import _wrap, evaluate
 from .errors import OnnxImportError
 from .interpreter import RunContext, last_uses, run_graph
 from .loader import GraphSpec, ValueSpec
@@ -130,6 +132,21 @@ class OnnxModel(Module):
             raise OnnxImportError(f"this graph's shapes depend on input values ({err}), so it "
                                   "cannot be traced into a plan; call it eagerly") from None
         return self._finish(outs)
+
+    def traced_forward(self, x: Any) -> tuple[Tensor, Any]:
+        """`(output, trace)` for a graph of one input and one output, for the explicit
+        path: `model.backprop(trace, grad_output)`, then `model.update(applyer, grads)`."""
+        if len(self.spec.inputs) != 1 or len(self.spec.outputs) != 1:
+            raise TypeError(f"traced_forward: this graph has {len(self.spec.inputs)} inputs and "
+                            f"{len(self.spec.outputs)} outputs, not one of each; call the model "
+                            "and use loss.backward() instead")
+        data = x.numpy() if isinstance(x, Tensor) else np.asarray(x)
+        traced = _wrap(data, None)
+        if data.dtype.kind == "f":
+            traced._node = Leaf(data.shape, data.dtype, None, "input")
+        with enable_grad():
+            (y,) = self.forward(traced)
+        return y, GraphTrace(self, traced if data.dtype.kind == "f" else None, y)
 
     def _records(self, inputs: Sequence[Any]) -> bool:
         """Whether this call must record (or be traced) rather than run a plan."""

@@ -257,6 +257,24 @@ def test_state_dict_round_trips_and_load_state_dict_changes_the_outputs():
         np.testing.assert_array_equal(np.asarray(fresh(x)[0]), after)
 
 
+def test_the_explicit_path_backprops_and_updates_like_backward():
+    model_bytes, _ = _cnn(np.float64)
+    model = pullback.onnx.load(model_bytes, trainable=True)
+    x = np.random.default_rng(8).standard_normal((2, 2, 6, 6))
+    logits, trace = model.traced_forward(x)
+    grad_x, grads = model.backprop(trace, np.ones_like(np.asarray(logits)))
+    assert grad_x.shape == x.shape
+    model(x)[0].sum().backward()
+    flat = nn.flatten_tree(grads)
+    for name, p in model.named_parameters():
+        np.testing.assert_allclose(np.asarray(flat[name]), p.grad.numpy(), rtol=1e-12)
+    before = {name: p.numpy().copy() for name, p in model.named_parameters()}
+    del logits, trace  # the trace keeps the weights it read; update writes into them
+    model.update(optim.SGD(model.parameters(), 0.5), grads)
+    for name, p in model.named_parameters():
+        np.testing.assert_allclose(p.numpy(), before[name] - 0.5 * np.asarray(flat[name]))
+
+
 def test_call_with_names_unknown_parameters_and_wrong_shapes():
     model = pullback.onnx.load(_cnn()[0], trainable=["fc2.w"])
     x = np.zeros((1, 2, 6, 6), np.float32)
