@@ -75,6 +75,10 @@ def unfold_body(x, out, g, pad_value):
     src = x.reshape(x.size)
     dst = out.reshape(out.size)
     step, width = U(sw), U(ow_)
+    # "Same" windows at stride 1 (3x3 with padding 1): an output row is as wide as an
+    # input row, so a whole block of windows is one contiguous run of x, shifted; copy
+    # it at once and then write the padding columns (those the run wrapped around).
+    same = sh == 1 and sw == 1 and ow_ == w_
     for n in range(n_):
         for c in range(c_):
             plane = (n * c_ + c) * h_ * w_
@@ -83,6 +87,26 @@ def unfold_body(x, out, g, pad_value):
                     block = (base + n * s_n + c * s_c + i * s_i + j * s_j) * oh_ * ow_
                     col0 = j * dw - pw
                     lo, hi = spans[j, 0], spans[j, 1]
+                    if same:
+                        shift = i * dh - ph  # input row = output row + shift
+                        first = min(max(0, -shift), oh_)
+                        stop = max(first, min(oh_, h_ - shift))
+                        for t in range(U(first * w_)):
+                            dst[U(block) + t] = pad_value
+                        for t in range(U(stop * w_), U(oh_ * w_)):
+                            dst[U(block) + t] = pad_value
+                        if stop > first and hi > lo:
+                            to = U(block + first * w_ + lo)
+                            start = U(plane + (first + shift) * w_ + lo + col0)
+                            for t in range(U((stop - first - 1) * w_ + hi - lo)):
+                                dst[to + t] = src[start + t]
+                        for r in range(first, stop):
+                            at = U(block + r * w_)
+                            for t in range(U(lo)):
+                                dst[at + t] = pad_value
+                            for t in range(U(hi), width):
+                                dst[at + t] = pad_value
+                        continue
                     for r in range(oh_):
                         h = r * sh + i * dh - ph
                         at = U(block + r * ow_)
@@ -115,6 +139,12 @@ def fold_body(cols, out, g):
     src = cols.reshape(cols.size)
     dst = out.reshape(out.size)
     step = U(sw)
+    # "Same" windows at stride 1 (see unfold_body): a block adds in as one contiguous
+    # run. The run also adds each row's padding columns, wrapped onto the neighbouring
+    # row's edge; those positions get nothing else from this block, so saving them
+    # before and restoring them after undoes that exactly.
+    same = sh == 1 and sw == 1 and ow_ == w_
+    saved = np.empty(oh_ * max(kw, 1) + 1, dtype=out.dtype)
     for n in range(n_):
         for c in range(c_):
             plane = (n * c_ + c) * h_ * w_
@@ -125,6 +155,34 @@ def fold_body(cols, out, g):
                     block = (base + n * s_n + c * s_c + i * s_i + j * s_j) * oh_ * ow_
                     col0 = j * dw - pw
                     lo, hi = spans[j, 0], spans[j, 1]
+                    if same:
+                        shift = i * dh - ph
+                        first = min(max(0, -shift), oh_)
+                        stop = max(first, min(oh_, h_ - shift))
+                        if stop == first or hi == lo:
+                            continue
+                        offset = plane + shift * w_ + col0  # dst index = offset + d
+                        k = 0
+                        for r in range(first, stop):  # the wrapped positions, saved
+                            for t in range(0 if r > first else lo, lo):
+                                saved[k] = dst[U(offset + r * w_ + t)]
+                                k += 1
+                            for t in range(hi, w_ if r < stop - 1 else hi):
+                                saved[k] = dst[U(offset + r * w_ + t)]
+                                k += 1
+                        start = U(block + first * w_ + lo)
+                        to = U(offset + first * w_ + lo)
+                        for t in range(U((stop - first - 1) * w_ + hi - lo)):
+                            dst[to + t] += src[start + t]
+                        k = 0
+                        for r in range(first, stop):  # and restored
+                            for t in range(0 if r > first else lo, lo):
+                                dst[U(offset + r * w_ + t)] = saved[k]
+                                k += 1
+                            for t in range(hi, w_ if r < stop - 1 else hi):
+                                dst[U(offset + r * w_ + t)] = saved[k]
+                                k += 1
+                        continue
                     for r in range(oh_):
                         h = r * sh + i * dh - ph
                         if h < 0 or h >= h_:
@@ -376,13 +434,16 @@ def tile_bodies(kh: int, kw: int, zero: Any) -> dict[str, Callable]:
 
     def max_backward(upstream, x, y, grad):
         """grad = upstream at the first tap of each window equal to its maximum, and
-        0 + u * 0 at the others: the NumPy mask product, bit for bit."""
+        0 + u * 0 at the others: the NumPy mask product, bit for bit. Two passes per
+        output row, each vectorizable: which tap is the first maximum (none: kh kw),
+        then every tap of the input rows, written once."""
         n_, c_, h_, w_ = x.shape
         oh_, ow_ = y.shape[2], y.shape[3]
         src = x.reshape(x.size)
         peak = y.reshape(y.size)
         up = upstream.reshape(upstream.size)
         dst = grad.reshape(grad.size)
+        first = np.empty(ow_, dtype=np.int32)
         for p in range(n_ * c_):
             _zero_uncovered(dst, p * h_ * w_, h_, w_, oh_ * kh, ow_ * kw, zero)
             for r in range(oh_):
@@ -390,14 +451,20 @@ def tile_bodies(kh: int, kw: int, zero: Any) -> dict[str, Callable]:
                 base = U(p * h_ * w_ + r * kh * w_)
                 for t in range(U(ow_)):
                     m = peak[at + t]
-                    u = up[at + t]
-                    found = False
-                    for i in range(kh):
+                    k = kh * kw
+                    for i in range(kh - 1, -1, -1):  # backwards: the first match wins
+                        for j in range(kw - 1, -1, -1):
+                            v = src[base + U(i * w_ + j) + t * U(kw)]
+                            k = i * kw + j if v == m else k
+                    first[t] = k
+                for i in range(kh):
+                    row = base + U(i * w_)
+                    for t in range(U(ow_)):
+                        u = up[at + t]
+                        k = first[t]
                         for j in range(kw):
-                            pos = base + U(i * w_ + j) + t * U(kw)
-                            hit = (src[pos] == m) & (not found)
-                            dst[pos] = (u if hit else u * zero) + zero
-                            found = found | hit
+                            share = u if k == i * kw + j else u * zero
+                            dst[row + t * U(kw) + U(j)] = share + zero
         return grad
 
     def avg_forward(x, out, scale):
