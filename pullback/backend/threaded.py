@@ -120,13 +120,24 @@ class ThreadedCpuBackend(CpuBackend):
         for future in futures:
             future.result()
 
+    def map_kernel(self, kernel: Callable, operands: tuple, out: np.ndarray | None = None
+                   ) -> np.ndarray:
+        """An elementwise kernel (`kernel(*operands, out=...)`, broadcasting) split over the
+        pool when the result is large: what a plan's fused chains run through."""
+        arrays = [op for op in operands if isinstance(op, np.ndarray)]
+        shape = np.broadcast_shapes(*(a.shape for a in arrays))
+        if int(np.prod(shape)) < self.parallel_threshold:
+            return kernel(*operands, out=out)
+        return self._map(kernel, operands, shape, arrays[0].dtype, out=out)
+
     def _map(
         self, kernel: Callable, operands: tuple, shape: Shape, dtype: Any, *extra: Any,
-        axis: int | None = None,
+        axis: int | None = None, out: np.ndarray | None = None,
     ) -> np.ndarray:
-        """kernel(*operand chunks, *extra, out=out chunk) over chunks of a fresh output;
-        `axis` (if given) is the one axis that must not be split."""
-        out = np.empty(shape, dtype=dtype)
+        """kernel(*operand chunks, *extra, out=out chunk) over chunks of `out` (or of a
+        fresh output); `axis` (if given) is the one axis that must not be split."""
+        if out is None:
+            out = np.empty(shape, dtype=dtype)
         flat = axis is None and all(
             not isinstance(op, np.ndarray) or (op.shape == out.shape and op.flags.c_contiguous)
             for op in operands

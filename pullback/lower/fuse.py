@@ -144,7 +144,8 @@ def _lower_chain(step: Step) -> None:
 
     def run(backend: Any, *arrays: Any, out: Any = None) -> Any:
         if isinstance(backend, CpuBackend):
-            return fused(*arrays, out=out)
+            split = getattr(backend, "map_kernel", None)  # ThreadedCpuBackend's pool
+            return fused(*arrays, out=out) if split is None else split(fused, arrays, out)
         # Not a NumPy backend: the members one by one, on that backend.
         values = {index: arrays[i] for index, i in slot_of.items()}
         result = None

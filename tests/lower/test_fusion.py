@@ -9,6 +9,7 @@ import pytest
 import pullback as pb
 from pullback import nn
 from pullback.backend import Backend, BackwardOps, CpuBackend
+from pullback.kernels.core import ElementwiseKernel
 from pullback.lower.fuse import MIN_ELEMENTS
 
 TRAINING = pb.LoweringMode.TRAINING
@@ -161,3 +162,17 @@ def test_a_training_plan_keeps_saved_values_in_buffers_of_their_own() -> None:
         loss_fn(pb.tensor(x), y).backward()
         for got, p in zip(planned, model.parameters()):
             np.testing.assert_allclose(got, p.grad.numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_threaded_backend_splits_fused_chains_over_its_pool() -> None:
+    x = _rng().standard_normal((512, 256))
+    b = _rng(1).standard_normal(256)
+    plan = pb.compile(chain, x, b)
+    backend = pb.ThreadedCpuBackend(num_threads=2)
+    calls = []
+    original = backend._map
+    backend._map = lambda *a, **k: calls.append(a[0]) or original(*a, **k)
+    with pb.use_backend(backend):
+        threaded = plan(x, b).numpy()
+    assert calls and all(isinstance(k, ElementwiseKernel) for k in calls)
+    np.testing.assert_array_equal(threaded, plan(x, b).numpy())
