@@ -20,7 +20,7 @@ import numpy as np
 from ..backend.cpu import CpuBackend
 from ..kernels import scalar_math
 from ..kernels.core import SUPPORTED_DTYPES, kernel
-from .graph import Eqn, StaticGraph, Var
+from .graph import Eqn, StaticGraph, Var, resolve_params
 
 # Scalar code per fusible primitive, in the terms NumPy's float loops use; the
 # transcendental ones come from kernels.scalar_math (within an ulp or two of NumPy).
@@ -67,7 +67,7 @@ def schedule(graph: StaticGraph, keep: set[int]) -> list[Step]:
     the values something besides the next op needs (saved for backward)."""
     readers: dict[int, int] = {}
     for eqn in graph.eqns:
-        for a in eqn.args:
+        for a in eqn.args + eqn.param_vars:
             if isinstance(a, Var):
                 readers[a.index] = readers.get(a.index, 0) + 1
     pinned = set(keep) | {v.index for v in graph.outputs}
@@ -76,7 +76,7 @@ def schedule(graph: StaticGraph, keep: set[int]) -> list[Step]:
     for eqn in graph.eqns:
         chain = _chain_to_extend(eqn, open_chain, readers, pinned)
         if chain is None:
-            step = Step(eqn.primitive.impl, eqn.args, eqn.params, eqn.out, [eqn])
+            step = _single(eqn)
             steps.append(step)
         else:
             # The chain runs where its last member was: its other operands exist by
@@ -93,6 +93,22 @@ def schedule(graph: StaticGraph, keep: set[int]) -> list[Step]:
         if step.fused:
             _lower_chain(step)
     return steps
+
+
+def _single(eqn: Eqn) -> Step:
+    """A step of one equation. Parameters computed from the inputs (a `where` condition)
+    become trailing operands, put back in place at each call."""
+    traced = eqn.param_vars
+    if not traced:
+        return Step(eqn.primitive.impl, eqn.args, eqn.params, eqn.out, [eqn])
+    impl, n, params = eqn.primitive.impl, len(eqn.args), eqn.params
+    indices = [v.index for v in traced]
+
+    def run(backend: Any, *values: Any) -> Any:
+        current = resolve_params(params, dict(zip(indices, values[n:])))
+        return impl(backend, *values[:n], **current)
+
+    return Step(run, eqn.args + traced, {}, eqn.out, [eqn])
 
 
 def _fusible(eqn: Eqn) -> bool:

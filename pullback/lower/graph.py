@@ -21,6 +21,10 @@ from ..tensor import Tensor, no_grad
 from ..tensor.eager import _wrap, evaluate
 
 
+class LoweringError(ValueError):
+    """A graph that cannot be lowered as asked."""
+
+
 @dataclass(eq=False)
 class Var:
     """A value in a static graph."""
@@ -43,8 +47,34 @@ class Var:
 class Eqn:
     primitive: Primitive
     args: tuple  # Var or a Python scalar
-    params: dict
+    params: dict  # may hold Vars (in tuples too): values computed from the inputs
     out: Var
+
+    @property
+    def param_vars(self) -> tuple[Var, ...]:
+        """The Vars among the parameters, read at each call like operands."""
+        found: list[Var] = []
+        stack = list(self.params.values())
+        while stack:
+            v = stack.pop()
+            if isinstance(v, Var):
+                found.append(v)
+            elif isinstance(v, (tuple, list)):
+                stack.extend(v)
+        return tuple(found)
+
+
+def resolve_params(params: dict, env: list) -> dict:
+    """The parameters with each Var replaced by its value in `env`."""
+
+    def one(v: Any) -> Any:
+        if isinstance(v, Var):
+            return env[v.index]
+        if isinstance(v, (tuple, list)):
+            return type(v)(one(x) for x in v)
+        return v
+
+    return {k: one(v) for k, v in params.items()}
 
 
 @dataclass(eq=False)
@@ -107,11 +137,38 @@ class _Tracer:
         self._remember(arg, var)
         return var
 
+    def traced_param(self, value: Any) -> Any:
+        """A parameter value with every array computed from the inputs (a `where`
+        condition, an index) replaced by its Var, so that plans read it anew at each
+        call; other arrays are constants of the graph, baked in."""
+        if isinstance(value, (tuple, list)):
+            items = [self.traced_param(v) for v in value]
+            if any(isinstance(v, (Var, tuple, list)) and v is not w for v, w in zip(items, value)):
+                return type(value)(items)
+            return value
+        if isinstance(value, (np.ndarray, Tensor)):
+            var = self.var_of.get(id(value))
+            if var is None and isinstance(value, Tensor):
+                var = self.var_of.get(id(value._data))
+            if var is not None and var.kind != "const":
+                return var
+        return value
+
     def __call__(self, prim: Primitive, args: tuple, params: dict) -> Tensor:
         operands = tuple(self.operand(a) for a in args)
         with no_grad():
             out = evaluate(prim, args, params)
         var = self.graph.new_var(out.shape, out.dtype, "value")
+        traced = {k: self.traced_param(v) for k, v in params.items()}
+        if any(traced[k] is not params[k] for k in params):
+            params = traced
+            masks = [v for v in Eqn(prim, operands, params, var).param_vars
+                     if v.dtype == np.bool_ and prim.name != "where"]
+            if masks:
+                raise LoweringError(
+                    f"compile: {prim.name} takes a boolean mask computed from the inputs "
+                    f"({masks[0].shape} bool), so its result's shape depends on their values; "
+                    "a plan needs static shapes (use where(), or run this part eagerly)")
         eqn = Eqn(prim, operands, params, var)
         var.producer = eqn
         self.graph.eqns.append(eqn)

@@ -22,7 +22,7 @@ from ..tensor.backward import EagerExecutor, accumulate_grad
 from ..tensor.eager import _saved_as_float, _wrap
 from . import buffers
 from .fuse import Step, schedule
-from .graph import Eqn, StaticGraph, Var, trace
+from .graph import Eqn, LoweringError, StaticGraph, Var, resolve_params, trace
 
 
 def _accumulate(param: Any, ct: Any, taken: set[int]) -> None:
@@ -47,10 +47,6 @@ class LoweringMode(enum.Enum):
 
     INFERENCE = "inference"
     TRAINING = "training"
-
-
-class LoweringError(ValueError):
-    """A graph that cannot be lowered as asked."""
 
 
 def compile(fn: Any, *example_inputs: Any, mode: LoweringMode = LoweringMode.INFERENCE) -> Plan:
@@ -318,6 +314,7 @@ class TrainingPlan(Plan):
             else:
                 needed_in = tuple(range(len(eqn.args))) if saves_in else ()
             saved = tuple(eqn.args[i].index for i in needed_in if isinstance(eqn.args[i], Var))
+            saved += tuple(v.index for v in eqn.param_vars)  # the rules read the params
             if prim.saves_output:
                 saved += (eqn.out.index,)
             node = Node(prim, eqn.params, parents, None, None,
@@ -383,10 +380,13 @@ class TrainingPlan(Plan):
         for eqn, node, _, needed_in, frees, direct in self._backward:
             ct = cts.pop(eqn.out.index, None)  # a cotangent is freed once consumed
             if ct is not None:
+                if eqn.param_vars:  # parameters computed from this call's inputs
+                    node.params = resolve_params(eqn.params, env)
                 if fused and direct is not None:
                     in_cts = self._direct_vjp(backend, direct, node, env, eqn.out.index, ct)
                 else:
                     in_cts = self._vjp(executor, eqn, node, needed_in, env, ct)
+                node.params = eqn.params
                 for parent, in_ct in zip(node.parents, in_cts):
                     if parent is None or in_ct is None:
                         continue
