@@ -1,12 +1,12 @@
 """Sliding-window ops on NumPy arrays for CpuBackend: im2col/col2im, conv2d (with
 dilation and groups) and pooling with their backward passes. Validation lives here,
 every entry point raising `KernelError` naming the op; the loops are Numba kernels
-(pullback.kernels.conv), the products one BLAS GEMM per group over the whole batch.
+(pullback.kernels.conv), the products BLAS GEMMs.
 
-Windows go "channels outer", as a (C, kh, kw, N, OH, OW) buffer: viewed as
-(groups, C/groups * kh * kw, N * OH * OW) it is the right operand of one GEMM per
-group with the weight (groups, O/groups, C/groups * kh * kw), whose result
-(O, N, OH, OW) needs only contiguous blocks of OH * OW moved to become NCHW.
+A convolution runs over the batch in chunks small enough for their windows to stay
+in cache: im2col of a chunk into one reused buffer, then batched GEMMs writing the
+NCHW output (or the windows to fold back) in place, so no output is transposed and
+no window buffer for the whole batch is ever written to memory.
 """
 
 from __future__ import annotations
@@ -99,38 +99,18 @@ def pad(x: np.ndarray, padding: Pair, value: float) -> np.ndarray:
 # ---------------------------------------------------------------- im2col and col2im
 
 
-def unfold(
-    x: np.ndarray, win: Windows, pad_value: Any = 0.0, channels_outer: bool = False
-) -> np.ndarray:
-    """Windows of x as (N, C, kh, kw, OH, OW), or as the (C, kh, kw, N, OH, OW) buffer
-    when channels_outer."""
-    n, c = x.shape[:2]
-    if channels_outer:
-        buf = np.empty((c, *win.kernel, n, *win.out_hw), dtype=x.dtype)
-        view = buf.transpose(3, 0, 1, 2, 4, 5)
-    else:
-        buf = view = np.empty((n, c, *win.kernel, *win.out_hw), dtype=x.dtype)
-    return kernels.unfold(x, buf, win.geometry(view), pad_value)
-
-
-def _window_buffer(cols: np.ndarray) -> np.ndarray:
-    """The C-contiguous buffer that windows (N, C, kh, kw, OH, OW) view: themselves, the
-    channels-outer buffer they are a transpose of, or a copy."""
-    if cols.flags.c_contiguous:
-        return cols
-    outer = cols.transpose(1, 2, 3, 0, 4, 5)
-    if outer.flags.c_contiguous:
-        return outer
-    return np.ascontiguousarray(cols)
+def unfold(x: np.ndarray, win: Windows, pad_value: Any = 0.0) -> np.ndarray:
+    """Windows of x as (N, C, kh, kw, OH, OW), padding reading as pad_value."""
+    out = np.empty((*x.shape[:2], *win.kernel, *win.out_hw), dtype=x.dtype)
+    return kernels.unfold(x, out, win.geometry(out), pad_value)
 
 
 def fold(cols: np.ndarray, input_shape: Sequence[int], win: Windows) -> np.ndarray:
-    """The adjoint of unfold: windows (N, C, kh, kw, OH, OW), in either layout, added
-    into a zero (N, C, H, W) array, padding cropped."""
-    buf = _window_buffer(cols)
-    view = buf if buf.shape == cols.shape else buf.transpose(3, 0, 1, 2, 4, 5)
+    """The adjoint of unfold: windows (N, C, kh, kw, OH, OW) added into a zero
+    (N, C, H, W) array, padding cropped."""
+    cols = np.ascontiguousarray(cols)
     out = np.empty(tuple(input_shape), dtype=cols.dtype)
-    return kernels.fold(buf, out, win.geometry(view))
+    return kernels.fold(cols, out, win.geometry(cols))
 
 
 # ---------------------------------------------------------------- convolution
@@ -143,7 +123,8 @@ def check_conv(
     operands = [x, w]
     if x.ndim != 4 or w.ndim != 4:
         raise KernelError(
-            "conv2d", operands, "expected 4-D input (N, C, H, W) and weight (O, C, kh, kw)"
+            "conv2d", operands,
+            "expected 4-D input (N, C, H, W) and weight (O, C / groups, kh, kw)",
         )
     for array in operands:
         if array.dtype.kind != "f":
@@ -264,8 +245,9 @@ def conv2d_weight_backward(
     upstream: np.ndarray, x: np.ndarray, weight_shape: Sequence[int], stride: Any,
     padding: Any, dilation: Any = (1, 1), groups: int = 1,
 ) -> np.ndarray:
-    """Gradient wrt w: upstream @ windows^T per sample and group, summed over the
-    batch chunk by chunk (im2col recomputed per chunk, while in cache)."""
+    """Gradient wrt w: upstream @ windows^T per group, summed over the batch chunk by
+    chunk, im2col recomputed per chunk while in cache (cheaper than keeping the
+    forward's: it would be the whole batch's windows, written to memory and kept)."""
     probe = _probe("conv2d_weight_backward", weight_shape, x.dtype, [upstream, x])
     win = check_conv(x, probe, stride, padding, dilation, groups)
     _check_upstream("conv2d_weight_backward", upstream, (x.shape[0], weight_shape[0]), win, x)
@@ -274,9 +256,6 @@ def conv2d_weight_backward(
     pixels = win.out_hw[0] * win.out_hw[1]
     up = np.ascontiguousarray(upstream).reshape(n, groups, o // groups, pixels)
     x = np.ascontiguousarray(x)
-    if _pointwise(win):
-        cols = x.reshape(n, groups, -1, pixels)
-        return np.matmul(up, cols.transpose(0, 1, 3, 2)).sum(0).reshape(tuple(weight_shape))
     rows = c // groups * win.kernel[0] * win.kernel[1]  # im2col rows per group
     per_sample = c * win.kernel[0] * win.kernel[1] * pixels
     chunks = _chunks(n, per_sample * x.itemsize)
@@ -284,10 +263,13 @@ def conv2d_weight_backward(
         return _weight_backward_by_chunk_gemm(up, x, weight_shape, win, groups, chunks)
     # Few rows (as a first layer's 3 kh kw): per-sample GEMMs, each summing a long row.
     grad = np.zeros((groups, o // groups, rows), dtype=x.dtype)
-    buffer = _WindowBuffer(win, c, chunks[0][1], x.dtype)
+    buffer = None if _pointwise(win) else _WindowBuffer(win, c, chunks[0][1], x.dtype)
     for start, stop in chunks:
-        cols = buffer.take(stop - start)
-        kernels.unfold(x[start:stop], cols, buffer.geometry, 0.0)
+        if buffer is None:
+            cols = x[start:stop]
+        else:
+            cols = buffer.take(stop - start)
+            kernels.unfold(x[start:stop], cols, buffer.geometry, 0.0)
         cols = cols.reshape(stop - start, groups, -1, pixels)
         grad += np.matmul(up[start:stop], cols.transpose(0, 1, 3, 2)).sum(0)
     return grad.reshape(tuple(weight_shape))
@@ -386,7 +368,7 @@ def avg_pool2d_backward(
 ) -> np.ndarray:
     """upstream / (kh kw) added into every position of its window."""
     op = "avg_pool2d_backward"
-    probe = np.broadcast_to(np.empty((), upstream.dtype), tuple(input_shape))
+    probe = _probe(op, input_shape, upstream.dtype, [upstream])
     win = check_pool(op, probe, kernel, stride, padding)
     expected = (*input_shape[:2], *win.out_hw)
     if upstream.shape != expected:

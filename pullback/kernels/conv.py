@@ -2,10 +2,13 @@
 float64): im2col (`unfold`) into any window layout whose last two axes are (OH, OW),
 its adjoint col2im (`fold`), and max and average pooling with their backward passes.
 
-Each kernel is a serial loop that releases the GIL, so ThreadedCpuBackend may split
-it over the batch. The windows are described by one int64 array, `geometry`
-(GEOMETRY names its entries); loops skip padding by computing each row's valid
-column range once, which keeps the inner loops branch-free and contiguous.
+Each kernel is a serial loop that releases the GIL. The windows are described by one
+int64 array, `geometry` (GEOMETRY names its entries); loops skip padding by computing
+each kernel column's valid output range once, which keeps the inner loops branch-free
+and contiguous. Results are bit for bit those of NumPy loops over kernel offsets.
+
+One file on purpose: Numba's disk cache notices an edit to a kernel's own file only,
+not to the helpers it calls, so the bodies and their helpers live together.
 """
 
 from __future__ import annotations

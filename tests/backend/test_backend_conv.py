@@ -27,6 +27,7 @@ CONV_CASES = [
     # more im2col rows than pixels: the weight gradient takes one GEMM per chunk
     ((3, 8, 4, 4), (5, 3, 3), (1, 1), (1, 1), (1, 1), 1),
     ((3, 8, 5, 4), (6, 3, 2), (2, 1), (1, 1), (1, 2), 2),
+    ((2, 16, 3, 3), (4, 1, 1), (1, 1), (0, 0), (1, 1), 1),
 ]
 IDS = [f"x{c[0]}-w{c[1]}-s{c[2]}-p{c[3]}-d{c[4]}-g{c[5]}" for c in CONV_CASES]
 
