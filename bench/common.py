@@ -23,3 +23,21 @@ def best_time(fn: Callable[[], object], repeats: int = 7, number: int = 200) -> 
             fn()
         best = min(best, (time.perf_counter() - start) / number)
     return best
+
+
+def best_times(fns: dict[str, Callable[[], object]], repeats: int = 7,
+               number: int = 200) -> dict[str, float]:
+    """Seconds per call for each of `fns`: the best of `repeats` runs of `number` calls,
+    the contenders taking turns run by run, so that a machine whose speed drifts
+    during the benchmark (these do, by a factor of 1.5 at times) slows every contender
+    alike instead of whichever ran during the slow spell."""
+    for fn in fns.values():
+        fn()  # warm up caches and lazy imports
+    best = dict.fromkeys(fns, float("inf"))
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            for _ in range(number):
+                fn()
+            best[name] = min(best[name], (time.perf_counter() - start) / number)
+    return best

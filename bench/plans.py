@@ -13,7 +13,7 @@ import json
 import subprocess
 import sys
 
-from common import best_time, pin_threads
+from common import best_times, pin_threads
 
 pin_threads(2)
 
@@ -107,26 +107,30 @@ print(json.dumps(status("VmHWM:") - before))
     return float(json.loads(out.stdout.strip().splitlines()[-1]))
 
 
+def _on(backend: pb.Backend, fn: object) -> object:
+    def run() -> None:
+        with pb.use_backend(backend):
+            fn()
+
+    return run
+
+
 def threads() -> list[str]:
     x = np.random.default_rng(0).standard_normal(4_000_000).astype(np.float32)
+    cpu, threaded = pb.CpuBackend(), pb.ThreadedCpuBackend(num_threads=2)
     lines = []
     for name, fn in (("gelu", pb.gelu), ("sigmoid", pb.sigmoid), ("exp", pb.exp),
                      ("softmax rows", lambda t: pb.softmax(t.reshape(4000, 1000)))):
         t = pb.tensor(x)
-        times = {}
-        for label, backend in (("cpu", pb.CpuBackend()),
-                               ("threaded", pb.ThreadedCpuBackend(num_threads=2))):
-            with pb.use_backend(backend):
-                times[label] = best_time(lambda fn=fn, t=t: fn(t), repeats=5, number=5)
+        call = lambda fn=fn, t=t: fn(t)
+        times = best_times({"cpu": _on(cpu, call), "threaded": _on(threaded, call)},
+                           repeats=5, number=5)
         lines.append(f"  {name:13s} (4M float32): cpu {times['cpu'] * 1e3:6.2f} ms, threaded "
                      f"{times['threaded'] * 1e3:6.2f} ms, speed-up "
                      f"{times['cpu'] / times['threaded']:.2f}x")
     pullback_step, _ = steps(wide_mlp)
-    times = {}
-    for label, backend in (("cpu", pb.CpuBackend()),
-                           ("threaded", pb.ThreadedCpuBackend(num_threads=2))):
-        with pb.use_backend(backend):
-            times[label] = best_time(pullback_step, repeats=5, number=10)
+    times = best_times({"cpu": _on(cpu, pullback_step), "threaded": _on(threaded, pullback_step)},
+                       repeats=5, number=10)
     lines.append(f"  wide MLP step: cpu {times['cpu'] * 1e3:.2f} ms, threaded "
                  f"{times['threaded'] * 1e3:.2f} ms, speed-up "
                  f"{times['cpu'] / times['threaded']:.2f}x")
@@ -136,10 +140,13 @@ def threads() -> list[str]:
 def main() -> int:
     torch.set_num_threads(2)
     print("training step, SGD momentum, float32, pullback TRAINING plan vs PyTorch eager")
+    print("  (a TRAINING plan fixes glibc's malloc thresholds for the whole process, every "
+          "contender alike: pullback.lower.heap)")
     for label, make in MODELS.items():
         pullback_step, torch_step = steps(make)
-        tp = best_time(pullback_step, repeats=5, number=10)
-        tt = best_time(torch_step, repeats=5, number=10)
+        times = best_times({"pullback": pullback_step, "pytorch": torch_step}, repeats=7,
+                           number=10)
+        tp, tt = times["pullback"], times["pytorch"]
         print(f"  {label:34s} pullback {tp * 1e3:7.2f} ms, pytorch {tt * 1e3:7.2f} ms, "
               f"ratio {tp / tt:.2f}")
     for warm in (False, True):
