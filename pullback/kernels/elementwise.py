@@ -258,28 +258,38 @@ class ElementwiseKernel(Kernel):
                 o[...] = t.reshape(shape)
 
 
+def _padded_shapes(values: list, mask: int, shape: tuple, dtype: np.dtype) -> list | None:
+    """Per input, its shape left-padded to `shape`'s length (None: not an array), or
+    None when some array operand is strided or of another dtype (no contiguous loop)."""
+    padded = []
+    for i, v in enumerate(values):
+        if not mask >> i & 1:
+            padded.append(None)
+        elif v.dtype != dtype or not v.flags.c_contiguous:
+            return None
+        else:
+            padded.append((1,) * (len(shape) - v.ndim) + v.shape)
+    return padded
+
+
 def _row_kinds(values: list, mask: int, shape: tuple, dtype: np.dtype) -> str | None:
     """Per input, how a contiguous array operand broadcasts over (rows, last axis) of
     `shape`: "f" whole, "r" one row shared by all rows, "c" one value per row, "s" one
     value ("-": not an array). None when some operand fits none of these."""
-    if not shape:
+    padded = _padded_shapes(values, mask, shape, dtype) if shape else None
+    if padded is None:
         return None
     kinds = []
-    lead = shape[:-1]
-    for i, v in enumerate(values):
-        if not mask >> i & 1:
+    for s in padded:
+        if s is None:
             kinds.append("-")
-            continue
-        if v.dtype != dtype or not v.flags.c_contiguous:
-            return None
-        s = (1,) * (len(shape) - v.ndim) + v.shape
-        if s == shape:
+        elif s == shape:
             kinds.append("f")
-        elif v.size == 1:
+        elif math.prod(s) == 1:
             kinds.append("s")
         elif s[-1] == shape[-1] and all(d == 1 for d in s[:-1]):
             kinds.append("r")
-        elif s[-1] == 1 and s[:-1] == lead:
+        elif s[-1] == 1 and s[:-1] == shape[:-1]:
             kinds.append("c")
         else:
             return None
@@ -291,19 +301,13 @@ def _plane_kinds(values: list, mask: int, shape: tuple, dtype: np.dtype
     """`shape` as (outer, middle, inner) planes when every contiguous array operand is
     whole ("f"), one value ("s"), or varies along the middle axes only ("m"): a
     per-channel bias or scale over NCHW, say. None otherwise."""
+    padded = _padded_shapes(values, mask, shape, dtype)
+    if padded is None:
+        return None
     kinds, span = [], None
-    for i, v in enumerate(values):
-        if not mask >> i & 1:
-            kinds.append("-")
-            continue
-        if v.dtype != dtype or not v.flags.c_contiguous:
-            return None
-        s = (1,) * (len(shape) - v.ndim) + v.shape
-        if s == shape:
-            kinds.append("f")
-            continue
-        if v.size == 1:
-            kinds.append("s")
+    for s in padded:
+        if s is None or s == shape or math.prod(s) == 1:
+            kinds.append("-" if s is None else "f" if s == shape else "s")
             continue
         varying = [d for d, n in enumerate(s) if n != 1]
         lo, hi = varying[0], varying[-1] + 1

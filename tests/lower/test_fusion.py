@@ -30,6 +30,21 @@ def _fused_steps(plan) -> list:
     return [step for step in plan._schedule if step.fused]
 
 
+def _assert_plan_matches_eager(plan, loss_fn, model, x, y) -> None:
+    """The plan's loss and gradients are eager autograd's, to float tolerance."""
+    for p in model.parameters():
+        p.grad = None
+    loss = plan(x, y).item()
+    planned = [p.grad.numpy().copy() for p in model.parameters()]
+    for p in model.parameters():
+        p.grad = None
+    eager = loss_fn(pb.tensor(x), y)
+    eager.backward()
+    assert loss == pytest.approx(eager.item(), rel=1e-6)
+    for got, p in zip(planned, model.parameters()):
+        np.testing.assert_allclose(got, p.grad.numpy(), rtol=1e-5, atol=1e-6)
+
+
 def chain(x, b):
     """Every fusible op once, in one chain, broadcast over rows, with Python scalars."""
     h = pb.tanh(-(pb.relu(x + b) * 0.5 - b) / 3.0)
@@ -98,15 +113,7 @@ def test_training_plan_fuses_only_what_backward_does_not_read() -> None:
                                                                    ["add", "sigmoid"]]
     for step in fused:  # the chain's inner values are never read by backward
         assert not {e.out.index for e in step.eqns[:-1]} & plan._saved
-    loss = plan(x, y).item()
-    planned = [p.grad.numpy().copy() for p in model.parameters()]
-    for p in model.parameters():
-        p.grad = None
-    eager = loss_fn(pb.tensor(x), y)
-    eager.backward()
-    assert loss == pytest.approx(eager.item(), rel=1e-6)
-    for got, p in zip(planned, model.parameters()):
-        np.testing.assert_allclose(got, p.grad.numpy(), rtol=1e-5, atol=1e-6)
+    _assert_plan_matches_eager(plan, loss_fn, model, x, y)
 
 
 def test_other_backends_run_the_members_one_by_one() -> None:
@@ -153,15 +160,7 @@ def test_a_training_plan_keeps_saved_values_in_buffers_of_their_own() -> None:
     assert saved and len({plan._owner[i] for i in saved}) == len(saved)
     for seed in (1, 2):  # the second call overwrites the first call's buffers
         x = _rng(seed).standard_normal((64, 64)).astype(np.float32)
-        for p in model.parameters():
-            p.grad = None
-        plan(x, y)
-        planned = [p.grad.numpy().copy() for p in model.parameters()]
-        for p in model.parameters():
-            p.grad = None
-        loss_fn(pb.tensor(x), y).backward()
-        for got, p in zip(planned, model.parameters()):
-            np.testing.assert_allclose(got, p.grad.numpy(), rtol=1e-5, atol=1e-6)
+        _assert_plan_matches_eager(plan, loss_fn, model, x, y)
 
 
 def test_threaded_backend_splits_fused_chains_over_its_pool() -> None:
