@@ -1,5 +1,5 @@
 """Preallocated buffers for a plan's forward steps, shared by values whose lives do
-not overlap.
+not overlap (views included).
 
 The steps that write into a given array (fused chains, and matmul on CPU backends)
 get one from the plan's arena: allocated at the first call, kept across calls, and
@@ -54,16 +54,53 @@ def writes_into(step: Step) -> bool:
         isinstance(a, Var) and a.dtype == step.out.dtype for a in eqn.args)
 
 
+# Primitives whose result never shares memory with an operand. Any other (reshape,
+# transpose, getitem, astype, a custom op...) may return a view of one, which would
+# outlive the operand's own last use: see `_aliased`.
+FRESH = frozenset({
+    "add", "sub", "mul", "div", "neg", "pow", "exp", "log", "sqrt", "abs", "sign", "relu",
+    "sigmoid", "tanh", "silu", "softplus", "erf", "gelu", "maximum", "minimum", "clip", "where",
+    "equal", "not_equal", "greater", "greater_equal", "less", "less_equal", "matmul",
+    "conv2d", "unfold2d", "fold2d", "max_pool2d", "avg_pool2d", "pad2d", "softmax",
+    "log_softmax", "sum", "max", "cross_entropy", "layer_norm", "concatenate", "scatter_add",
+    "one_hot", "dropout_mask",
+})
+
+
+def _aliased(steps: list[Step]) -> dict[int, set[int]]:
+    """Per value, the other values that may be views of it (through any chain of steps
+    not in FRESH)."""
+    roots: dict[int, set[int]] = {}  # value -> the earlier values it may view
+    for step in steps:
+        if step.fused or step.eqns[0].primitive.name in FRESH:
+            continue
+        viewed: set[int] = set()
+        for a in step.args:
+            if isinstance(a, Var):
+                viewed |= {a.index} | roots.get(a.index, set())
+        roots[step.out.index] = viewed
+    views: dict[int, set[int]] = {}
+    for value, viewed in roots.items():
+        for v in viewed:
+            views.setdefault(v, set()).add(value)
+    return views
+
+
 def assign(steps: list[Step], frees: list[tuple[int, ...]], saved: set[int],
            results: set[int]) -> tuple[dict[int, int], list[Buffer]]:
     """Per step result (by value index), its buffer; and the buffers. `frees[i]` are the
-    values step i reads last; a saved value keeps its buffer for backward."""
+    values step i reads last; a saved value keeps its buffer for backward. A value
+    that something may view keeps its buffer to itself for good (its views may live
+    on), and gets none if a view of it is a result (the caller would hold it)."""
     owner: dict[int, int] = {}
     buffers: list[Buffer] = []
     idle: dict[Buffer, list[int]] = {}
+    views = _aliased(steps)
+    pinned = set(saved) | {v for v, seen in views.items() if seen}
     for step, done in zip(steps, frees):
         out = step.out
-        if writes_into(step) and out.index not in results:
+        if writes_into(step) and out.index not in results and not views.get(
+                out.index, set()) & results:
             kind = Buffer(out.shape, out.dtype)
             pool = idle.get(kind)
             if pool:
@@ -72,8 +109,8 @@ def assign(steps: list[Step], frees: list[tuple[int, ...]], saved: set[int],
                 owner[out.index] = len(buffers)
                 buffers.append(kind)
         # The step has read its operands; what they were last read here is free again.
-        for index in done:  # (never a saved value: backward reads those later)
+        for index in done:  # (never a saved or viewed value: read later, maybe)
             b = owner.get(index)
-            if b is not None and index not in saved:
+            if b is not None and index not in pinned:
                 idle.setdefault(buffers[b], []).append(b)
     return owner, buffers

@@ -175,3 +175,38 @@ def test_threaded_backend_splits_fused_chains_over_its_pool() -> None:
         threaded = plan(x, b).numpy()
     assert calls and all(isinstance(k, ElementwiseKernel) for k in calls)
     np.testing.assert_array_equal(threaded, plan(x, b).numpy())
+
+
+def _viewed_buffer_loss(w1, w2):
+    def loss(x):
+        r = pb.reshape(x @ w1, (64, 2, 64))  # a view of a buffered matmul result
+        h = pb.tanh(x @ w2)  # same shape: it would take that buffer if views were ignored
+        return pb.sum(r * r * 0.5) + pb.sum(h)
+
+    return loss
+
+
+def test_a_value_something_views_keeps_its_buffer() -> None:
+    w1, w2 = (pb.tensor(_rng(i).standard_normal((128, 128)).astype(np.float32) * 0.1,
+                        requires_grad=True) for i in (1, 2))
+    loss = _viewed_buffer_loss(w1, w2)
+    x = _rng(3).standard_normal((64, 128)).astype(np.float32)
+    plan = pb.compile(loss, x, mode=TRAINING)
+    got = plan(x).item()
+    planned = [w1.grad.numpy().copy(), w2.grad.numpy().copy()]
+    w1.grad = w2.grad = None
+    eager = loss(pb.tensor(x))
+    eager.backward()
+    assert got == pytest.approx(eager.item(), rel=1e-5)
+    for g, w in zip(planned, (w1, w2)):
+        np.testing.assert_allclose(g, w.grad.numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_a_returned_view_of_a_buffered_value_is_never_overwritten() -> None:
+    w = pb.tensor(_rng(1).standard_normal((128, 128)).astype(np.float32))
+    x1, x2 = (_rng(i).standard_normal((64, 128)).astype(np.float32) for i in (2, 3))
+    plan = pb.compile(lambda x: pb.reshape(x @ w, (-1,)), x1)
+    first = plan(x1)
+    kept = first.numpy().copy()
+    plan(x2)
+    np.testing.assert_array_equal(first.numpy(), kept)
