@@ -158,10 +158,18 @@ def _lower_chain(step: Step) -> None:
     members = [(e.primitive.impl, e.args, e.params, e.out.index) for e in step.eqns]
     slot_of = {a.index: i for i, a in enumerate(operands) if isinstance(a, Var)}
 
+    launchers: dict[bool, Any] = {}  # a plan's shapes never change: prepare the call once
+
     def run(backend: Any, *arrays: Any, out: Any = None) -> Any:
         if isinstance(backend, CpuBackend):
             split = getattr(backend, "map_kernel", None)  # ThreadedCpuBackend's pool
-            return fused(*arrays, out=out) if split is None else split(fused, arrays, out)
+            if split is not None:
+                return split(fused, arrays, out)
+            into = out is not None
+            if into not in launchers:
+                launchers[into] = fused.launcher(arrays, out)
+            launch = launchers[into]
+            return fused(*arrays, out=out) if launch is None else launch(*arrays, out=out)
         # Not a NumPy backend: the members one by one, on that backend.
         values = {index: arrays[i] for index, i in slot_of.items()}
         result = None

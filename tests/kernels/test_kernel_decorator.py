@@ -214,6 +214,36 @@ def test_middle_axis_broadcasts_take_the_planes_loop(rng, dtype):
                                   a.astype(dtype) * x + b.astype(dtype))
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_a_launcher_prepares_a_call_for_fixed_shapes(rng, dtype):
+    x = rng.standard_normal((6, 5)).astype(dtype)
+    for other in (rng.standard_normal((6, 5)), rng.standard_normal(5),
+                  rng.standard_normal((6, 1)), rng.standard_normal((1, 1))):
+        other = other.astype(dtype)
+        launch = axpy.launcher((2, x, other))  # an int scalar, as drivers take floats
+        np.testing.assert_array_equal(launch(2, x, other), axpy(2.0, x, other))
+        out = np.empty_like(x)
+        launch = axpy.launcher((0.5, x, other), out)
+        assert launch(0.5, x, other, out=out) is out
+        np.testing.assert_array_equal(out, axpy(0.5, x, other))
+        y = rng.standard_normal((6, 5)).astype(dtype)  # new values, same shapes
+        np.testing.assert_array_equal(launch(0.5, y, other, out=out), axpy(0.5, y, other))
+    per_channel = rng.standard_normal((1, 3, 1, 1)).astype(dtype)
+    images = rng.standard_normal((2, 3, 4, 4)).astype(dtype)
+    launch = difference.launcher((images, per_channel))
+    np.testing.assert_array_equal(launch(images, per_channel), images - per_channel)
+
+
+def test_a_launcher_declines_calls_the_general_path_must_take(rng):
+    x = rng.standard_normal((6, 5))
+    assert difference.launcher((x.T, x.T)) is None  # strided
+    assert difference.launcher((x, x.astype(np.float32))) is None  # mixed dtypes
+    assert difference.launcher((x.astype(np.float16), x.astype(np.float16))) is None
+    assert difference.launcher((x, x), np.empty((6, 5), np.float32)) is None  # wrong out
+    assert split.launcher((x, x)) is None  # two outputs
+    assert axpy.launcher((1.0, np.zeros(LARGE), 0.5)) is None  # the parallel loop's size
+
+
 def test_non_contiguous_inputs_are_read_through_their_strides(rng):
     x = rng.standard_normal((6, 4))
     np.testing.assert_array_equal(axpy(1.0, x.T, 0.5), x.T + 0.5)
