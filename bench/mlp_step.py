@@ -107,8 +107,7 @@ def main() -> int:
         "numpy by hand": numpy_step,
     }, repeats=9, number=200)
     print(f"training step, MLP 64-256-256-10 on digits, batch {BATCH}, SGD momentum, float32")
-    print("  (a TRAINING plan fixes glibc's malloc thresholds for the whole process, every "
-          "contender alike: pullback.lower.heap)")
+    print("  (contenders take turns run by run; the best run of each counts)")
     for name, t in times.items():
         print(f"  {name:18s} {t * 1e3:6.3f} ms per step")
     print(f"  ratio pullback / pytorch: {times['pullback'] / times['pytorch']:.2f}")

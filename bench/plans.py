@@ -140,8 +140,7 @@ def threads() -> list[str]:
 def main() -> int:
     torch.set_num_threads(2)
     print("training step, SGD momentum, float32, pullback TRAINING plan vs PyTorch eager")
-    print("  (a TRAINING plan fixes glibc's malloc thresholds for the whole process, every "
-          "contender alike: pullback.lower.heap)")
+    print("  (contenders take turns run by run; the best run of each counts)")
     for label, make in MODELS.items():
         pullback_step, torch_step = steps(make)
         times = best_times({"pullback": pullback_step, "pytorch": torch_step}, repeats=7,

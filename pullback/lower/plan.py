@@ -23,7 +23,6 @@ from ..tensor.eager import _saved_as_float, _wrap
 from . import buffers
 from .fuse import Step, schedule
 from .graph import Eqn, LoweringError, StaticGraph, Var, resolve_params, trace
-from .heap import keep_heap
 
 
 def _accumulate(param: Any, ct: Any, taken: set[int]) -> None:
@@ -256,7 +255,6 @@ class TrainingPlan(Plan):
                                 f"one returns "
                                 f"{[_describe(v) for v in graph.outputs]}")
         super().__init__(graph, single)
-        keep_heap()  # steps reallocate the same large arrays: keep freed memory for them
 
     def _plan_backward(self) -> set[int]:
         self._active = self._find_active()
