@@ -41,3 +41,22 @@ def best_times(fns: dict[str, Callable[[], object]], repeats: int = 7,
                 fn()
             best[name] = min(best[name], (time.perf_counter() - start) / number)
     return best
+
+
+def plan_sgd_step(model: object, x: object, y: object, lr: float,
+                  momentum: float) -> Callable[[], None]:
+    """One SGD-momentum step of `model` on (x, y) through a TRAINING plan (imports
+    pullback only when called, after the threads are pinned)."""
+    import pullback as pb
+    from pullback import nn, optim
+
+    opt = optim.SGD(model.parameters(), lr, momentum=momentum)
+    plan = pb.compile(lambda x, y: nn.cross_entropy(model(x), y), x, y,
+                      mode=pb.LoweringMode.TRAINING)
+
+    def step() -> None:
+        opt.zero_grad()
+        plan(x, y)
+        opt.step()
+
+    return step

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sys
 
-from common import best_times, pin_threads
+from common import best_times, pin_threads, plan_sgd_step
 
 pin_threads(2)
 
@@ -44,15 +44,7 @@ def main() -> int:
         nn.cross_entropy(model(pb.tensor(x)), y).backward()
         opt.step()
 
-    planned = make_pullback()
-    plan_opt = optim.SGD(planned.parameters(), LR, momentum=MOMENTUM)
-    plan = pb.compile(lambda x, y: nn.cross_entropy(planned(x), y), x, y,
-                      mode=pb.LoweringMode.TRAINING)
-
-    def plan_step() -> None:
-        plan_opt.zero_grad()
-        plan(x, y)
-        plan_opt.step()
+    plan_step = plan_sgd_step(make_pullback(), x, y, LR, MOMENTUM)
 
     explicit = make_pullback()
     applyer = explicit.new_momentum(optim.TrainParams(LR), MOMENTUM)

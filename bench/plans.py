@@ -13,7 +13,7 @@ import json
 import subprocess
 import sys
 
-from common import best_times, pin_threads
+from common import best_times, pin_threads, plan_sgd_step
 
 pin_threads(2)
 
@@ -21,7 +21,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 import pullback as pb  # noqa: E402
-from pullback import nn, optim  # noqa: E402
+from pullback import nn  # noqa: E402
 
 LR, MOMENTUM = 0.01, 0.9
 
@@ -59,14 +59,7 @@ def steps(make: object) -> tuple:
     rng = np.random.default_rng(0)
     x = rng.standard_normal(shape).astype(np.float32)
     y = rng.integers(0, 10, shape[0])
-    opt = optim.SGD(model.parameters(), LR, momentum=MOMENTUM)
-    plan = pb.compile(lambda x, y: nn.cross_entropy(model(x), y), x, y,
-                      mode=pb.LoweringMode.TRAINING)
-
-    def pullback_step() -> None:
-        opt.zero_grad()
-        plan(x, y)
-        opt.step()
+    pullback_step = plan_sgd_step(model, x, y, LR, MOMENTUM)
 
     topt = torch.optim.SGD(tmodel.parameters(), LR, momentum=MOMENTUM)
     xt, yt = torch.from_numpy(x), torch.from_numpy(y)
