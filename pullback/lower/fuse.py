@@ -39,6 +39,9 @@ TEMPLATES = {
 # A chain this small is not worth a kernel: NumPy's own loops are as fast there, and
 # each distinct chain costs a compile (cached on disk) the first time it runs.
 MIN_ELEMENTS = 4096
+# Longer chains are split: Numba's compile time grows with the body (a 10,000-op chain
+# would take minutes), and past a few dozen ops a pass over memory is a small part.
+MAX_MEMBERS = 32
 
 
 @dataclass(eq=False)
@@ -83,8 +86,9 @@ def schedule(graph: StaticGraph, keep: set[int]) -> list[Step]:
             # then, and its inner values have no reader that could need them earlier.
             step = chain
             del open_chain[step.out.index]
-            steps.remove(step)
-            steps.append(step)
+            if steps[-1] is not step:
+                steps.remove(step)
+                steps.append(step)
             step.eqns.append(eqn)
             step.out = eqn.out
         if _fusible(eqn):
@@ -127,7 +131,7 @@ def _chain_to_extend(eqn: Eqn, open_chain: dict[int, Step], readers: dict[int, i
         return None
     for a in eqn.args:
         if isinstance(a, Var) and a.index in open_chain and readers[a.index] == 1 \
-                and a.index not in pinned:
+                and a.index not in pinned and len(open_chain[a.index].eqns) < MAX_MEMBERS:
             return open_chain[a.index]
     return None
 

@@ -10,7 +10,7 @@ import pullback as pb
 from pullback import nn
 from pullback.backend import Backend, BackwardOps, CpuBackend
 from pullback.kernels.core import ElementwiseKernel
-from pullback.lower.fuse import MIN_ELEMENTS
+from pullback.lower.fuse import MAX_MEMBERS, MIN_ELEMENTS
 
 TRAINING = pb.LoweringMode.TRAINING
 TOL = {np.float32: {"rtol": 2e-6, "atol": 1e-6}, np.float64: {"rtol": 1e-13, "atol": 1e-14}}
@@ -210,3 +210,18 @@ def test_a_returned_view_of_a_buffered_value_is_never_overwritten() -> None:
     kept = first.numpy().copy()
     plan(x2)
     np.testing.assert_array_equal(first.numpy(), kept)
+
+
+def test_long_chains_are_split_into_kernels_of_bounded_size() -> None:
+    x = _rng().standard_normal((64, 128))
+
+    def long_chain(x):
+        for _ in range(3 * MAX_MEMBERS):
+            x = pb.tanh(x) * 1.5
+        return x
+
+    plan = pb.compile(long_chain, x)
+    sizes = [len(step.eqns) for step in plan._schedule]
+    assert sum(sizes) == 6 * MAX_MEMBERS and max(sizes) == MAX_MEMBERS
+    np.testing.assert_allclose(plan(x).numpy(), long_chain(pb.tensor(x)).numpy(),
+                               **TOL[np.float64])
