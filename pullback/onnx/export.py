@@ -82,6 +82,7 @@ class _Context:
 
     def __init__(self, emit: _Emitter, eqn: Eqn, names: dict[int, str]):
         self.emit, self.eqn, self.params = emit, eqn, eqn.params
+        self.names = names  # every value's ONNX name, for parameters computed from inputs
         self.out = eqn.out
         float_dtype = next((a.dtype for a in eqn.args if isinstance(a, Var)), eqn.out.dtype)
         self.args = [names[a.index] if isinstance(a, Var) else
@@ -224,6 +225,15 @@ def _silu(c: _Context) -> str:
     return c.node("Mul", [c.args[0], c.node("Sigmoid")])
 
 
+def _where(c: _Context) -> str:
+    # The condition is a parameter: a value computed from the inputs (a Var, traced as
+    # plans trace it) or a constant mask.
+    cond = c.params["cond"]
+    name = c.names[cond.index] if isinstance(cond, Var) else c.emit.const(
+        np.asarray(cond, dtype=bool), "condition")
+    return c.node("Where", [name, *c.args])
+
+
 def _not_equal(c: _Context) -> str:
     return c.node("Not", [c.node("Equal")])
 
@@ -270,7 +280,7 @@ EXPORTERS: dict[str, Exporter] = {
     "softplus": _same("Softplus"), "silu": _silu, "gelu": _gelu,
     "less": _same("Less"), "less_equal": _same("LessOrEqual"), "greater": _same("Greater"),
     "greater_equal": _same("GreaterOrEqual"), "equal": _same("Equal"), "not_equal": _not_equal,
-    "clip": _clip, "astype": _astype,
+    "clip": _clip, "astype": _astype, "where": _where,
     "matmul": _same("MatMul"), "sum": _reduce("ReduceSum"), "max": _reduce("ReduceMax"),
     "softmax": _softmax("Softmax"), "log_softmax": _softmax("LogSoftmax"),
     "reshape": _reshape, "transpose": _transpose, "broadcast_to": _broadcast_to,
@@ -282,8 +292,6 @@ EXPORTERS: dict[str, Exporter] = {
 
 #: Primitives that have no ONNX mapping, and why (others are simply not in the table).
 NOT_EXPORTED: dict[str, str] = {
-    "where": "its condition is a parameter of the primitive, not a traced operand, so the "
-             "trace cannot tell a constant mask from one computed from the input",
     "dropout_mask": "random masks (a Dropout in training mode; export runs the module in eval "
                     "mode, so something else draws them)",
     "cross_entropy": "a loss: export the model, not its training objective",
@@ -296,6 +304,8 @@ NOT_EXPORTED: dict[str, str] = {
 
 def _exporter(eqn: Eqn) -> Exporter | None:
     prim = eqn.primitive
+    if eqn.param_vars and prim.name != "where":
+        return None  # an index computed from the inputs: the table writes constants
     if prim is identity_p or prim is stop_gradient_p or PRIMITIVES.get(prim.name) is prim:
         return EXPORTERS.get(prim.name)
     return None  # a custom op (its own primitive, unregistered) or a stranger
@@ -308,6 +318,8 @@ def _describe_eqn(eqn: Eqn) -> str:
     kind = f"custom op {type(custom).__name__}" if custom is not None else eqn.primitive.name
     reason = NOT_EXPORTED.get(eqn.primitive.name) if custom is None else \
         "a CustomOp runs NumPy code ONNX cannot hold"
+    if eqn.param_vars and custom is None and eqn.primitive.name != "where":
+        reason = "a parameter (an index) computed from the inputs; only constant ones export"
     return f"{kind} ({operands} -> {eqn.out.shape} {eqn.out.dtype})" + \
         (f": {reason}" if reason else ": no ONNX mapping")
 

@@ -150,16 +150,25 @@ class _Cube(pb.CustomOp):
 
 
 def test_unexportable_primitives_are_all_listed_with_shapes(tmp_path):
-    def fn(x):
-        return pb.where(x > 0, _Cube()(x), x) + pb.where(x < 1, x, 2.0 * x)
+    def fn(x, i):
+        return _Cube()(x)[np.arange(3), i] + pb.where(x < 1, x, 2.0 * x)[:, 0]
 
     with pytest.raises(pullback.onnx.ExportError) as err:
-        pullback.onnx.export(fn, f32(3, 4), tmp_path / "bad.onnx")
+        pullback.onnx.export(fn, (f32(3, 4), np.array([0, 1, 3])), tmp_path / "bad.onnx")
     message = str(err.value)
     assert "2 primitives of function cannot be written" in message
     assert "custom op _Cube ((3, 4) float32 -> (3, 4) float32)" in message
-    assert "where (" in message and "condition" in message
+    assert "getitem ((3, 4) float32" in message and "computed from the inputs" in message
     assert not (tmp_path / "bad.onnx").exists()
+
+
+def test_where_exports_with_conditions_from_the_inputs_and_constant_ones(tmp_path):
+    mask = np.array([True, False, True, False])
+
+    def fn(x):
+        return pb.where(x > 0, x * 3.0, -x) + pb.where(mask, x, 1.0)
+
+    _check_export(fn, f32(3, 4), tmp_path=tmp_path)
 
 
 def test_dropout_in_a_plain_function_is_named(tmp_path):

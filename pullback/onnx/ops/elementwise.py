@@ -95,6 +95,17 @@ def _not(node: Any, x: Any) -> Any:
     return ops.equal(x, np.zeros((), np.bool_))
 
 
+@converter("Where", (9, 16))
+def _where(node: Any, cond: Any, a: Any, b: Any) -> Any:
+    # pb.where reads its condition afresh at every plan call (a traced parameter).
+    if dtype(cond) != np.bool_:
+        raise OnnxImportError(f"Where takes a bool condition, not {dtype(cond)}")
+    if dtype(a) != dtype(b):
+        raise OnnxImportError(f"operands have different dtypes {dtype(a)} and {dtype(b)}")
+    broadcast_shape(broadcast_shape(shape(cond), shape(a)), shape(b))
+    return ops.where(cond, a, b)
+
+
 @converter("Elu", (6,), ("alpha",))
 def _elu(node: Any, x: Any) -> Any:
     alpha = node.attr("alpha", 1.0)
