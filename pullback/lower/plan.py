@@ -261,7 +261,31 @@ class TrainingPlan(Plan):
         if self.graph.outputs[0].index not in self._active:
             raise LoweringError("compile: the loss does not depend on any parameter")
         self._backward = self._backward_steps()
+        self._pool_relu = self._relu_into_pool()
         return {s for step in self._backward for s in step[2]}
+
+    def _relu_into_pool(self) -> dict[int, Var]:
+        """max_pool2d steps whose input is a relu's output read by nothing else: per pool
+        output, the relu's input. Their backward becomes one step: the pool routes each
+        upstream value to its window's maximum, where relu's output is that maximum, so
+        relu's mask is `pooled > 0` applied to the small upstream before the routing (one
+        pass over the large gradient saved)."""
+        readers: dict[int, int] = {}
+        for eqn in self.graph.eqns:
+            for a in eqn.args + eqn.param_vars:
+                if isinstance(a, Var):
+                    readers[a.index] = readers.get(a.index, 0) + 1
+        results = {v.index for v in self.graph.outputs}
+        folded = {}
+        for eqn in self.graph.eqns:
+            y = eqn.args[0] if eqn.args else None
+            relu = getattr(y, "producer", None)
+            if (eqn.primitive.name == "max_pool2d" and relu is not None
+                    and relu.primitive.name == "relu" and readers.get(y.index) == 1
+                    and y.index not in results and y.index in self._active
+                    and isinstance(relu.args[0], Var) and relu.args[0].index in self._active):
+                folded[eqn.out.index] = relu.args[0]
+        return folded
 
     def _find_active(self) -> set[int]:
         active = {v.index for v, _ in self.graph.params}
@@ -382,12 +406,18 @@ class TrainingPlan(Plan):
             if ct is not None:
                 if eqn.param_vars:  # parameters computed from this call's inputs
                     node.params = resolve_params(eqn.params, env)
+                parents = node.parents
+                relu_input = self._pool_relu.get(eqn.out.index) if fused else None
+                if relu_input is not None:  # relu's backward folded into the pool's
+                    pooled = env[eqn.out.index]
+                    ct = backend.mul(ct, backend.astype(backend.greater(pooled, 0.0), ct.dtype))
+                    parents = (relu_input,)
                 if fused and direct is not None:
                     in_cts = self._direct_vjp(backend, direct, node, env, eqn.out.index, ct)
                 else:
                     in_cts = self._vjp(executor, eqn, node, needed_in, env, ct)
                 node.params = eqn.params
-                for parent, in_ct in zip(node.parents, in_cts):
+                for parent, in_ct in zip(parents, in_cts):
                     if parent is None or in_ct is None:
                         continue
                     previous = cts.get(parent.index)
@@ -456,6 +486,9 @@ class TrainingPlan(Plan):
             reads = ", ".join(f"v{s}" for s in saved) or "nothing"
             kind = "fused kernel" if eqn.primitive.vjp is not None else (
                 "transpose" if eqn.primitive.transpose is not None else "linearize+transpose")
+            if eqn.out.index in self._pool_relu:
+                target = self._pool_relu[eqn.out.index]
+                kind += f", the relu before it folded in: straight to {target!r}"
             lines.append(f"       d {eqn.out!r} via {eqn.primitive.name} ({kind}); reads {reads}"
                          + (f"; frees {', '.join(f'v{s}' for s in frees)}" if frees else ""))
         saved = [s for s in sorted(self._saved)

@@ -225,3 +225,31 @@ def test_long_chains_are_split_into_kernels_of_bounded_size() -> None:
     assert sum(sizes) == 6 * MAX_MEMBERS and max(sizes) == MAX_MEMBERS
     np.testing.assert_allclose(plan(x).numpy(), long_chain(pb.tensor(x)).numpy(),
                                **TOL[np.float64])
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_relu_before_max_pool_folds_into_the_pool_backward(dtype) -> None:
+    pb.manual_seed(0)
+    conv = nn.Conv2d(2, 4, 3, padding=1, dtype=dtype)
+    head = nn.Dense(4 * 4 * 4, 3, dtype=dtype)
+
+    def loss_fn(x, y):
+        h = pb.max_pool2d(pb.relu(conv(x)), 2)
+        return nn.cross_entropy(head(pb.reshape(h, (x.shape[0], -1))), y)
+
+    x = _rng().standard_normal((5, 2, 8, 8)).astype(dtype)
+    x[:, :, :4, :4] = -50.0  # windows whose maximum relu clips to 0: the mask matters
+    y = np.arange(5) % 3
+    plan = pb.compile(loss_fn, x, y, mode=TRAINING)
+    assert len(plan._pool_relu) == 1 and "relu before it folded in" in plan.explain()
+    model = nn.Sequential(conv, head)
+    got = plan(x, y).item()
+    planned = [p.grad.numpy().copy() for p in model.parameters()]
+    for p in model.parameters():
+        p.grad = None
+    eager = loss_fn(pb.tensor(x), y)
+    eager.backward()
+    assert got == pytest.approx(eager.item(), rel=1e-6)
+    tol = {"rtol": 1e-4, "atol": 1e-6} if dtype == np.float32 else {"rtol": 1e-10, "atol": 0}
+    for g, p in zip(planned, model.parameters()):
+        np.testing.assert_allclose(g, p.grad.numpy(), **tol)
