@@ -43,15 +43,18 @@ def matmul_into(backend: Any, a: Any, b: Any, out: Any = None) -> Any:
     return _matmul_impl(backend, a, b)
 
 
-def writes_into(step: Step) -> bool:
-    """Whether a step can write its result into a buffer it is given."""
+def writer(step: Step) -> Any:
+    """The step's implementation taking `out=` (a buffer to write its result into), or
+    None when it cannot take one."""
     if step.out.dtype not in SUPPORTED_DTYPES or not step.out.shape:
-        return False
+        return None
     if step.fused:
-        return True
+        return step.impl
     eqn = step.eqns[0]
-    return eqn.primitive.name == "matmul" and all(
-        isinstance(a, Var) and a.dtype == step.out.dtype for a in eqn.args)
+    if eqn.primitive.name == "matmul" and all(
+            isinstance(a, Var) and a.dtype == step.out.dtype for a in eqn.args):
+        return matmul_into
+    return None
 
 
 # Primitives whose result never shares memory with an operand. Any other (reshape,
@@ -99,7 +102,7 @@ def assign(steps: list[Step], frees: list[tuple[int, ...]], saved: set[int],
     pinned = set(saved) | {v for v, seen in views.items() if seen}
     for step, done in zip(steps, frees):
         out = step.out
-        if writes_into(step) and out.index not in results and not views.get(
+        if writer(step) is not None and out.index not in results and not views.get(
                 out.index, set()) & results:
             kind = Buffer(out.shape, out.dtype)
             pool = idle.get(kind)

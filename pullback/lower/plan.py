@@ -117,9 +117,7 @@ class Plan:
 
     def _step(self, step: Step) -> tuple:
         buf = self._owner.get(step.out.index, -1)
-        impl = step.impl
-        if buf >= 0 and not step.fused:
-            impl = buffers.matmul_into
+        impl = step.impl if buf < 0 else buffers.writer(step)
         return impl, tuple(self._slot(a) for a in step.args), step.params, step.out.index, buf
 
     def _forward_frees(self, keep: set[int]) -> list[tuple[int, ...]]:
