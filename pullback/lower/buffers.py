@@ -19,6 +19,7 @@ import numpy as np
 
 from ..backend.cpu import CpuBackend
 from ..kernels.core import SUPPORTED_DTYPES
+from ..ops.linalg import _matmul_impl
 from .fuse import Step
 from .graph import Var
 
@@ -38,8 +39,6 @@ def matmul_into(backend: Any, a: Any, b: Any, out: Any = None) -> Any:
     backend, or operands of another dtype, run the backend's own matmul."""
     if out is not None and isinstance(backend, CpuBackend) and a.dtype == b.dtype == out.dtype:
         return np.matmul(a, b, out=out)
-    from ..ops.linalg import _matmul_impl
-
     return _matmul_impl(backend, a, b)
 
 
