@@ -17,10 +17,9 @@ from typing import Any
 
 import numpy as np
 
-from ..backend.cpu import CpuBackend
 from ..kernels.core import SUPPORTED_DTYPES
 from ..ops.linalg import _matmul_impl
-from .fuse import Step
+from .fuse import NUMPY_BACKENDS, Step
 from .graph import Var
 
 
@@ -35,9 +34,10 @@ class Buffer:
 
 
 def matmul_into(backend: Any, a: Any, b: Any, out: Any = None) -> Any:
-    """matmul writing into `out` on CPU backends (NumPy's matmul is theirs); any other
-    backend, or operands of another dtype, run the backend's own matmul."""
-    if out is not None and isinstance(backend, CpuBackend) and a.dtype == b.dtype == out.dtype:
+    """matmul writing into `out` on the NumPy backends (NumPy's matmul is theirs); any
+    other backend (a subclass that may override matmul included), or operands of
+    another dtype, run the backend's own matmul."""
+    if out is not None and type(backend) in NUMPY_BACKENDS and a.dtype == b.dtype == out.dtype:
         return np.matmul(a, b, out=out)
     return _matmul_impl(backend, a, b)
 

@@ -5,8 +5,9 @@ ops one by one would make one pass each and materialize every intermediate.
 A chain grows through a value only when that value has no other reader: not a later
 step, not the plan's result, and (in a TRAINING plan) not any backward step. So the
 backward pass, which reads only saved values, runs unchanged over the member ops.
-Fusion happens only on CPU backends (the generated kernel computes on NumPy arrays);
-any other backend runs the members one by one, with the same results.
+Fusion happens only on CpuBackend and ThreadedCpuBackend themselves (the generated
+kernel computes on NumPy arrays what their ops compute); any other backend, a
+subclass of theirs included, runs the members one by one through its own ops.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from ..backend.cpu import CpuBackend
+from ..backend.threaded import ThreadedCpuBackend
 from ..kernels import scalar_math
 from ..kernels.core import SUPPORTED_DTYPES, kernel
 from .graph import Eqn, StaticGraph, Var, resolve_params
@@ -165,7 +167,7 @@ def _lower_chain(step: Step) -> None:
     launchers: dict[bool, Any] = {}  # a plan's shapes never change: prepare the call once
 
     def run(backend: Any, *arrays: Any, out: Any = None) -> Any:
-        if isinstance(backend, CpuBackend):
+        if type(backend) in NUMPY_BACKENDS:
             split = getattr(backend, "map_kernel", None)  # ThreadedCpuBackend's pool
             if split is not None:
                 return split(fused, arrays, out)
@@ -186,6 +188,10 @@ def _lower_chain(step: Step) -> None:
     step.impl, step.args, step.params = run, tuple(operands), {}
     step.source = body
 
+
+# The backends whose ops a generated kernel may stand in for: exactly these types, not
+# subclasses, which may override an op (a plan must compute what the backend computes).
+NUMPY_BACKENDS = (CpuBackend, ThreadedCpuBackend)
 
 _KERNELS: dict[str, Any] = {}
 _LOCK = threading.Lock()

@@ -253,3 +253,24 @@ def test_relu_before_max_pool_folds_into_the_pool_backward(dtype) -> None:
     tol = {"rtol": 1e-4, "atol": 1e-6} if dtype == np.float32 else {"rtol": 1e-10, "atol": 0}
     for g, p in zip(planned, model.parameters()):
         np.testing.assert_allclose(g, p.grad.numpy(), **tol)
+
+
+def test_a_subclass_that_overrides_an_op_is_not_bypassed() -> None:
+    class LeakyCpu(CpuBackend):
+        def relu(self, x):
+            return np.where(x > 0, x, 0.1 * x)
+
+        def matmul(self, a, b):
+            return np.matmul(a, b) * 2.0
+
+    w = pb.tensor(_rng(1).standard_normal((128, 128)))
+    x = _rng(2).standard_normal((64, 128))
+    b = _rng(3).standard_normal(128)
+    fn = lambda x, b: pb.relu(x @ w + b) * 3.0
+    plan = pb.compile(fn, x, b)
+    assert _fused_steps(plan) and plan._owner  # a fused chain, and a matmul into a buffer
+    with pb.use_backend(LeakyCpu()):
+        got = plan(x, b).numpy()
+        want = fn(pb.tensor(x), pb.tensor(b)).numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+    assert (got < 0).any()  # the override ran
