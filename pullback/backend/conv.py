@@ -190,16 +190,28 @@ class _WindowBuffer:
         return self.flat[:m * self.size].reshape(m, *self.shape)
 
 
+def _result(op: str, operands: list, shape: tuple, dtype: np.dtype,
+            out: np.ndarray | None) -> np.ndarray:
+    """A fresh result array, or `out` (a plan's buffer) once it is checked to fit."""
+    if out is None:
+        return np.empty(shape, dtype=dtype)
+    if out.shape != shape or out.dtype != dtype or not out.flags.c_contiguous:
+        raise KernelError(op, [*operands, out], f"out= must be a C-contiguous {dtype} array "
+                                                f"of shape {shape}")
+    return out
+
+
 def conv2d(x: np.ndarray, w: np.ndarray, stride: Any, padding: Any, dilation: Any = (1, 1),
-           groups: int = 1) -> np.ndarray:
+           groups: int = 1, out: np.ndarray | None = None) -> np.ndarray:
     """x (N, C, H, W) cross-correlated with w (O, C/groups, kh, kw): per chunk of the
-    batch, im2col then one batched GEMM per sample and group, written in place."""
+    batch, im2col then one batched GEMM per sample and group, written in place (into
+    `out` when given)."""
     win = check_conv(x, w, stride, padding, dilation, groups)
     n, c = x.shape[:2]
     o = w.shape[0]
     pixels = win.out_hw[0] * win.out_hw[1]
     weight = w.reshape(groups, o // groups, -1)
-    out = np.empty((n, o, *win.out_hw), dtype=x.dtype)
+    out = _result("conv2d", [x, w], (n, o, *win.out_hw), x.dtype, out)
     rows = out.reshape(n, groups, o // groups, pixels)
     x = np.ascontiguousarray(x)
     if _pointwise(win):
@@ -333,17 +345,18 @@ def check_pool(op: str, x: np.ndarray, kernel: Any, stride: Any, padding: Any,
 
 
 def max_pool2d(x: np.ndarray, kernel: Any, stride: Any, padding: Any,
-               dilation: Any = (1, 1)) -> np.ndarray:
+               dilation: Any = (1, 1), out: np.ndarray | None = None) -> np.ndarray:
     """Maximum over each window, padding reading as -inf; NaN wins."""
     win = check_pool("max_pool2d", x, kernel, stride, padding, dilation)
-    out = np.empty((*x.shape[:2], *win.out_hw), dtype=x.dtype)
+    out = _result("max_pool2d", [x], (*x.shape[:2], *win.out_hw), x.dtype, out)
     return kernels.max_pool(x, out, win.geometry())
 
 
-def avg_pool2d(x: np.ndarray, kernel: Any, stride: Any, padding: Any) -> np.ndarray:
+def avg_pool2d(x: np.ndarray, kernel: Any, stride: Any, padding: Any,
+               out: np.ndarray | None = None) -> np.ndarray:
     """Sum over each window divided by kh * kw (count_include_pad=True)."""
     win = check_pool("avg_pool2d", x, kernel, stride, padding)
-    out = np.empty((*x.shape[:2], *win.out_hw), dtype=x.dtype)
+    out = _result("avg_pool2d", [x], (*x.shape[:2], *win.out_hw), x.dtype, out)
     return kernels.avg_pool(x, out, win.geometry())
 
 

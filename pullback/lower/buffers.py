@@ -17,7 +17,9 @@ from typing import Any
 
 import numpy as np
 
+from ..backend import conv as window_ops
 from ..kernels.core import SUPPORTED_DTYPES
+from ..ops.conv import avg_pool2d_p, conv2d_p, max_pool2d_p
 from ..ops.linalg import _matmul_impl
 from .fuse import NUMPY_BACKENDS, Step
 from .graph import Var
@@ -42,6 +44,27 @@ def matmul_into(backend: Any, a: Any, b: Any, out: Any = None) -> Any:
     return _matmul_impl(backend, a, b)
 
 
+def _window_into(fn: Any, prim: Any) -> Any:
+    """A convolution or pooling step writing into `out` on the NumPy backends (their
+    window kernels, `backend/conv.py`); any other backend runs the primitive's own
+    implementation (through its own ops)."""
+
+    def run(backend: Any, *args: Any, out: Any = None, **params: Any) -> Any:
+        if out is not None and type(backend) in NUMPY_BACKENDS:
+            return fn(*args, **params, out=out)
+        return prim.impl(backend, *args, **params)
+
+    return run
+
+
+# Primitives whose NumPy implementation can write into a given array, beside fused
+# chains.
+_INTO = {"matmul": matmul_into,
+         "conv2d": _window_into(window_ops.conv2d, conv2d_p),
+         "max_pool2d": _window_into(window_ops.max_pool2d, max_pool2d_p),
+         "avg_pool2d": _window_into(window_ops.avg_pool2d, avg_pool2d_p)}
+
+
 def writer(step: Step) -> Any:
     """The step's implementation taking `out=` (a buffer to write its result into), or
     None when it cannot take one."""
@@ -50,10 +73,10 @@ def writer(step: Step) -> Any:
     if step.fused:
         return step.impl
     eqn = step.eqns[0]
-    if eqn.primitive.name == "matmul" and all(
-            isinstance(a, Var) and a.dtype == step.out.dtype for a in eqn.args):
-        return matmul_into
-    return None
+    if eqn.param_vars or not all(isinstance(a, Var) and a.dtype == step.out.dtype
+                                 for a in eqn.args):
+        return None
+    return _INTO.get(eqn.primitive.name)
 
 
 # Primitives whose result never shares memory with an operand. Any other (reshape,

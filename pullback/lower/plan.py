@@ -165,7 +165,7 @@ class Plan:
             if buf < 0:
                 env[out] = impl(backend, *[env[s] for s in slots], **params)
             else:
-                env[out] = impl(backend, *[env[s] for s in slots], out=arena[buf])
+                env[out] = impl(backend, *[env[s] for s in slots], out=arena[buf], **params)
             for s in frees:
                 env[s] = None
 

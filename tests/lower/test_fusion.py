@@ -8,7 +8,7 @@ import pytest
 
 import pullback as pb
 from pullback import nn
-from pullback.backend import Backend, BackwardOps, CpuBackend
+from pullback.backend import Backend, BackwardOps, CpuBackend, KernelError
 from pullback.kernels.core import ElementwiseKernel
 from pullback.lower.fuse import MAX_MEMBERS, MIN_ELEMENTS
 
@@ -274,3 +274,31 @@ def test_a_subclass_that_overrides_an_op_is_not_bypassed() -> None:
         want = fn(pb.tensor(x), pb.tensor(b)).numpy()
     np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
     assert (got < 0).any()  # the override ran
+
+
+def test_convolutions_and_pools_write_into_buffers() -> None:
+    pb.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+                          nn.Conv2d(8, 8, 3, padding=1), nn.Flatten(), nn.Dense(8 * 8 * 8, 4))
+
+    def fn(x):
+        return model(pb.avg_pool2d(x, 2))
+
+    x = _rng().standard_normal((4, 3, 32, 32)).astype(np.float32)
+    plan = pb.compile(fn, x)
+    buffered = {step.name for step in plan._schedule if step.out.index in plan._owner}
+    assert {"avg_pool2d", "conv2d", "max_pool2d", "matmul"} <= buffered
+    for scale in (1.0, -2.0):  # the second call overwrites the first's buffers
+        np.testing.assert_allclose(plan(x * scale).numpy(),
+                                   fn(pb.tensor(x * scale)).numpy(), rtol=1e-5, atol=1e-6)
+    with pb.use_backend(NotCpu()):  # another backend: its own ops, no buffers
+        np.testing.assert_allclose(plan(x).numpy(), fn(pb.tensor(x)).numpy(), rtol=1e-5,
+                                   atol=1e-6)
+
+
+def test_window_ops_check_the_buffer_they_are_given() -> None:
+    from pullback.backend import conv as window_ops
+
+    x = np.zeros((1, 1, 4, 4), np.float32)
+    with pytest.raises(KernelError, match=r"max_pool2d: .*out= must be a C-contiguous float32"):
+        window_ops.max_pool2d(x, (2, 2), (2, 2), (0, 0), out=np.empty((1, 1, 3, 3), np.float32))
