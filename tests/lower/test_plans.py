@@ -175,3 +175,18 @@ def test_a_training_plan_returns_auxiliary_outputs_after_the_loss() -> None:
     loss, logits = pb.compile(loss_and_logits, x, y, mode=TRAINING)(x, y)
     np.testing.assert_allclose(logits.numpy(), model(pb.tensor(x)).numpy(), rtol=1e-6)
     assert loss.shape == () and model.weight.grad is not None
+
+
+def test_gradients_taken_over_from_the_plan_never_share_a_buffer() -> None:
+    # add's transpose hands the same cotangent to both operands: one parameter may take
+    # it over, the other must get its own copy.
+    w1 = pb.tensor(np.ones((64, 128)), requires_grad=True)
+    w2 = pb.tensor(np.ones((64, 128)), requires_grad=True)
+    x = np.random.default_rng(0).standard_normal((64, 128))
+    plan = pb.compile(lambda x: pb.sum((w1 + w2) * x), x, mode=TRAINING)
+    plan(x)
+    g1, g2 = w1.grad.numpy(), w2.grad.numpy()
+    np.testing.assert_array_equal(g1, x)
+    np.testing.assert_array_equal(g2, x)
+    assert not np.shares_memory(g1, g2)
+    assert not np.shares_memory(g1, x) and not np.shares_memory(g2, x)
