@@ -60,3 +60,23 @@ def plan_sgd_step(model: object, x: object, y: object, lr: float,
         opt.step()
 
     return step
+
+
+def torch_sgd_step(tmodel: object, weights_from: object, x: object, y: object, lr: float,
+                   momentum: float) -> Callable[[], None]:
+    """One SGD-momentum step of the PyTorch `tmodel`, its weights first copied from the
+    pullback module `weights_from` (same data, same start)."""
+    import torch
+
+    with torch.no_grad():
+        for tp, p in zip(tmodel.parameters(), weights_from.parameters()):
+            tp.copy_(torch.from_numpy(p.numpy().copy()))
+    opt = torch.optim.SGD(tmodel.parameters(), lr, momentum=momentum)
+    xt, yt = torch.from_numpy(x), torch.from_numpy(y)
+
+    def step() -> None:
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(tmodel(xt), yt).backward()
+        opt.step()
+
+    return step

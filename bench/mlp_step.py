@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sys
 
-from common import best_times, pin_threads, plan_sgd_step
+from common import best_times, pin_threads, plan_sgd_step, torch_sgd_step
 
 pin_threads(2)
 
@@ -59,16 +59,7 @@ def main() -> int:
     tmodel = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(),
                                  torch.nn.Linear(256, 256), torch.nn.ReLU(),
                                  torch.nn.Linear(256, 10))
-    with torch.no_grad():
-        for tp, p in zip(tmodel.parameters(), model.parameters()):
-            tp.copy_(torch.from_numpy(p.numpy().copy()))
-    topt = torch.optim.SGD(tmodel.parameters(), LR, momentum=MOMENTUM)
-    xt, yt = torch.from_numpy(x), torch.from_numpy(y)
-
-    def torch_step() -> None:
-        topt.zero_grad()
-        torch.nn.functional.cross_entropy(tmodel(xt), yt).backward()
-        topt.step()
+    torch_step = torch_sgd_step(tmodel, model, x, y, LR, MOMENTUM)
 
     weights = [p.numpy().copy() for p in model.parameters()]
     buffers = [np.zeros_like(w) for w in weights]

@@ -13,7 +13,7 @@ import json
 import subprocess
 import sys
 
-from common import best_times, pin_threads, plan_sgd_step
+from common import best_times, pin_threads, plan_sgd_step, torch_sgd_step
 
 pin_threads(2)
 
@@ -53,23 +53,11 @@ MODELS = {"MLP 784-1024-1024-10, batch 256": wide_mlp, "CNN on 3x32x32, batch 64
 
 def steps(make: object) -> tuple:
     model, tmodel, shape = make()
-    with torch.no_grad():
-        for tp, p in zip(tmodel.parameters(), model.parameters()):
-            tp.copy_(torch.from_numpy(p.numpy().copy()))
     rng = np.random.default_rng(0)
     x = rng.standard_normal(shape).astype(np.float32)
     y = rng.integers(0, 10, shape[0])
-    pullback_step = plan_sgd_step(model, x, y, LR, MOMENTUM)
-
-    topt = torch.optim.SGD(tmodel.parameters(), LR, momentum=MOMENTUM)
-    xt, yt = torch.from_numpy(x), torch.from_numpy(y)
-
-    def torch_step() -> None:
-        topt.zero_grad()
-        torch.nn.functional.cross_entropy(tmodel(xt), yt).backward()
-        topt.step()
-
-    return pullback_step, torch_step
+    torch_step = torch_sgd_step(tmodel, model, x, y, LR, MOMENTUM)
+    return plan_sgd_step(model, x, y, LR, MOMENTUM), torch_step
 
 
 def memory_growth(framework: str, warm: bool) -> float:

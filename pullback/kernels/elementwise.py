@@ -148,22 +148,16 @@ class ElementwiseKernel(Kernel):
                 or (out is not None and (out.shape != shape or out.dtype != dtype
                                          or not out.flags.c_contiguous))):
             return None
-        values = list(args)
         if all(a.shape == shape and a.flags.c_contiguous for a in arrays):
             key, grid = ("flat", mask, flags), (size,)
             forms = [(size,) if mask >> i & 1 else None for i in range(self.nin)]
         else:
-            grid = (math.prod(shape[:-1]), shape[-1]) if shape else (1, 1)
-            kinds = _row_kinds(values, mask, shape, dtype)
-            if kinds is not None:
-                key = ("rows", mask, flags, kinds)
-            else:
-                planes = _plane_kinds(values, mask, shape, dtype)
-                if planes is None:
-                    return None
-                grid, kinds = planes
-                key = ("planes", mask, flags, kinds)
-            forms = [None if k == "-" else grid if k == "f" else (-1,) for k in kinds]
+            found = _contiguous_layout(list(args), mask, shape, dtype)
+            if found is None:
+                return None
+            layout, grid, kinds = found
+            key = (layout, mask, flags, kinds)
+            forms = _forms(kinds, grid)
         driver = self._driver(dtype, key, False)
         numbers = [i for i, a in enumerate(args) if type(a) is int]  # drivers take floats
 
@@ -288,21 +282,15 @@ class ElementwiseKernel(Kernel):
               masks: tuple[int, int], parallel: bool) -> None:
         # Broadcast views as (rows, last axis): zero strides are fine for Numba's 'A'
         # arrays; reshape copies only for strides it cannot merge.
-        grid = (math.prod(shape[:-1]), shape[-1]) if shape else (1, 1)
-        kinds = _row_kinds(values, masks[0], shape, dtype)
-        planes = None if kinds is not None else _plane_kinds(values, masks[0], shape, dtype)
-        if kinds is not None:
-            key = ("rows", *masks, kinds)
-            for i, kind in enumerate(kinds):
-                if kind != "-":
-                    values[i] = values[i].reshape(grid if kind == "f" else -1)
-        elif planes is not None:
-            grid, kinds = planes
-            key = ("planes", *masks, kinds)
-            for i, kind in enumerate(kinds):
-                if kind != "-":
-                    values[i] = values[i].reshape(grid if kind == "f" else -1)
+        found = _contiguous_layout(values, masks[0], shape, dtype)
+        if found is not None:
+            layout, grid, kinds = found
+            key = (layout, *masks, kinds)
+            for i, form in enumerate(_forms(kinds, grid)):
+                if form is not None:
+                    values[i] = values[i].reshape(form)
         else:
+            grid = (math.prod(shape[:-1]), shape[-1]) if shape else (1, 1)
             key = ("grid", *masks)
             for i in range(self.nin):
                 if masks[0] >> i & 1:
@@ -313,6 +301,24 @@ class ElementwiseKernel(Kernel):
         for o, t in zip(outs, targets):
             if not o.flags.c_contiguous:
                 o[...] = t.reshape(shape)
+
+
+def _contiguous_layout(values: list, mask: int, shape: tuple, dtype: np.dtype
+                       ) -> tuple[str, tuple, str] | None:
+    """(layout, grid, kinds) of a contiguous loop over broadcast operands: "rows" over
+    (rows, last axis) or "planes" over (outer, middle, inner); None when neither fits
+    and the strided (rows, last axis) loop must take the call."""
+    kinds = _row_kinds(values, mask, shape, dtype)
+    if kinds is not None:
+        return "rows", (math.prod(shape[:-1]), shape[-1]), kinds
+    planes = _plane_kinds(values, mask, shape, dtype)
+    return None if planes is None else ("planes", *planes)
+
+
+def _forms(kinds: str, grid: tuple) -> list:
+    """Per input, the shape a contiguous loop reads it as: the grid (whole), 1-D (a row,
+    a column, one value), or None (not an array)."""
+    return [None if k == "-" else grid if k == "f" else (-1,) for k in kinds]
 
 
 def _padded_shapes(values: list, mask: int, shape: tuple, dtype: np.dtype) -> list | None:

@@ -186,7 +186,6 @@ def _lower_chain(step: Step) -> None:
         return result
 
     step.impl, step.args, step.params = run, tuple(operands), {}
-    step.source = body
 
 
 # The backends whose ops a generated kernel may stand in for: exactly these types, not

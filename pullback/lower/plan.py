@@ -350,33 +350,30 @@ class TrainingPlan(Plan):
         for s, i in last_reader.items():
             if self.graph.vars[s].kind == "value" and s not in returned:
                 frees[i].append(s)
-        return [(eqn, node, saved, needed_in, tuple(f), self._direct(eqn, needed_in))
+        return [(eqn, node, saved, self._reads(eqn, needed_in), tuple(f))
                 for (eqn, node, saved, needed_in), f in zip(steps, frees)]
 
     @staticmethod
-    def _direct(eqn: Eqn, needed_in: tuple) -> tuple | None:
-        """For a step the backend's fused kernel can take straight from the cache: its
-        inputs as a template (constants in place) and the (position, slot) pairs to
-        fill in; None where the general path is needed (no kernel, or saved integers
-        that the rules expect as floats)."""
+    def _reads(eqn: Eqn, needed_in: tuple) -> tuple:
+        """What a backward step hands its rule, worked out once: its inputs as a template
+        (constants in place, None when it keeps none), the (position, slot) pairs to fill
+        from the cache, whether saved integers must reach the rules as floats, and
+        whether it reads its output."""
         prim = eqn.primitive
-        if prim.vjp is None:
-            return None
+        constants = [None if isinstance(a, Var) else a for a in eqn.args]
+        if not prim.saves_inputs:
+            inputs = tuple(constants) if any(c is not None for c in constants) else None
+            return inputs, (), False, prim.saves_output
         template = [None] * len(eqn.args)
         fill = []
-        for i in needed_in if prim.saves_inputs else ():
+        for i in needed_in:
             a = eqn.args[i]
-            if not isinstance(a, Var):
-                template[i] = a
-            elif a.dtype.kind in "iub" and not prim.exact_inputs:
-                return None
-            else:
+            if isinstance(a, Var):
                 fill.append((i, a.index))
-        if not prim.saves_inputs and any(not isinstance(a, Var) for a in eqn.args):
-            template = [None if isinstance(a, Var) else a for a in eqn.args]
-        inputs = tuple(template) if prim.saves_inputs or fill or any(
-            t is not None for t in template) else None
-        return prim.vjp, inputs, tuple(fill), prim.saves_output
+            else:
+                template[i] = a
+        convert = not prim.exact_inputs and any(eqn.args[i].dtype.kind in "iub" for i, _ in fill)
+        return tuple(template), tuple(fill), convert, prim.saves_output
 
     def _depends(self, eqn: Eqn, param: Var) -> bool:
         reach = {param.index}
@@ -399,7 +396,7 @@ class TrainingPlan(Plan):
         backend, fused = executor.backend, executor.fused
         cts: dict[int, Any] = {self.graph.outputs[0].index: np.ones_like(loss)}
         add = executor.add_operands
-        for eqn, node, _, needed_in, frees, direct in self._backward:
+        for eqn, node, _, reads, frees in self._backward:
             ct = cts.pop(eqn.out.index, None)  # a cotangent is freed once consumed
             if ct is not None:
                 if eqn.param_vars:  # parameters computed from this call's inputs
@@ -410,10 +407,18 @@ class TrainingPlan(Plan):
                     pooled = env[eqn.out.index]
                     ct = backend.mul(ct, backend.astype(backend.greater(pooled, 0.0), ct.dtype))
                     parents = (relu_input,)
-                if fused and direct is not None:
-                    in_cts = self._direct_vjp(backend, direct, node, env, eqn.out.index, ct)
-                else:
-                    in_cts = self._vjp(executor, eqn, node, needed_in, env, ct)
+                self._load(node, reads, env, eqn.out)
+                try:
+                    if fused and eqn.primitive.vjp is not None:
+                        # The backend's kernel, straight from the cache: no linearization.
+                        in_cts = eqn.primitive.vjp(backend, ct, node)
+                    else:
+                        lin = executor.linearize_recorded_graph(node)
+                        in_cts = executor.run_transposed_linear(lin, ct)
+                except DerivativeError as err:
+                    raise LoweringError(f"plan: {err}") from None
+                finally:
+                    node.inputs = node.output = None
                 node.params = eqn.params
                 for parent, in_ct in zip(parents, in_cts):
                     if parent is None or in_ct is None:
@@ -434,53 +439,22 @@ class TrainingPlan(Plan):
                                             for v in self.graph.outputs[1:])
 
     @staticmethod
-    def _direct_vjp(backend: Any, direct: tuple, node: Node, env: list, out: int,
-                    ct: Any) -> tuple:
-        """The backend's backward kernel, fed straight from the cache: no linearization."""
-        vjp, template, fill, saves_output = direct
+    def _load(node: Node, reads: tuple, env: list, out: Var) -> None:
+        """Give a backward step's node the values its rule reads from the cache."""
+        inputs, fill, convert, saves_output = reads
         if fill:
-            values = list(template)
+            values = list(inputs)
             for i, slot in fill:
                 values[i] = env[slot]
-            node.inputs = tuple(values)
-        else:
-            node.inputs = template
-        node.output = env[out] if saves_output else None
-        try:
-            return vjp(backend, ct, node)
-        finally:
-            node.inputs = node.output = None
-
-    @staticmethod
-    def _vjp(executor: EagerExecutor, eqn: Eqn, node: Node, needed_in: tuple, env: list,
-             ct: Any) -> tuple:
-        prim = eqn.primitive
-        if prim.saves_inputs:
-            values = [None] * len(eqn.args)
-            for i in needed_in:
-                a = eqn.args[i]
-                values[i] = env[a.index] if isinstance(a, Var) else a
             inputs = tuple(values)
-            out_dtype = eqn.out.dtype
-            if not prim.exact_inputs and any(
-                    type(v) is np.ndarray and v.dtype.kind in "iub" for v in inputs):
-                inputs = _saved_as_float(inputs, out_dtype)
-            node.inputs = inputs
-        else:
-            node.inputs = tuple(a if not isinstance(a, Var) else None for a in eqn.args) \
-                if any(not isinstance(a, Var) for a in eqn.args) else None
-        node.output = env[eqn.out.index] if prim.saves_output else None
-        try:
-            lin = executor.linearize_recorded_graph(node)
-            return executor.run_transposed_linear(lin, ct)
-        except DerivativeError as err:
-            raise LoweringError(f"plan: {err}") from None
-        finally:
-            node.inputs = node.output = None
+            if convert:
+                inputs = _saved_as_float(inputs, out.dtype)
+        node.inputs = inputs
+        node.output = env[out.index] if saves_output else None
 
     def _explain_backward(self) -> list[str]:
         lines = ["backward:"]
-        for eqn, _, saved, _, frees, _ in self._backward:
+        for eqn, _, saved, _, frees in self._backward:
             reads = ", ".join(f"v{s}" for s in saved) or "nothing"
             kind = "fused kernel" if eqn.primitive.vjp is not None else (
                 "transpose" if eqn.primitive.transpose is not None else "linearize+transpose")
@@ -499,7 +473,7 @@ class TrainingPlan(Plan):
 
     def peak_bytes(self) -> int:
         peak, live = self._forward_memory()
-        for eqn, _, _, _, frees, _ in self._backward:
+        for eqn, _, _, _, frees in self._backward:
             # a cotangent of each operand appears while the saved values are still held
             grads = sum(a.nbytes for a in eqn.args if isinstance(a, Var) and a.kind == "value")
             peak = max(peak, live + grads)
