@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from pullback.backend import conv
+from pullback.backend import conv, gemm
 from pullback.backend.backward_ops import BackwardOps, Grads, Needed
 from pullback.backend.base import Backend, Pair, Shape
 from pullback.backend.errors import KernelError
@@ -514,6 +514,11 @@ class CpuBackend(BackwardOps, FusedOps, Backend):
         lead = x.ndim - len(shape)
         if lead < 0 or any(s not in (1, d) for s, d in zip(shape, x.shape[lead:], strict=True)):
             raise KernelError("sum_to_shape", [x], f"cannot sum to shape {shape}")
+        if (x.ndim == 2 and shape in ((x.shape[1],), (1, x.shape[1])) and x.dtype in
+                SUPPORTED_DTYPES and 1 < x.shape[0] <= gemm.COLUMN_SUM_ROWS):
+            # A bias's gradient: the column sums as one GEMV (ones @ x), 3-4x faster than
+            # NumPy's reduction over the rows, in either memory order.
+            return np.reshape(gemm.column_sums(x), shape)
         axes = tuple(range(lead)) + tuple(
             lead + i for i, s in enumerate(shape) if s == 1 and x.shape[lead + i] != 1
         )
@@ -562,7 +567,7 @@ class CpuBackend(BackwardOps, FusedOps, Backend):
 
     def matmul(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         try:
-            return np.matmul(a, b, out=...)
+            return gemm.matmul(a, b)
         except (ValueError, TypeError):
             raise KernelError("matmul", [a, b], _matmul_reason(a, b)) from None
 
@@ -782,7 +787,7 @@ class CpuBackend(BackwardOps, FusedOps, Backend):
             u = u[..., None, :]
         grad_lhs = grad_rhs = None
         if needed[0]:
-            full = np.matmul(u, np.swapaxes(b, -1, -2))
+            full = gemm.matmul(u, np.swapaxes(b, -1, -2))
             grad_lhs = self.sum_to_shape(full, a.shape).reshape(lhs.shape)
         if needed[1]:
             if b.ndim == 2 and a.shape[:-2] == u.shape[:-2]:

@@ -56,9 +56,11 @@ class ElementwiseKernel(Kernel):
 
     # The commonest calls in as few Python steps as possible (they dominate small calls):
     # one output, same-shape arrays of a dtype already compiled for. Each returns None
-    # for anything else, and the general path takes over. Contiguity is left to Numba's
-    # own type check: a strided 1-D array does not fit the flat loop's signature (a
-    # TypeError, as compiling more is disabled), and ravel copies a strided N-d one.
+    # for anything else, and the general path takes over. A 1-D array's contiguity is
+    # left to Numba's own type check: a strided one does not fit the flat loop's
+    # signature (a TypeError, as compiling more is disabled). N-d ones run flat in
+    # memory order when all are C- or all Fortran-contiguous (a GEMM's result may be
+    # laid out by columns), and go to the general path otherwise.
 
     def _fast_one(self, args: tuple, parallel: bool | None) -> np.ndarray | None:
         if len(args) != 1:
@@ -71,12 +73,16 @@ class ElementwiseKernel(Kernel):
         driver = (self._parallel_fast if parallel else self._serial_fast).get(x.dtype)
         if driver is None:
             return None
-        result = np.empty(x.shape, x.dtype)
         try:
             if x.ndim == 1:
+                result = np.empty(x.shape, x.dtype)
                 driver(x, result)
-            else:
-                driver(x.ravel(), result.ravel())
+                return result
+            order = _memory_order(x, x)
+            if order is None:
+                return None
+            result = np.empty(x.shape, x.dtype, order=order)
+            driver(x.ravel(order), result.ravel(order))
         except TypeError:
             return None
         return result
@@ -93,12 +99,16 @@ class ElementwiseKernel(Kernel):
         driver = (self._parallel_fast if parallel else self._serial_fast).get(a.dtype)
         if driver is None:
             return None
-        result = np.empty(a.shape, a.dtype)
         try:
             if a.ndim == 1:
+                result = np.empty(a.shape, a.dtype)
                 driver(a, b, result)
-            else:
-                driver(a.ravel(), b.ravel(), result.ravel())
+                return result
+            order = _memory_order(a, b)
+            if order is None:
+                return None
+            result = np.empty(a.shape, a.dtype, order=order)
+            driver(a.ravel(order), b.ravel(order), result.ravel(order))
         except TypeError:
             return None
         return result
@@ -143,6 +153,8 @@ class ElementwiseKernel(Kernel):
             return None
         dtype = arrays[0].dtype
         shape = np.broadcast_shapes(*(a.shape for a in arrays))
+        if _fortran_call(arrays, shape, out):
+            return self._transposed_launcher(args, shape, out)
         size = math.prod(shape)
         if (dtype not in _COMPILED or not size or size >= self.parallel_threshold
                 or (out is not None and (out.shape != shape or out.dtype != dtype
@@ -169,6 +181,59 @@ class ElementwiseKernel(Kernel):
                 operands[i] = float(operands[i])
             driver(*operands, result.reshape(grid))
             return result
+
+        return launch
+
+    def in_place(self, args: tuple, out: tuple) -> Callable | None:
+        """The call prepared for writing every output through one of its inputs (an
+        optimizer's parameter and state): `launch(*args)` then runs the compiled loop
+        on arguments laid out as these, the outputs being the same inputs, in about a
+        third of a call's time. For callers that hold those arrays across calls (an
+        optimizer, per parameter). None when the call needs the general path."""
+        outs = _as_list(out)
+        if len(args) != self.nin or len(outs) != self.nout:
+            return None
+        alias = tuple(next((i for i, a in enumerate(args) if a is o), -1) for o in outs)
+        arrays = [a for a in args if type(a) is np.ndarray]
+        if -1 in alias or not arrays:
+            return None
+        dtype, shape = arrays[0].dtype, arrays[0].shape
+        if (dtype not in _COMPILED or math.prod(shape) >= self.parallel_threshold
+                or any(a.shape != shape or a.dtype is not dtype or not a.flags.c_contiguous
+                       for a in arrays)
+                or any(not o.flags.writeable for o in outs)):
+            return None
+        mask = sum(1 << i for i, a in enumerate(args) if type(a) is np.ndarray)
+        flags = sum(1 << i for i, a in enumerate(args) if type(a) is bool)
+        if any(type(a) not in (np.ndarray, bool, float, int) for a in args):
+            return None
+        driver = self._driver(dtype, ("flat", mask, flags, alias), False)
+        kinds = tuple("a" if mask >> i & 1 else "n" if type(a) is int else "-"
+                      for i, a in enumerate(args))
+
+        def launch(*current: Any) -> None:
+            # reshape(-1) is a view of the outputs (C-ordered, checked above) and of any
+            # C-ordered input; another input is read through a copy.
+            driver(*[v.reshape(-1) if k == "a" else float(v) if k == "n" else v
+                     for v, k in zip(current, kinds)])
+
+        return launch
+
+    def _transposed_launcher(self, args: tuple, shape: tuple, out: np.ndarray | None
+                             ) -> Callable | None:
+        """The launcher of an all-Fortran-order call: the C-order launch on the operands'
+        transposes (same elements, same loop), whose result transposed back is
+        Fortran-ordered like the operands."""
+        ndim = len(shape)
+        inner = self.launcher(_transpose_all(args, ndim), None if out is None else out.T)
+        if inner is None:
+            return None
+
+        def launch(*current: Any, out: np.ndarray | None = None) -> np.ndarray:
+            if out is None:
+                return inner(*_transpose_all(current, ndim)).T
+            inner(*_transpose_all(current, ndim), out=out.T)
+            return out
 
         return launch
 
@@ -222,6 +287,17 @@ class ElementwiseKernel(Kernel):
         else:
             dtype = self._common_dtype(arrays, arrays or values)
             shape = self._shape(arrays)
+            if _fortran_call(arrays, shape, out):
+                # Fortran-ordered operands (a GEMM's output laid out by columns): the
+                # C-order loops over their transposes, and a result ordered like them.
+                outs = None if out is None else [o.T for o in _as_list(out)]
+                result = self._run(_transpose_all(values, len(shape)),
+                                   outs if outs is None or self.nout > 1 else outs[0],
+                                   parallel)
+                if out is not None:
+                    given = _as_list(out)
+                    return given[0] if self.nout == 1 else tuple(given)
+                return result.T if self.nout == 1 else tuple(r.T for r in result)
         outs = self._outputs(out, shape, dtype, arrays)
         size = math.prod(shape)
         if size:
@@ -301,6 +377,38 @@ class ElementwiseKernel(Kernel):
         for o, t in zip(outs, targets):
             if not o.flags.c_contiguous:
                 o[...] = t.reshape(shape)
+
+
+def _memory_order(a: np.ndarray, b: np.ndarray) -> str | None:
+    """"C" or "F" when both arrays are contiguous in that order (ravel in it is then a
+    view, element for element alike), else None."""
+    if a.flags.c_contiguous and b.flags.c_contiguous:
+        return "C"
+    if a.flags.f_contiguous and b.flags.f_contiguous:
+        return "F"
+    return None
+
+
+def _as_list(out: Any) -> list:
+    return list(out) if isinstance(out, (tuple, list)) else [out]
+
+
+def _fortran_call(arrays: list, shape: tuple, out: Any) -> bool:
+    """Whether a call is best run on its operands' transposes: every array operand (and
+    output) is Fortran-contiguous, and some operand is not C-contiguous too (an
+    operand broadcast along leading axes, a bias, is both once padded)."""
+    if len(shape) < 2 or all(a.flags.c_contiguous for a in arrays):
+        return False
+    if not all(a.flags.f_contiguous for a in arrays):
+        return False
+    return out is None or all(type(o) is np.ndarray and o.flags.f_contiguous
+                              and o.shape == shape for o in _as_list(out))
+
+
+def _transpose_all(values: Any, ndim: int) -> list:
+    """Each array operand padded to `ndim` axes and transposed (scalars as they are)."""
+    return [v.reshape((1,) * (ndim - v.ndim) + v.shape).T if type(v) is np.ndarray else v
+            for v in values]
 
 
 def _contiguous_layout(values: list, mask: int, shape: tuple, dtype: np.dtype

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from ..backend import conv as window_ops
+from ..backend.gemm import result_order
 from ..kernels.core import SUPPORTED_DTYPES
 from ..ops.conv import avg_pool2d_p, conv2d_p, max_pool2d_p
 from ..ops.linalg import _matmul_impl
@@ -29,6 +30,10 @@ from .graph import Var
 class Buffer:
     shape: tuple
     dtype: np.dtype
+    order: str = "C"  # "F" for a matrix product laid out by columns (backend.gemm)
+
+    def allocate(self) -> np.ndarray:
+        return np.empty(self.shape, self.dtype, order=self.order)
 
     @property
     def nbytes(self) -> int:
@@ -111,6 +116,22 @@ def _aliased(steps: list[Step]) -> dict[int, set[int]]:
     return views
 
 
+def _by_columns(step: Step, fortran: set[int]) -> bool:
+    """Whether a step's result comes laid out by columns: a 2-D matrix product the NumPy
+    backends compute so (backend.gemm), or a fused chain whose every whole-shape
+    operand is (its kernel then runs on their transposes and writes the same way)."""
+    shape = step.out.shape
+    if len(shape) != 2:
+        return False
+    if step.fused:
+        whole = [a for a in step.args if isinstance(a, Var) and a.shape == shape]
+        return bool(whole) and all(a.index in fortran for a in whole)
+    eqn = step.eqns[0]
+    return (eqn.primitive.name == "matmul" and len(eqn.args) == 2
+            and all(isinstance(a, Var) and len(a.shape) == 2 for a in eqn.args)
+            and result_order(*shape) == "F")
+
+
 def assign(steps: list[Step], frees: list[tuple[int, ...]], saved: set[int],
            results: set[int]) -> tuple[dict[int, int], list[Buffer]]:
     """Per step result (by value index), its buffer; and the buffers. `frees[i]` are the
@@ -122,11 +143,14 @@ def assign(steps: list[Step], frees: list[tuple[int, ...]], saved: set[int],
     idle: dict[Buffer, list[int]] = {}
     views = _aliased(steps)
     pinned = set(saved) | {v for v, seen in views.items() if seen}
+    fortran: set[int] = set()  # values laid out by columns
     for step, done in zip(steps, frees):
         out = step.out
+        if _by_columns(step, fortran):
+            fortran.add(out.index)
         if writer(step) is not None and out.index not in results and not views.get(
                 out.index, set()) & results:
-            kind = Buffer(out.shape, out.dtype)
+            kind = Buffer(out.shape, out.dtype, "F" if out.index in fortran else "C")
             pool = idle.get(kind)
             if pool:
                 owner[out.index] = pool.pop()

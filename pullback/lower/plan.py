@@ -160,7 +160,7 @@ class Plan:
         backend = get_backend()
         arena = self._arena
         if arena is None:
-            arena = self._arena = [np.empty(b.shape, b.dtype) for b in self._buffers]
+            arena = self._arena = [b.allocate() for b in self._buffers]
         for (impl, slots, params, out, buf), frees in zip(self._steps, self._frees):
             if buf < 0:
                 env[out] = impl(backend, *[env[s] for s in slots], **params)
@@ -195,7 +195,9 @@ class Plan:
             args = ", ".join(repr(a) for a in step.args)
             note = "  [kept for backward]" if step.out.index in self._saved else ""
             if step.out.index in self._owner:
-                note = f"  in buffer b{self._owner[step.out.index]}" + note
+                b = self._owner[step.out.index]
+                order = " (by columns)" if self._buffers[b].order == "F" else ""
+                note = f"  in buffer b{b}{order}" + note
             size = _fmt_bytes(self._bytes(step.out.index))
             if step.out.index in self._views:
                 size = "a view of a parameter"

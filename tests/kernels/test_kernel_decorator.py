@@ -236,7 +236,8 @@ def test_a_launcher_prepares_a_call_for_fixed_shapes(rng, dtype):
 
 def test_a_launcher_declines_calls_the_general_path_must_take(rng):
     x = rng.standard_normal((6, 5))
-    assert difference.launcher((x.T, x.T)) is None  # strided
+    assert difference.launcher((x[:, ::2], x[:, ::2])) is None  # strided
+    assert difference.launcher((x, x.T.copy().T)) is None  # C and Fortran order mixed
     assert difference.launcher((x, x.astype(np.float32))) is None  # mixed dtypes
     assert difference.launcher((x.astype(np.float16), x.astype(np.float16))) is None
     assert difference.launcher((x, x), np.empty((6, 5), np.float32)) is None  # wrong out
@@ -275,8 +276,9 @@ def test_parallel_and_serial_paths_agree(rng, dtype):
     column = rng.standard_normal((LARGE[0], 1)).astype(dtype)
     np.testing.assert_array_equal(axpy(0.5, column, y.T.T), axpy.serial(0.5, column, y))
     assert (dtype.__name__, "rows", "parallel") in axpy.signatures
-    wide = rng.standard_normal((LARGE[1], LARGE[0])).astype(dtype)
-    np.testing.assert_array_equal(axpy(0.5, column, wide.T), axpy.serial(0.5, column, wide.T))
+    strided = rng.standard_normal((LARGE[0], 2 * LARGE[1])).astype(dtype)[:, ::2]
+    np.testing.assert_array_equal(axpy(0.5, column, strided),
+                                  axpy.serial(0.5, column, strided))
     assert (dtype.__name__, "grid", "parallel") in axpy.signatures
 
 
@@ -354,3 +356,54 @@ def test_one_body_declared_twice_gives_two_working_kernels(rng):
     x = rng.standard_normal(3)
     np.testing.assert_array_equal(first(x), 2 * x)
     np.testing.assert_array_equal(second(x), 2 * x)  # shares the compiled module
+
+
+def test_fortran_ordered_operands_run_on_their_transposes(rng):
+    # A GEMM may lay its result out by columns: such operands keep their order (no
+    # copy), broadcast ones (a bias per column, a value per row) included.
+    x = np.asfortranarray(rng.standard_normal((40, 30)))
+    for other in (rng.standard_normal(30), rng.standard_normal((40, 1)), 0.25,
+                  np.asfortranarray(rng.standard_normal((40, 30)))):
+        expected = x - other
+        result = difference(x, other)
+        np.testing.assert_array_equal(result, expected)
+        assert result.flags.f_contiguous and not result.flags.c_contiguous
+        out = np.empty((40, 30), order="F")
+        assert difference(x, other, out=out) is out
+        np.testing.assert_array_equal(out, expected)
+        launch = difference.launcher((x, other), out)
+        assert launch is not None
+        out[...] = 0.0
+        assert launch(x, other, out=out) is out
+        np.testing.assert_array_equal(out, expected)
+        fresh = difference.launcher((x, other))(x, other)
+        np.testing.assert_array_equal(fresh, expected)
+        assert fresh.flags.f_contiguous
+    # Mixed orders still compute the right thing (through a copy).
+    c = np.ascontiguousarray(x)
+    np.testing.assert_array_equal(difference(x, c[::-1]), x - c[::-1])
+    np.testing.assert_array_equal(difference(c, x), np.zeros_like(c))
+    three = np.asfortranarray(rng.standard_normal((3, 4, 5)))
+    np.testing.assert_array_equal(axpy(2.0, three, 1.0), 2.0 * three + 1.0)
+    assert axpy(2.0, three, 1.0).flags.f_contiguous
+
+
+def test_an_in_place_launch_writes_through_its_inputs_as_the_call_does(rng):
+    x = rng.standard_normal((5, 7))
+    y = rng.standard_normal((5, 7))
+    expected = 2.0 * x + y
+    launch = axpy.in_place((2, x, y), (y,))  # an int scalar goes in as a float
+    assert launch is not None
+    launch(2, x, y)
+    np.testing.assert_array_equal(y, expected)
+    launch(2, np.asfortranarray(x), y)  # an input in another order is read through a copy
+    np.testing.assert_array_equal(y, 2.0 * x + expected)
+    assert axpy.in_place((2.0, x, y), (x[:1],)) is None  # an output that is no input
+    assert axpy.in_place((2.0, x[:, :3], y), (y,)) is None  # shapes differ
+    assert axpy.in_place((2.0, x.T, y.T.copy()), (x.T,)) is None  # not C-ordered
+    assert axpy.in_place((2.0, x, y.astype(np.float32)), (y,)) is None  # mixed dtypes
+    frozen = y.copy()
+    frozen.setflags(write=False)
+    assert axpy.in_place((2.0, x, frozen), (frozen,)) is None
+    big = np.zeros(LARGE)
+    assert axpy.in_place((1.0, big, big), (big,)) is None  # the parallel loop's size

@@ -302,3 +302,29 @@ def test_window_ops_check_the_buffer_they_are_given() -> None:
     x = np.zeros((1, 1, 4, 4), np.float32)
     with pytest.raises(KernelError, match=r"max_pool2d: .*out= must be a C-contiguous float32"):
         window_ops.max_pool2d(x, (2, 2), (2, 2), (0, 0), out=np.empty((1, 1, 3, 3), np.float32))
+
+
+def test_wide_layers_run_by_columns_without_copies() -> None:
+    # A batch narrower than the layers: the matmuls' results are laid out by columns
+    # (backend.gemm), the bias+relu chains write the same way, and the values and
+    # gradients are eager's, each gradient laid out like its parameter.
+    pb.manual_seed(0)
+    model = nn.Sequential(nn.Dense(96, 256), nn.ReLU(), nn.Dense(256, 256), nn.ReLU(),
+                          nn.Dense(256, 10))
+    x = _rng().standard_normal((32, 96)).astype(np.float32)
+    y = _rng(1).integers(0, 10, 32)
+
+    def loss_fn(x, y):
+        return nn.cross_entropy(model(x), y)
+
+    plan = pb.compile(loss_fn, x, y, mode=TRAINING)
+    orders = {plan._buffers[b].order for b in plan._owner.values()}
+    assert orders == {"C", "F"}  # the 10-class logits stay by rows
+    assert "(by columns)" in plan.explain()
+    for p in model.parameters():
+        p.grad = None
+    plan(x, y)
+    assert all(p.grad.numpy().flags.c_contiguous for p in model.parameters())
+    _assert_plan_matches_eager(plan, loss_fn, model, x, y)
+    inference = pb.compile(model, x)
+    np.testing.assert_allclose(inference(x).numpy(), model(x).numpy(), **TOL[np.float32])

@@ -1,0 +1,51 @@
+"""How the NumPy backends lay out a matrix product's result.
+
+OpenBLAS (NumPy's, on these machines) computes a product whose result has fewer
+rows than columns faster when it writes the result by columns, that is, when it
+solves the transposed problem: a dense layer's forward on a batch of 256 and 1024
+features, or its input gradient, 15-25% faster; a product with a small inner
+dimension (a 10-class layer's input gradient) 3x faster (measurements in
+bench/RESULTS.md). Such results are therefore Fortran-ordered. The order depends
+on the result's shape alone, so the arrays of one shape in a step (a layer's
+output, its activation, their gradients) share it, and elementwise kernels run
+on them without copies (see kernels.elementwise).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+# Below this many result elements the order makes no measurable difference; small
+# results stay C-ordered.
+MIN_ELEMENTS = 4096
+
+
+# Column sums as a GEMV accumulate each column in BLAS's blocked order rather than
+# NumPy's pairwise one; up to this many rows the two agree to a few ulps of the sum.
+COLUMN_SUM_ROWS = 8192
+
+_ONES: dict[tuple[int, np.dtype], np.ndarray] = {}
+
+
+def column_sums(x: np.ndarray) -> np.ndarray:
+    """The sums of a 2-D array's columns, (x.shape[1],): `ones @ x` (a GEMV)."""
+    key = (x.shape[0], x.dtype)
+    ones = _ONES.get(key)
+    if ones is None:
+        ones = _ONES[key] = np.ones(x.shape[0], x.dtype)
+        ones.setflags(write=False)
+    return np.matmul(ones, x)
+
+
+def result_order(rows: int, cols: int) -> str:
+    """"F" (by columns) for a matrix product's (rows, cols) result that BLAS computes
+    faster that way, "C" otherwise."""
+    return "F" if rows < cols and rows * cols >= MIN_ELEMENTS else "C"
+
+
+def matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """np.matmul(a, b), a 2-D floating result laid out as `result_order` says."""
+    if (a.ndim == 2 and b.ndim == 2 and a.dtype == b.dtype and a.dtype.kind == "f"
+            and result_order(a.shape[0], b.shape[1]) == "F" and a.shape[1] == b.shape[0]):
+        return np.matmul(a, b, out=np.empty((a.shape[0], b.shape[1]), a.dtype, order="F"))
+    return np.matmul(a, b, out=...)

@@ -1,0 +1,74 @@
+"""How the NumPy backends lay out matrix products (backend.gemm): by columns where
+the result has fewer rows than columns, with the same values either way."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pullback.backend import CpuBackend, ThreadedCpuBackend
+from pullback.backend.gemm import MIN_ELEMENTS, result_order
+
+FLOATS = [np.float32, np.float64]
+
+
+def test_the_order_depends_on_the_result_shape_alone():
+    assert result_order(256, 1024) == "F"
+    assert result_order(1024, 256) == "C"
+    assert result_order(512, 512) == "C"
+    assert result_order(8, 16) == "C"  # small results stay by rows
+    assert MIN_ELEMENTS > 8 * 16
+
+
+@pytest.mark.parametrize("backend", [CpuBackend(), ThreadedCpuBackend(num_threads=2)],
+                         ids=["cpu", "threaded"])
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_wide_products_come_by_columns_with_numpy_values(backend, dtype):
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((64, 96)).astype(dtype)
+    b = rng.standard_normal((96, 200)).astype(dtype)
+    wide = backend.matmul(a, b)
+    assert wide.flags.f_contiguous and not wide.flags.c_contiguous
+    tol = 1e-5 if dtype == np.float32 else 1e-12
+    np.testing.assert_allclose(wide, a.astype(np.float64) @ b, rtol=tol, atol=tol)
+    tall = backend.matmul(b.T.copy(), a.T.copy())
+    assert tall.flags.c_contiguous
+    np.testing.assert_allclose(tall, wide.T, rtol=tol, atol=tol)
+    # Batched, mixed-dtype and vector products keep NumPy's own layout and dtype.
+    assert backend.matmul(a[None], b[None]).flags.c_contiguous
+    assert backend.matmul(a, b.astype(np.float16)).dtype == np.result_type(a, np.float16)
+    assert backend.matmul(a[0], b).shape == (200,)
+
+
+def test_input_gradients_share_the_forward_layout_and_weight_gradients_the_weight():
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((32, 128)).astype(np.float32)
+    w = rng.standard_normal((256, 128)).astype(np.float32)  # a dense layer's (out, in)
+    y = CpuBackend().matmul(x, w.T)
+    upstream = np.asfortranarray(rng.standard_normal(y.shape).astype(np.float32))
+    grad_x, grad_wt = CpuBackend().matmul_backward(upstream, x, w.T)
+    assert y.flags.f_contiguous and grad_x.flags.f_contiguous  # (32, 128): by columns
+    assert grad_wt.T.flags.c_contiguous  # laid out like w once transposed back
+    np.testing.assert_allclose(grad_x, upstream @ w, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(grad_wt, x.T @ upstream, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("order", ["C", "F"])
+def test_a_bias_gradient_sums_columns_as_closely_as_numpy(dtype, order):
+    from pullback.backend.gemm import COLUMN_SUM_ROWS
+
+    rng = np.random.default_rng(2)
+    backend = CpuBackend()
+    for rows in (2, 128, 1000, COLUMN_SUM_ROWS + 1):
+        g = np.asarray(rng.standard_normal((rows, 48)).astype(dtype), order=order)
+        exact = g.astype(np.float64).sum(axis=0)
+        scale = np.abs(g).astype(np.float64).sum(axis=0)
+        eps = np.finfo(dtype).eps
+        for shape in ((48,), (1, 48)):
+            got = backend.sum_to_shape(g, shape)
+            assert got.shape == shape and got.dtype == dtype
+            # Within a few ulps of the summed magnitudes (NumPy's own bound is similar).
+            assert np.all(np.abs(got.reshape(-1) - exact) <= 8 * eps * scale)
+    np.testing.assert_allclose(backend.sum_to_shape(g, (rows, 1)), g.sum(1, keepdims=True),
+                               rtol=1e-5 if dtype == np.float32 else 1e-12)
