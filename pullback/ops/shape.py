@@ -10,7 +10,7 @@ from __future__ import annotations
 import operator
 from typing import Any
 
-from ..ad import ALL_ARGS, LinearVar, Zero, add_tangents, defjvp, defjvp_full, deflinear
+from ..ad import ALL_ARGS, LinearVar, Zero, add_tangents, defjvp, defjvp_full, deflinear, defvjp
 from ..backend.errors import KernelError
 from .registry import broadcast_shapes, declare, dtype_of, shape_of
 
@@ -36,6 +36,8 @@ def _reshape_shape(x: Any, shape: tuple) -> tuple:
 
 reshape_p = declare("reshape", lambda backend, x, shape: backend.reshape(x, shape), _reshape_shape)
 deflinear(reshape_p, lambda ct, x, shape: (reshape(ct, x.shape),))
+# Eager backward and plans: the backend's reshape, without re-entering bind.
+defvjp(reshape_p, lambda be, g, n: (be.reshape(g, n.in_shapes[0]),))
 
 
 def reshape(x: Any, *shape: Any) -> Any:
@@ -80,6 +82,7 @@ def _inverse(axes: tuple) -> tuple:
 
 
 deflinear(transpose_p, lambda ct, x, axes: (transpose_p.bind(ct, axes=_inverse(axes)),))
+defvjp(transpose_p, lambda be, g, n: (be.transpose(g, _inverse(n.params["axes"])),))
 
 
 def transpose(x: Any, axes: Any = None) -> Any:

@@ -65,10 +65,10 @@ class Adam(GradApplyer):
         coupled = 0.0 if self._decoupled else self.weight_decay
         decoupled = lr * self.weight_decay if self._decoupled else 0.0
         if param.dtype in SUPPORTED_DTYPES:
-            updates.adam_update(param, grad, exp_avg, exp_avg_sq, coupled, weight, 1.0 - weight,
-                                weight < 0.5, beta2, 1.0 - beta2, step_size * scale,
-                                correction2_sqrt, self.eps, decoupled * scale,
-                                out=(param, exp_avg, exp_avg_sq))
+            self._fused(index, updates.adam_update,
+                        (param, grad, exp_avg, exp_avg_sq, coupled, weight, 1.0 - weight,
+                         weight < 0.5, beta2, 1.0 - beta2, step_size * scale, correction2_sqrt,
+                         self.eps, decoupled * scale), (param, exp_avg, exp_avg_sq))
             return
         if coupled:
             grad = np.add(grad, np.multiply(param, coupled, out=out), out=out)

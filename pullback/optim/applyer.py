@@ -114,6 +114,9 @@ class GradApplyer:
         self._index = {id(p): i for i, p in enumerate(self.params)}
         self._state: dict[int, dict[str, np.ndarray]] = {}
         self._scratch: dict[np.dtype, np.ndarray] = {}
+        self._views: dict[int, tuple[np.ndarray, list[np.ndarray]]] = {}
+        # Per parameter index: (kernel, the arrays it writes, its prepared launch).
+        self._launches: dict[int, tuple[Any, tuple, Any]] = {}
 
     # ------------------------------------------------------------ the update rule
 
@@ -129,6 +132,20 @@ class GradApplyer:
 
     def _hyper(self) -> dict[str, Any]:
         return {}
+
+    def _fused(self, index: int, kernel: Any, args: tuple, out: tuple) -> None:
+        """`kernel(*args, out=out)`, the outputs being inputs (the parameter and its
+        buffers), through a launch prepared at the parameter's first step: the
+        general call's checks cost more than the loop itself on small parameters."""
+        cached = self._launches.get(index)
+        if cached is None or cached[0] is not kernel or any(
+                a is not b for a, b in zip(cached[1], out)):
+            cached = self._launches[index] = (kernel, out, kernel.in_place(args, out))
+        launch = cached[2]
+        if launch is None:
+            kernel(*args, out=out)
+        else:
+            launch(*args)
 
     # ------------------------------------------------------------ public API
 
@@ -208,14 +225,20 @@ class GradApplyer:
         return items
 
     def _scratch_views(self, param: np.ndarray) -> list[np.ndarray]:
+        cached = self._views.get(id(param))
+        if cached is not None and cached[0] is param:
+            return cached[1]
         buf = self._scratch.get(param.dtype)
         if buf is None or buf.size < _SCRATCH_SLOTS * param.size:
             # Sized once, for the largest parameter of this dtype; every step reuses it.
             largest = max([p.size for p in self.params if p.dtype == param.dtype] + [param.size])
             buf = np.empty(_SCRATCH_SLOTS * largest, dtype=param.dtype)
             self._scratch[param.dtype] = buf
+            self._views.clear()
         cap, n = buf.size // _SCRATCH_SLOTS, param.size
-        return [buf[k * cap:k * cap + n].reshape(param.shape) for k in range(_SCRATCH_SLOTS)]
+        views = [buf[k * cap:k * cap + n].reshape(param.shape) for k in range(_SCRATCH_SLOTS)]
+        self._views[id(param)] = (param, views)
+        return views
 
     def _clip_coefficient(self, items: list[tuple[int, Tensor, np.ndarray]]) -> float:
         """The factor on every gradient of this step that keeps their global norm

@@ -41,12 +41,13 @@ class RMSProp(GradApplyer):
         if param.dtype in SUPPORTED_DTYPES:
             if self.momentum:
                 buf = state["momentum"]
-                updates.rmsprop_momentum_update(
-                    param, grad, square_avg, buf, lr * scale, self.beta, 1.0 - self.beta,
-                    self.eps, self.momentum, out=(param, square_avg, buf))
+                self._fused(index, updates.rmsprop_momentum_update,
+                            (param, grad, square_avg, buf, lr * scale, self.beta, 1.0 - self.beta,
+                             self.eps, self.momentum), (param, square_avg, buf))
             else:
-                updates.rmsprop_update(param, grad, square_avg, lr * scale, self.beta,
-                                       1.0 - self.beta, self.eps, out=(param, square_avg))
+                self._fused(index, updates.rmsprop_update,
+                            (param, grad, square_avg, lr * scale, self.beta, 1.0 - self.beta,
+                             self.eps), (param, square_avg))
             return
         np.multiply(square_avg, self.beta, out=square_avg)
         # ((1 - beta) * g) * g, in PyTorch's addcmul order, so f32 results agree closely.

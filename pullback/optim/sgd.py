@@ -44,7 +44,8 @@ class SGD(GradApplyer):
         fused = param.dtype in SUPPORTED_DTYPES
         if not self.momentum:
             if fused:
-                updates.sgd_update(param, grad, lr * scale, self.weight_decay, out=param)
+                self._fused(index, updates.sgd_update,
+                            (param, grad, lr * scale, self.weight_decay), (param,))
                 return
             if self.weight_decay:
                 grad = np.add(grad, np.multiply(param, self.weight_decay, out=tmp), out=tmp)
@@ -59,9 +60,9 @@ class SGD(GradApplyer):
         else:
             buf = state["momentum"]
         if fused:
-            updates.sgd_momentum_update(param, grad, buf, lr * scale, self.momentum,
-                                        self.weight_decay, first, self.nesterov,
-                                        out=(param, buf))
+            self._fused(index, updates.sgd_momentum_update,
+                        (param, grad, buf, lr * scale, self.momentum, self.weight_decay, first,
+                         self.nesterov), (param, buf))
             return
         if self.weight_decay:
             grad = np.add(grad, np.multiply(param, self.weight_decay, out=tmp), out=tmp)

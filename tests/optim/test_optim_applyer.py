@@ -325,3 +325,23 @@ def test_the_bare_base_applyer_says_it_has_no_update_rule() -> None:
     p.grad = pb.tensor([0.5, 0.5])
     with pytest.raises(TypeError, match=r"no update rule.*SGD"):
         optim.GradApplyer([p], 0.1).step()
+
+
+@ALL
+def test_prepared_updates_follow_new_arrays_and_any_gradient_layout(name: str) -> None:
+    # From its second step an applyer runs each parameter's fused update through a launch
+    # prepared for that parameter's arrays: a gradient in another memory order, and a
+    # parameter or state array replaced between steps, must still update what they should.
+    rng = np.random.default_rng(3)
+    values = [rng.standard_normal((6, 5)).astype(np.float32)]
+    grads = [np.asfortranarray(rng.standard_normal((6, 5)).astype(np.float32))
+             for _ in range(4)]
+    opt, (p,) = build(name, values, lr=0.05)
+    ref_opt, (ref,) = build(name, values, lr=0.05)
+    for step, g in enumerate(grads):
+        if step == 2:  # new arrays under the same parameter, and the state reloaded
+            p._data = p._data.copy()
+            opt.load_state_dict(opt.state_dict())
+        opt.apply([(p, g)])
+        ref_opt.apply([(ref, np.ascontiguousarray(g))])
+        np.testing.assert_array_equal(p.numpy(), ref.numpy())
