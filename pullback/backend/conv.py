@@ -218,12 +218,50 @@ def conv2d(x: np.ndarray, w: np.ndarray, stride: Any, padding: Any, dilation: An
         return np.matmul(weight, x.reshape(n, groups, -1, pixels), out=rows).reshape(out.shape)
     per_sample = c * win.kernel[0] * win.kernel[1] * pixels
     chunks = _chunks(n, per_sample * x.itemsize)
+    if pixels < CHUNK_GEMM_PIXELS and chunks[0][1] > 1:
+        _conv_by_chunk_gemm(x, weight, win, rows, chunks)
+        return out
     buffer = _WindowBuffer(win, c, chunks[0][1], x.dtype)
     for start, stop in chunks:
         cols = buffer.take(stop - start)
         kernels.unfold(x[start:stop], cols, buffer.geometry, 0.0)
         np.matmul(weight, cols.reshape(stop - start, groups, -1, pixels), out=rows[start:stop])
     return out
+
+
+# Below this many output pixels per sample, a GEMM per sample is too narrow to run
+# near BLAS's peak: the forward takes one GEMM per chunk of samples instead (64x32x16x16
+# into 64 channels: 5.8 -> 4.8 ms; at 32x32 pixels the two ways measured alike).
+CHUNK_GEMM_PIXELS = 1024
+
+
+def _windows_channels_outer(x: np.ndarray, win: Windows, windows: np.ndarray) -> np.ndarray:
+    """im2col of the samples x (m, C, H, W) into the front of the flat buffer `windows`,
+    channels outer, (C, kh, kw, m, OH, OW): per group, one (C/g kh kw, m OH OW) matrix."""
+    m, c = x.shape[:2]
+    cols = windows[:c * win.kernel[0] * win.kernel[1] * m * win.out_hw[0] * win.out_hw[1]]
+    cols = cols.reshape(c, *win.kernel, m, *win.out_hw)
+    kernels.unfold(x, cols, win.geometry(cols.transpose(3, 0, 1, 2, 4, 5)), 0.0)
+    return cols
+
+
+def _conv_by_chunk_gemm(x: np.ndarray, weight: np.ndarray, win: Windows, rows: np.ndarray,
+                        chunks: list) -> None:
+    """The forward as one GEMM per chunk and group, weight (O/g, C/g kh kw) times the
+    chunk's windows (C/g kh kw, m OH OW), the product moved into the NCHW result `rows`
+    (N, g, O/g, OH OW) while still in cache."""
+    groups, per_group = weight.shape[:2]
+    pixels = win.out_hw[0] * win.out_hw[1]
+    most = chunks[0][1]
+    windows = np.empty(most * x.shape[1] * win.kernel[0] * win.kernel[1] * pixels, x.dtype)
+    products = np.empty(most * groups * per_group * pixels, x.dtype)
+    for start, stop in chunks:
+        m = stop - start
+        cols = _windows_channels_outer(x[start:stop], win, windows)
+        product = products[:m * groups * per_group * pixels].reshape(groups, per_group, m * pixels)
+        np.matmul(weight, cols.reshape(groups, -1, m * pixels), out=product)
+        np.copyto(rows[start:stop], product.reshape(groups, per_group, m, pixels)
+                  .transpose(2, 0, 1, 3))
 
 
 def conv2d_input_backward(
@@ -303,9 +341,7 @@ def _weight_backward_by_chunk_gemm(up: np.ndarray, x: np.ndarray, weight_shape: 
     grad_t = np.zeros((groups, size // pixels // groups, o // groups), dtype=x.dtype)
     for start, stop in chunks:
         m = stop - start
-        # Windows channels outer, (C, kh, kw, m, OH, OW): per group, (C/g kh kw, m OH OW).
-        cols = windows[:m * size].reshape(c, *win.kernel, m, *win.out_hw)
-        kernels.unfold(x[start:stop], cols, win.geometry(cols.transpose(3, 0, 1, 2, 4, 5)), 0.0)
+        cols = _windows_channels_outer(x[start:stop], win, windows)
         ups = rows[:m * o * pixels].reshape(groups, o // groups, m, pixels)
         np.copyto(ups, up[start:stop].transpose(1, 2, 0, 3))
         grad_t += np.matmul(cols.reshape(groups, -1, m * pixels),

@@ -514,11 +514,12 @@ class CpuBackend(BackwardOps, FusedOps, Backend):
         lead = x.ndim - len(shape)
         if lead < 0 or any(s not in (1, d) for s, d in zip(shape, x.shape[lead:], strict=True)):
             raise KernelError("sum_to_shape", [x], f"cannot sum to shape {shape}")
-        if (x.ndim == 2 and shape in ((x.shape[1],), (1, x.shape[1])) and x.dtype in
-                SUPPORTED_DTYPES and 1 < x.shape[0] <= gemm.COLUMN_SUM_ROWS):
-            # A bias's gradient: the column sums as one GEMV (ones @ x), 3-4x faster than
-            # NumPy's reduction over the rows, in either memory order.
-            return np.reshape(gemm.column_sums(x), shape)
+        if x.dtype in SUPPORTED_DTYPES:
+            # A bias's gradient (a dense layer's, or a convolution's per channel) as GEMVs,
+            # 3-7x faster than NumPy's reduction over the other axes.
+            sums = gemm.bias_sums(x, shape)
+            if sums is not None:
+                return sums
         axes = tuple(range(lead)) + tuple(
             lead + i for i, s in enumerate(shape) if s == 1 and x.shape[lead + i] != 1
         )

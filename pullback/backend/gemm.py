@@ -27,14 +27,42 @@ COLUMN_SUM_ROWS = 8192
 _ONES: dict[tuple[int, np.dtype], np.ndarray] = {}
 
 
-def column_sums(x: np.ndarray) -> np.ndarray:
-    """The sums of a 2-D array's columns, (x.shape[1],): `ones @ x` (a GEMV)."""
-    key = (x.shape[0], x.dtype)
-    ones = _ONES.get(key)
+def _ones(n: int, dtype: np.dtype) -> np.ndarray:
+    ones = _ONES.get((n, dtype))
     if ones is None:
-        ones = _ONES[key] = np.ones(x.shape[0], x.dtype)
+        ones = _ONES[(n, dtype)] = np.ones(n, dtype)
         ones.setflags(write=False)
-    return np.matmul(ones, x)
+    return ones
+
+
+def bias_sums(x: np.ndarray, shape: tuple) -> np.ndarray | None:
+    """x summed to `shape` where that keeps one block of x's axes (a bias broadcast over
+    the rest: (C,) over (N, C), (C, 1, 1) over (N, C, H, W)), as GEMVs with a vector of
+    ones: the trailing axes first, then the leading ones. None when `shape` is not such
+    a block, x is not contiguous, or there are too many rows for BLAS's summation
+    order to stay within a few ulps of NumPy's."""
+    lead = x.ndim - len(shape)
+    padded = (1,) * lead + shape
+    kept = [i for i, d in enumerate(padded) if d != 1 or x.shape[i] == 1]
+    if not kept or kept != list(range(kept[0], kept[-1] + 1)):
+        return None
+    first, last = kept[0], kept[-1] + 1
+    outer = int(np.prod(x.shape[:first]))
+    middle = int(np.prod(x.shape[first:last]))
+    inner = int(np.prod(x.shape[last:]))
+    if outer * inner == 1 or max(outer, inner) > COLUMN_SUM_ROWS:
+        return None
+    if x.ndim == 2 and inner == 1 and x.flags.f_contiguous:
+        sums = np.matmul(_ones(outer, x.dtype), x)  # a dense layer's, laid out by columns
+    elif not x.flags.c_contiguous:
+        return None
+    else:
+        sums = x.reshape(outer * middle, inner)
+        if inner > 1:
+            sums = np.matmul(sums, _ones(inner, x.dtype))
+        if outer > 1:
+            sums = np.matmul(_ones(outer, x.dtype), sums.reshape(outer, middle))
+    return sums.reshape(shape)
 
 
 def result_order(rows: int, cols: int) -> str:

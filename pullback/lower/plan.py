@@ -406,8 +406,8 @@ class TrainingPlan(Plan):
                 parents = node.parents
                 relu_input = self._pool_relu.get(eqn.out.index) if fused else None
                 if relu_input is not None:  # relu's backward folded into the pool's
-                    pooled = env[eqn.out.index]
-                    ct = backend.mul(ct, backend.astype(backend.greater(pooled, 0.0), ct.dtype))
+                    # relu's own backward on the pooled maxima: one pass, its NaN rule.
+                    ct = backend.relu_backward(ct, env[eqn.out.index])
                     parents = (relu_input,)
                 self._load(node, reads, env, eqn.out)
                 try:

@@ -70,5 +70,27 @@ def test_a_bias_gradient_sums_columns_as_closely_as_numpy(dtype, order):
             assert got.shape == shape and got.dtype == dtype
             # Within a few ulps of the summed magnitudes (NumPy's own bound is similar).
             assert np.all(np.abs(got.reshape(-1) - exact) <= 8 * eps * scale)
-    np.testing.assert_allclose(backend.sum_to_shape(g, (rows, 1)), g.sum(1, keepdims=True),
-                               rtol=1e-5 if dtype == np.float32 else 1e-12)
+    rows_sum = backend.sum_to_shape(g, (rows, 1))  # over the other axis
+    assert rows_sum.shape == (rows, 1)
+    exact = g.astype(np.float64).sum(axis=1, keepdims=True)
+    assert np.all(np.abs(rows_sum - exact) <= 8 * eps * np.abs(g).sum(axis=1, keepdims=True))
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_a_convolution_bias_gradient_sums_each_channel(dtype):
+    rng = np.random.default_rng(4)
+    g = rng.standard_normal((6, 5, 7, 3)).astype(dtype)
+    eps = np.finfo(dtype).eps
+    for shape, axes in (((5, 1, 1), (0, 2, 3)), ((1, 5, 1, 1), (0, 2, 3)), ((7, 3), (0, 1)),
+                        ((5, 7, 1), (0, 3)), ((6, 1, 1, 1), (1, 2, 3)), ((1,), (0, 1, 2, 3))):
+        got = CpuBackend().sum_to_shape(g, shape)
+        exact = g.astype(np.float64).sum(axis=axes, keepdims=True).reshape(shape)
+        bound = 8 * eps * np.abs(g).astype(np.float64).sum(axis=axes, keepdims=True)
+        assert got.shape == shape and got.dtype == dtype
+        assert np.all(np.abs(got - exact) <= bound.reshape(shape)), shape
+    # Axes that are not one block, and strided arrays, take NumPy's reduction.
+    np.testing.assert_allclose(CpuBackend().sum_to_shape(g, (6, 1, 1, 3)),
+                               g.sum(axis=(1, 2), keepdims=True), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(CpuBackend().sum_to_shape(g[:, ::2], (3, 1, 1)),
+                               g[:, ::2].sum(axis=(0, 2, 3)).reshape(3, 1, 1), rtol=1e-5,
+                               atol=1e-5)
