@@ -266,10 +266,10 @@ def _conv_by_chunk_gemm(x: np.ndarray, weight: np.ndarray, win: Windows, rows: n
 
 def conv2d_input_backward(
     upstream: np.ndarray, w: np.ndarray, input_shape: Sequence[int], stride: Any,
-    padding: Any, dilation: Any = (1, 1), groups: int = 1,
+    padding: Any, dilation: Any = (1, 1), groups: int = 1, out: np.ndarray | None = None,
 ) -> np.ndarray:
     """Gradient wrt x: w^T @ upstream per sample and group, as windows folded back
-    (col2im), chunk by chunk."""
+    (col2im), chunk by chunk (into `out` when given)."""
     probe = _probe("conv2d_input_backward", input_shape, w.dtype, [upstream, w])
     win = check_conv(probe, w, stride, padding, dilation, groups)
     _check_upstream("conv2d_input_backward", upstream, (input_shape[0], w.shape[0]), win, w)
@@ -278,9 +278,10 @@ def conv2d_input_backward(
     pixels = win.out_hw[0] * win.out_hw[1]
     weight_t = w.reshape(groups, o // groups, -1).transpose(0, 2, 1)
     up = np.ascontiguousarray(upstream).reshape(n, groups, o // groups, pixels)
+    grad = _result("conv2d_input_backward", [upstream, w], tuple(input_shape), w.dtype, out)
     if _pointwise(win):
-        return np.matmul(weight_t, up).reshape(tuple(input_shape))
-    grad = np.empty(tuple(input_shape), dtype=w.dtype)
+        np.matmul(weight_t, up, out=grad.reshape(n, groups, -1, pixels))
+        return grad
     per_sample = c * win.kernel[0] * win.kernel[1] * pixels
     chunks = _chunks(n, per_sample * w.itemsize)
     buffer = _WindowBuffer(win, c, chunks[0][1], w.dtype)
@@ -398,9 +399,10 @@ def avg_pool2d(x: np.ndarray, kernel: Any, stride: Any, padding: Any,
 
 def max_pool2d_backward(
     upstream: np.ndarray, x: np.ndarray, y: np.ndarray, kernel: Any, stride: Any,
-    padding: Any, dilation: Any = (1, 1),
+    padding: Any, dilation: Any = (1, 1), out: np.ndarray | None = None,
 ) -> np.ndarray:
-    """upstream to the first maximum of each window in row-major order, as PyTorch."""
+    """upstream to the first maximum of each window in row-major order, as PyTorch
+    (into `out` when given)."""
     op = "max_pool2d_backward"
     win = check_pool(op, x, kernel, stride, padding, dilation)
     expected = (*x.shape[:2], *win.out_hw)
@@ -408,19 +410,21 @@ def max_pool2d_backward(
         raise KernelError(op, [upstream, x, y], f"expected upstream and output of shape "
                                                 f"{expected}")
     check_float(op, [upstream, x, y])
-    grad = np.empty(x.shape, dtype=x.dtype)
+    grad = _result(op, [upstream, x, y], x.shape, x.dtype, out)
     return kernels.max_pool_backward(upstream, x, y, grad, win.geometry())
 
 
 def avg_pool2d_backward(
-    upstream: np.ndarray, input_shape: Sequence[int], kernel: Any, stride: Any, padding: Any
+    upstream: np.ndarray, input_shape: Sequence[int], kernel: Any, stride: Any, padding: Any,
+    out: np.ndarray | None = None,
 ) -> np.ndarray:
-    """upstream / (kh kw) added into every position of its window."""
+    """upstream / (kh kw) added into every position of its window (into `out` when
+    given)."""
     op = "avg_pool2d_backward"
     probe = _probe(op, input_shape, upstream.dtype, [upstream])
     win = check_pool(op, probe, kernel, stride, padding)
     expected = (*input_shape[:2], *win.out_hw)
     if upstream.shape != expected:
         raise KernelError(op, [upstream], f"expected an upstream of shape {expected}")
-    grad = np.empty(tuple(input_shape), dtype=upstream.dtype)
+    grad = _result(op, [upstream], tuple(input_shape), upstream.dtype, out)
     return kernels.avg_pool_backward(upstream, grad, win.geometry())

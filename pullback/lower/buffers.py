@@ -133,8 +133,9 @@ def _by_columns(step: Step, fortran: set[int]) -> bool:
 
 
 def assign(steps: list[Step], frees: list[tuple[int, ...]], saved: set[int],
-           results: set[int]) -> tuple[dict[int, int], list[Buffer]]:
-    """Per step result (by value index), its buffer; and the buffers. `frees[i]` are the
+           results: set[int]) -> tuple[dict[int, int], list[Buffer], set[int]]:
+    """Per step result (by value index), its buffer; the buffers; and the values laid
+    out by columns (buffered or not). `frees[i]` are the
     values step i reads last; a saved value keeps its buffer for backward. A value
     that something may view keeps its buffer to itself for good (its views may live
     on), and gets none if a view of it is a result (the caller would hold it)."""
@@ -162,4 +163,4 @@ def assign(steps: list[Step], frees: list[tuple[int, ...]], saved: set[int],
             b = owner.get(index)
             if b is not None and index not in pinned:
                 idle.setdefault(buffers[b], []).append(b)
-    return owner, buffers
+    return owner, buffers, fortran

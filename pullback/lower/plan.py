@@ -20,7 +20,7 @@ from ..ad import DerivativeError, Node
 from ..backend.current import get_backend
 from ..tensor.backward import EagerExecutor, accumulate_grad
 from ..tensor.eager import _saved_as_float, _wrap
-from . import buffers
+from . import buffers, cotangents
 from .fuse import Step, schedule
 from .graph import Eqn, LoweringError, StaticGraph, Var, resolve_params, trace
 
@@ -92,7 +92,7 @@ class Plan:
         self._saved: set[int] = self._plan_backward()
         self._schedule = schedule(graph, keep=self._saved)
         self._frees = self._forward_frees(keep=self._saved)
-        self._owner, self._buffers = buffers.assign(
+        self._owner, self._buffers, self._fortran = buffers.assign(
             self._schedule, self._frees, self._saved, {v.index for v in graph.outputs})
         self._arena: list[np.ndarray] | None = None  # allocated at the first call
         self._lock = threading.Lock()  # one call at a time: calls share the arena
@@ -255,6 +255,12 @@ class TrainingPlan(Plan):
                                 f"one returns "
                                 f"{[_describe(v) for v in graph.outputs]}")
         super().__init__(graph, single)
+        # Buffers for the large cotangents, once the forward's layouts are known.
+        self._ct_owner, self._ct_buffers = cotangents.assign(
+            self._backward, self._pool_relu, self._fortran)
+        self._ct_writers = [cotangents.WRITERS[eqn.primitive.name] if b >= 0 else None
+                            for (eqn, *_), b in zip(self._backward, self._ct_owner)]
+        self._ct_arena: list[np.ndarray] | None = None
 
     def _plan_backward(self) -> set[int]:
         self._active = self._find_active()
@@ -398,7 +404,11 @@ class TrainingPlan(Plan):
         backend, fused = executor.backend, executor.fused
         cts: dict[int, Any] = {self.graph.outputs[0].index: np.ones_like(loss)}
         add = executor.add_operands
-        for eqn, node, _, reads, frees in self._backward:
+        arena = self._ct_arena
+        if arena is None:
+            arena = self._ct_arena = [b.allocate() for b in self._ct_buffers]
+        for (eqn, node, _, reads, frees), b, writer in zip(self._backward, self._ct_owner,
+                                                            self._ct_writers):
             ct = cts.pop(eqn.out.index, None)  # a cotangent is freed once consumed
             if ct is not None:
                 if eqn.param_vars:  # parameters computed from this call's inputs
@@ -411,7 +421,10 @@ class TrainingPlan(Plan):
                     parents = (relu_input,)
                 self._load(node, reads, env, eqn.out)
                 try:
-                    if fused and eqn.primitive.vjp is not None:
+                    if writer is not None and fused and type(backend) in writer[1]:
+                        # The same kernel, its first operand's gradient into a buffer.
+                        in_cts = writer[0](backend, ct, node, arena[b])
+                    elif fused and eqn.primitive.vjp is not None:
                         # The backend's kernel, straight from the cache: no linearization.
                         in_cts = eqn.primitive.vjp(backend, ct, node)
                     else:
@@ -431,6 +444,7 @@ class TrainingPlan(Plan):
                 env[s] = None  # the activation cache lets go as soon as it can
         taken = {id(a) for a in env if type(a) is np.ndarray}
         taken.update(id(a) for a in self._arena)
+        taken.update(id(a) for a in arena)
         for var, p in self.graph.params:
             ct = cts.get(var.index)
             if ct is not None:
@@ -456,18 +470,29 @@ class TrainingPlan(Plan):
 
     def _explain_backward(self) -> list[str]:
         lines = ["backward:"]
-        for eqn, _, saved, _, frees in self._backward:
+        folded = {eqn.args[0].index for eqn, *_ in self._backward
+                  if eqn.out.index in self._pool_relu}
+        for (eqn, _, saved, _, frees), b in zip(self._backward, self._ct_owner):
             reads = ", ".join(f"v{s}" for s in saved) or "nothing"
-            kind = "fused kernel" if eqn.primitive.vjp is not None else (
+            kind = "backward kernel" if eqn.primitive.vjp is not None else (
                 "transpose" if eqn.primitive.transpose is not None else "linearize+transpose")
+            if eqn.out.index in folded:
+                kind = "folded into the max-pool after it: no work of its own"
             if eqn.out.index in self._pool_relu:
                 target = self._pool_relu[eqn.out.index]
                 kind += f", the relu before it folded in: straight to {target!r}"
+            if b >= 0:
+                order = " (by columns)" if self._ct_buffers[b].order == "F" else ""
+                kind += f", its first operand's gradient into buffer g{b}{order}"
             lines.append(f"       d {eqn.out!r} via {eqn.primitive.name} ({kind}); reads {reads}"
                          + (f"; frees {', '.join(f'v{s}' for s in frees)}" if frees else ""))
         saved = [s for s in sorted(self._saved)
                  if self.graph.vars[s].kind == "value" and s not in self._views]
         total = sum(self._bytes(s) for s in saved)
+        if self._ct_buffers:
+            lines.append(f"gradient buffers: {len(self._ct_buffers)} preallocated ("
+                         f"{_fmt_bytes(sum(b.nbytes for b in self._ct_buffers))}), reused "
+                         f"across calls by {sum(b >= 0 for b in self._ct_owner)} steps")
         lines.append("saved activations: " + (", ".join(
             f"v{s} {_fmt_bytes(self._bytes(s))}" for s in saved) or "none")
             + f" (total {_fmt_bytes(total)})")

@@ -302,6 +302,20 @@ def test_window_ops_check_the_buffer_they_are_given() -> None:
     x = np.zeros((1, 1, 4, 4), np.float32)
     with pytest.raises(KernelError, match=r"max_pool2d: .*out= must be a C-contiguous float32"):
         window_ops.max_pool2d(x, (2, 2), (2, 2), (0, 0), out=np.empty((1, 1, 3, 3), np.float32))
+    # The backward passes a training plan's gradient buffers go to check theirs too.
+    up = np.ones((1, 1, 2, 2), np.float32)
+    wrong = np.empty((1, 1, 4, 4), np.float64)
+    with pytest.raises(KernelError, match=r"max_pool2d_backward: .*out= must be"):
+        window_ops.max_pool2d_backward(up, x, up, (2, 2), (2, 2), (0, 0), out=wrong)
+    with pytest.raises(KernelError, match=r"avg_pool2d_backward: .*out= must be"):
+        window_ops.avg_pool2d_backward(up, x.shape, (2, 2), (2, 2), (0, 0), out=wrong)
+    w = np.ones((1, 1, 3, 3), np.float32)
+    with pytest.raises(KernelError, match=r"conv2d_input_backward: .*out= must be"):
+        window_ops.conv2d_input_backward(up, w, x.shape, (1, 1), (0, 0),
+                                         out=np.empty((1, 1, 4, 4), np.float32).T)
+    out = np.full((1, 1, 4, 4), np.nan, np.float32)  # every position is written
+    assert window_ops.avg_pool2d_backward(up, x.shape, (2, 2), (2, 2), (0, 0), out=out) is out
+    np.testing.assert_array_equal(out, np.full((1, 1, 4, 4), 0.25, np.float32))
 
 
 def test_wide_layers_run_by_columns_without_copies() -> None:
