@@ -43,6 +43,17 @@ def best_times(fns: dict[str, Callable[[], object]], repeats: int = 7,
     return best
 
 
+def both_ways(fns: dict[str, Callable[[], object]], repeats: int = 7,
+              number: int = 200) -> dict[str, dict[str, float]]:
+    """Seconds per call for each of `fns`, measured two ways in one run: "alone" (each
+    contender's runs back to back, `best_time`) and "turns" (`best_times`). Taking
+    turns evens out the machine's slow spells, but PyTorch measures slower there (its
+    OpenMP workers and OpenBLAS's share the two cores when they alternate), so the
+    "alone" figures are the fairer ratio when the machine is steady."""
+    alone = {name: best_time(fn, repeats, number) for name, fn in fns.items()}
+    return {"alone": alone, "turns": best_times(fns, repeats, number)}
+
+
 def plan_sgd_step(model: object, x: object, y: object, lr: float,
                   momentum: float) -> Callable[[], None]:
     """One SGD-momentum step of `model` on (x, y) through a TRAINING plan (imports

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sys
 
-from common import best_times, pin_threads, plan_sgd_step, torch_sgd_step
+from common import both_ways, pin_threads, plan_sgd_step, torch_sgd_step
 
 pin_threads(2)
 
@@ -82,7 +82,7 @@ def main() -> int:
             buf += g
             w -= LR * buf
 
-    times = best_times({
+    ways = both_ways({
         "pullback": pullback_step,
         "pullback explicit": explicit_step,
         "pullback plan": plan_step,
@@ -90,12 +90,15 @@ def main() -> int:
         "numpy by hand": numpy_step,
     }, repeats=9, number=200)
     print(f"training step, MLP 64-256-256-10 on digits, batch {BATCH}, SGD momentum, float32")
-    print("  (contenders take turns run by run; the best run of each counts)")
-    for name, t in times.items():
-        print(f"  {name:18s} {t * 1e3:6.3f} ms per step")
-    print(f"  ratio pullback / pytorch: {times['pullback'] / times['pytorch']:.2f}")
-    print(f"  ratio pullback plan / pytorch: {times['pullback plan'] / times['pytorch']:.2f}")
-    print(f"  ratio pullback / numpy by hand: {times['pullback'] / times['numpy by hand']:.2f}")
+    print("  (best run of each; 'alone': each contender's runs back to back, 'turns': the")
+    print("  contenders alternating run by run)")
+    print(f"  {'':18s} {'alone':>8s} {'turns':>8s}  ms per step")
+    for name in ways["alone"]:
+        print(f"  {name:18s} {ways['alone'][name] * 1e3:8.3f} {ways['turns'][name] * 1e3:8.3f}")
+    for a, b in (("pullback plan", "pytorch"), ("pullback", "pytorch"),
+                 ("pullback", "numpy by hand")):
+        print(f"  ratio {a} / {b}: " + ", ".join(
+            f"{way} {times[a] / times[b]:.2f}" for way, times in ways.items()))
     return 0
 
 

@@ -13,7 +13,7 @@ import json
 import subprocess
 import sys
 
-from common import best_times, pin_threads, plan_sgd_step, torch_sgd_step
+from common import best_times, both_ways, pin_threads, plan_sgd_step, torch_sgd_step
 
 pin_threads(2)
 
@@ -121,14 +121,16 @@ def threads() -> list[str]:
 def main() -> int:
     torch.set_num_threads(2)
     print("training step, SGD momentum, float32, pullback TRAINING plan vs PyTorch eager")
-    print("  (contenders take turns run by run; the best run of each counts)")
+    print("  (best run of each; 'alone': each contender's runs back to back, 'turns': the")
+    print("  contenders alternating run by run)")
     for label, make in MODELS.items():
         pullback_step, torch_step = steps(make)
-        times = best_times({"pullback": pullback_step, "pytorch": torch_step}, repeats=7,
-                           number=10)
-        tp, tt = times["pullback"], times["pytorch"]
-        print(f"  {label:34s} pullback {tp * 1e3:7.2f} ms, pytorch {tt * 1e3:7.2f} ms, "
-              f"ratio {tp / tt:.2f}")
+        ways = both_ways({"pullback": pullback_step, "pytorch": torch_step}, repeats=7,
+                         number=10)
+        for way, times in ways.items():
+            tp, tt = times["pullback"], times["pytorch"]
+            print(f"  {label:34s} {way:5s}  pullback {tp * 1e3:7.2f} ms, pytorch "
+                  f"{tt * 1e3:7.2f} ms, ratio {tp / tt:.2f}")
     for warm in (False, True):
         growth = {f: memory_growth(f, warm) for f in ("pullback", "pytorch")}
         print(f"peak memory growth of {'a warm' if warm else 'the first'} wide-MLP step: "
