@@ -19,6 +19,7 @@ from pullback.backend import cpu
 from pullback.backend.base import Backend, Shape
 from pullback.backend.cpu import CpuBackend
 from pullback.backend.errors import KernelError
+from pullback.kernels.elementwise import fortran_call, transpose_all
 
 
 def _named(op: str, method: Callable) -> Callable:
@@ -136,6 +137,16 @@ class ThreadedCpuBackend(CpuBackend):
     ) -> np.ndarray:
         """kernel(*operand chunks, *extra, out=out chunk) over chunks of `out` (or of a
         fresh output); `axis` (if given) is the one axis that must not be split."""
+        if axis is None and len(shape) > 1:
+            arrays = [op for op in operands if isinstance(op, np.ndarray)]
+            if fortran_call(arrays, tuple(shape), out):
+                # Laid out by columns (a GEMM's result): split the transposes, so each
+                # thread's part is contiguous, and give back a result ordered the same.
+                if out is None:
+                    out = np.empty(shape, dtype=dtype, order="F")
+                self._map(kernel, tuple(transpose_all(operands, len(shape))),
+                          tuple(shape)[::-1], dtype, *extra, out=out.T)
+                return out
         if out is None:
             out = np.empty(shape, dtype=dtype)
         flat = axis is None and all(

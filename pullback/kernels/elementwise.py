@@ -153,7 +153,7 @@ class ElementwiseKernel(Kernel):
             return None
         dtype = arrays[0].dtype
         shape = np.broadcast_shapes(*(a.shape for a in arrays))
-        if _fortran_call(arrays, shape, out):
+        if fortran_call(arrays, shape, out):
             return self._transposed_launcher(args, shape, out)
         size = math.prod(shape)
         if (dtype not in _COMPILED or not size or size >= self.parallel_threshold
@@ -225,14 +225,14 @@ class ElementwiseKernel(Kernel):
         transposes (same elements, same loop), whose result transposed back is
         Fortran-ordered like the operands."""
         ndim = len(shape)
-        inner = self.launcher(_transpose_all(args, ndim), None if out is None else out.T)
+        inner = self.launcher(transpose_all(args, ndim), None if out is None else out.T)
         if inner is None:
             return None
 
         def launch(*current: Any, out: np.ndarray | None = None) -> np.ndarray:
             if out is None:
-                return inner(*_transpose_all(current, ndim)).T
-            inner(*_transpose_all(current, ndim), out=out.T)
+                return inner(*transpose_all(current, ndim)).T
+            inner(*transpose_all(current, ndim), out=out.T)
             return out
 
         return launch
@@ -287,11 +287,11 @@ class ElementwiseKernel(Kernel):
         else:
             dtype = self._common_dtype(arrays, arrays or values)
             shape = self._shape(arrays)
-            if _fortran_call(arrays, shape, out):
+            if fortran_call(arrays, shape, out):
                 # Fortran-ordered operands (a GEMM's output laid out by columns): the
                 # C-order loops over their transposes, and a result ordered like them.
                 outs = None if out is None else [o.T for o in _as_list(out)]
-                result = self._run(_transpose_all(values, len(shape)),
+                result = self._run(transpose_all(values, len(shape)),
                                    outs if outs is None or self.nout > 1 else outs[0],
                                    parallel)
                 if out is not None:
@@ -393,7 +393,7 @@ def _as_list(out: Any) -> list:
     return list(out) if isinstance(out, (tuple, list)) else [out]
 
 
-def _fortran_call(arrays: list, shape: tuple, out: Any) -> bool:
+def fortran_call(arrays: list, shape: tuple, out: Any) -> bool:
     """Whether a call is best run on its operands' transposes: every array operand (and
     output) is Fortran-contiguous, and some operand is not C-contiguous too (an
     operand broadcast along leading axes, a bias, is both once padded)."""
@@ -405,7 +405,7 @@ def _fortran_call(arrays: list, shape: tuple, out: Any) -> bool:
                               and o.shape == shape for o in _as_list(out))
 
 
-def _transpose_all(values: Any, ndim: int) -> list:
+def transpose_all(values: Any, ndim: int) -> list:
     """Each array operand padded to `ndim` axes and transposed (scalars as they are)."""
     return [v.reshape((1,) * (ndim - v.ndim) + v.shape).T if type(v) is np.ndarray else v
             for v in values]

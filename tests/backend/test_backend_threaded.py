@@ -150,3 +150,19 @@ def test_threaded_errors_match_cpu(threaded, rng):
         threaded.exp(np.ones(BIG, dtype=np.int32))
     with pytest.raises(KernelError, match="neg: "):
         threaded.neg(np.ones(BIG, dtype=bool))
+
+
+@pytest.mark.parametrize("op", ["relu", "sigmoid", "add", "mul", "relu_backward"])
+def test_split_ops_keep_a_by_columns_layout_and_cpu_values(cpu, threaded, rng, op):
+    # A GEMM's result laid out by columns (backend.gemm): each thread takes a contiguous
+    # part of the transpose, and the result comes back laid out like the operands.
+    x = np.asfortranarray(rng.standard_normal(BIG[::-1]).astype(np.float32))
+    assert x.flags.f_contiguous and not x.flags.c_contiguous
+    other = {"add": rng.standard_normal(BIG[0]).astype(np.float32),  # a bias per column
+             "mul": np.asfortranarray(rng.standard_normal(BIG[::-1]).astype(np.float32)),
+             "relu_backward": np.asfortranarray(rng.standard_normal(BIG[::-1])
+                                                .astype(np.float32))}.get(op)
+    args = (x,) if other is None else (other, x) if op == "relu_backward" else (x, other)
+    got = getattr(threaded, op)(*args)
+    assert got.flags.f_contiguous
+    np.testing.assert_array_equal(got, getattr(cpu, op)(*args))
