@@ -13,6 +13,8 @@ on them without copies (see kernels.elementwise).
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 # Below this many result elements the order makes no measurable difference; small
@@ -41,15 +43,17 @@ def bias_sums(x: np.ndarray, shape: tuple) -> np.ndarray | None:
     ones: the trailing axes first, then the leading ones. None when `shape` is not such
     a block, x is not contiguous, or there are too many rows for BLAS's summation
     order to stay within a few ulps of NumPy's."""
-    lead = x.ndim - len(shape)
-    padded = (1,) * lead + shape
-    kept = [i for i, d in enumerate(padded) if d != 1 or x.shape[i] == 1]
-    if not kept or kept != list(range(kept[0], kept[-1] + 1)):
-        return None
-    first, last = kept[0], kept[-1] + 1
-    outer = int(np.prod(x.shape[:first]))
-    middle = int(np.prod(x.shape[first:last]))
-    inner = int(np.prod(x.shape[last:]))
+    dims = x.shape
+    if x.ndim == 2 and shape == (dims[1],):  # the commonest: a dense layer's bias
+        first, last = 1, 2
+    else:
+        padded = (1,) * (x.ndim - len(shape)) + shape
+        kept = [i for i, d in enumerate(padded) if d != 1 or dims[i] == 1]
+        if not kept or kept[-1] - kept[0] + 1 != len(kept):
+            return None
+        first, last = kept[0], kept[-1] + 1
+    outer, inner = math.prod(dims[:first]), math.prod(dims[last:])
+    middle = math.prod(dims[first:last])
     if outer * inner == 1 or max(outer, inner) > COLUMN_SUM_ROWS:
         return None
     if x.ndim == 2 and inner == 1 and x.flags.f_contiguous:

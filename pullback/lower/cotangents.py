@@ -24,6 +24,7 @@ import numpy as np
 from ..backend import conv as window_ops
 from ..backend.cpu import CpuBackend, relu_backward_kernel
 from ..backend.gemm import result_order
+from ..kernels.activations import relu_backward
 from ..kernels.core import SUPPORTED_DTYPES
 from .buffers import Buffer
 from .fuse import NUMPY_BACKENDS
@@ -34,8 +35,24 @@ from .graph import Var
 MIN_BYTES = 1 << 16
 
 
-def _relu(backend: Any, ct: Any, node: Any, out: Any) -> tuple:
-    return (relu_backward_kernel(ct, node.output, out=out),)
+def _relu() -> Any:
+    launch = None  # a plan step's shapes never change: its kernel call, prepared once
+
+    def write(backend: Any, ct: Any, node: Any, out: Any) -> tuple:
+        nonlocal launch
+        y = node.output
+        if ct.dtype is y.dtype is out.dtype and ct.dtype in SUPPORTED_DTYPES:
+            if launch is None:
+                launch = relu_backward.launcher((ct, y), out) or False
+            if launch:
+                return (launch(ct, y, out=out),)
+        return (relu_backward_kernel(ct, y, out=out),)
+
+    return write
+
+
+def _once(writer: Any) -> Any:
+    return lambda: writer  # a writer without state of its own, shared by every step
 
 
 def _max_pool(backend: Any, ct: Any, node: Any, out: Any) -> tuple:
@@ -68,14 +85,15 @@ def _matmul(backend: Any, ct: Any, node: Any, out: Any) -> tuple:
     return grad_lhs, grad_rhs
 
 
-# primitive -> (the writer, which backends it stands in for), for the gradient of the
-# primitive's first operand. Each computes what the primitive's vjp computes.
+# primitive -> (a maker of the step's writer, which backends it stands in for), for the
+# gradient of the primitive's first operand. Each computes what the primitive's vjp
+# computes.
 WRITERS = {
     "relu": (_relu, (CpuBackend,)),  # ThreadedCpuBackend splits relu's backward itself
-    "max_pool2d": (_max_pool, NUMPY_BACKENDS),
-    "avg_pool2d": (_avg_pool, NUMPY_BACKENDS),
-    "conv2d": (_conv, NUMPY_BACKENDS),
-    "matmul": (_matmul, NUMPY_BACKENDS),
+    "max_pool2d": (_once(_max_pool), NUMPY_BACKENDS),
+    "avg_pool2d": (_once(_avg_pool), NUMPY_BACKENDS),
+    "conv2d": (_once(_conv), NUMPY_BACKENDS),
+    "matmul": (_once(_matmul), NUMPY_BACKENDS),
 }
 
 

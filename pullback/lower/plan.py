@@ -258,7 +258,7 @@ class TrainingPlan(Plan):
         # Buffers for the large cotangents, once the forward's layouts are known.
         self._ct_owner, self._ct_buffers = cotangents.assign(
             self._backward, self._pool_relu, self._fortran)
-        self._ct_writers = [cotangents.WRITERS[eqn.primitive.name] if b >= 0 else None
+        self._ct_writers = [None if b < 0 else self._writer(eqn.primitive.name)
                             for (eqn, *_), b in zip(self._backward, self._ct_owner)]
         self._ct_arena: list[np.ndarray] | None = None
 
@@ -395,6 +395,11 @@ class TrainingPlan(Plan):
     def __call__(self, *inputs: Any) -> Any:
         with self._lock:
             return self._step_once(inputs)
+
+    @staticmethod
+    def _writer(name: str) -> tuple:
+        make, backends = cotangents.WRITERS[name]
+        return make(), backends
 
     def _step_once(self, inputs: tuple) -> Any:
         env = self._start(inputs)
