@@ -11,6 +11,7 @@ no window buffer for the whole batch is ever written to memory.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -175,6 +176,25 @@ def _pointwise(win: Windows) -> bool:
     return win.kernel == (1, 1) and win.stride == (1, 1) and win.padding == (0, 0)
 
 
+_SCRATCH = threading.local()
+
+
+def scratch(name: str, size: int, dtype: np.dtype) -> np.ndarray:
+    """A flat work array of `size` elements that only the calling function reads (the
+    windows of a chunk, a chunk's products), kept per thread and name and reused by
+    the next call. Allocating them afresh cost page faults on every call: multi-megabyte
+    blocks go back to the kernel when freed (conv 32->64 on 4x4 maps, batch 128:
+    forward 2.3 ms, of which 1.05 is im2col and GEMM)."""
+    pool = getattr(_SCRATCH, "arrays", None)
+    if pool is None:
+        pool = _SCRATCH.arrays = {}
+    key = (name, np.dtype(dtype))
+    found = pool.get(key)
+    if found is None or found.size < size:
+        found = pool[key] = np.empty(size, dtype)
+    return found[:size]
+
+
 class _WindowBuffer:
     """A reusable buffer of windows (m, C, kh, kw, OH, OW) for chunks of up to `rows`
     samples, and the geometry that addresses it."""
@@ -182,7 +202,7 @@ class _WindowBuffer:
     def __init__(self, win: Windows, channels: int, rows: int, dtype: np.dtype):
         self.shape = (channels, *win.kernel, *win.out_hw)
         self.size = int(np.prod(self.shape))
-        self.flat = np.empty(rows * self.size, dtype=dtype)
+        self.flat = scratch("windows", rows * self.size, dtype)
         self.geometry = win.geometry(self.take(1))
 
     def take(self, m: int) -> np.ndarray:
@@ -253,8 +273,9 @@ def _conv_by_chunk_gemm(x: np.ndarray, weight: np.ndarray, win: Windows, rows: n
     groups, per_group = weight.shape[:2]
     pixels = win.out_hw[0] * win.out_hw[1]
     most = chunks[0][1]
-    windows = np.empty(most * x.shape[1] * win.kernel[0] * win.kernel[1] * pixels, x.dtype)
-    products = np.empty(most * groups * per_group * pixels, x.dtype)
+    windows = scratch("windows", most * x.shape[1] * win.kernel[0] * win.kernel[1] * pixels,
+                      x.dtype)
+    products = scratch("products", most * groups * per_group * pixels, x.dtype)
     for start, stop in chunks:
         m = stop - start
         cols = _windows_channels_outer(x[start:stop], win, windows)
@@ -337,8 +358,8 @@ def _weight_backward_by_chunk_gemm(up: np.ndarray, x: np.ndarray, weight_shape: 
     pixels = win.out_hw[0] * win.out_hw[1]
     size = c * win.kernel[0] * win.kernel[1] * pixels
     most = chunks[0][1]
-    windows = np.empty(most * size, dtype=x.dtype)
-    rows = np.empty(most * o * pixels, dtype=x.dtype)
+    windows = scratch("windows", most * size, x.dtype)
+    rows = scratch("products", most * o * pixels, x.dtype)
     grad_t = np.zeros((groups, size // pixels // groups, o // groups), dtype=x.dtype)
     for start, stop in chunks:
         m = stop - start

@@ -192,3 +192,33 @@ def test_bad_arguments_raise_kernel_errors_naming_op_shapes_and_dtypes(cpu, call
         call(cpu)
     assert text in str(info.value)
     assert "(dtype" in str(info.value)
+
+
+def test_convolution_work_arrays_are_reused_per_thread_and_never_returned():
+    import threading
+
+    from pullback.backend import conv as window_ops
+
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((6, 4, 5, 5)).astype(np.float32)
+    w = rng.standard_normal((8, 4, 3, 3)).astype(np.float32)
+    up = rng.standard_normal((6, 8, 5, 5)).astype(np.float32)
+    first = window_ops.conv2d(x, w, (1, 1), (1, 1))
+    kept = first.copy()
+    work = window_ops.scratch("windows", 16, np.float32)
+    assert np.shares_memory(work, window_ops.scratch("windows", 8, np.float32))
+    results = [first, window_ops.conv2d(2 * x, w, (1, 1), (1, 1)),
+               window_ops.conv2d_input_backward(up, w, x.shape, (1, 1), (1, 1)),
+               window_ops.conv2d_weight_backward(up, x, w.shape, (1, 1), (1, 1))]
+    np.testing.assert_array_equal(first, kept)  # a later call left it alone
+    np.testing.assert_allclose(results[1], 2 * kept, rtol=1e-5, atol=1e-5)
+    pool = [window_ops.scratch(name, 1, dt) for name in ("windows", "products")
+            for dt in (np.float32, np.float64)]
+    assert not any(np.shares_memory(r, s.base if s.base is not None else s)
+                   for r in results for s in pool)
+    elsewhere = []
+    thread = threading.Thread(
+        target=lambda: elsewhere.append(window_ops.scratch("windows", 16, np.float32)))
+    thread.start()
+    thread.join()
+    assert not np.shares_memory(elsewhere[0], work)  # each thread has its own
