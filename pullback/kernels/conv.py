@@ -142,12 +142,9 @@ def fold_body(cols, out, g):
     src = cols.reshape(cols.size)
     dst = out.reshape(out.size)
     step = U(sw)
-    # "Same" windows at stride 1 (see unfold_body): a block adds in as one contiguous
-    # run. The run also adds each row's padding columns, wrapped onto the neighbouring
-    # row's edge; those positions get nothing else from this block, so saving them
-    # before and restoring them after undoes that exactly.
-    same = sh == 1 and sw == 1 and ow_ == w_
-    saved = np.empty(oh_ * max(kw, 1) + 1, dtype=out.dtype)
+    # Row by row, for every window shape. (Adding a "same" block as one contiguous run,
+    # then restoring the row-edge positions the run wrapped onto, measured slower:
+    # 64x32x16x16, 3x3, padding 1: 1.39 ms against 1.04; 32x32x4x4: 0.19 against 0.13.)
     for n in range(n_):
         for c in range(c_):
             plane = (n * c_ + c) * h_ * w_
@@ -158,34 +155,6 @@ def fold_body(cols, out, g):
                     block = (base + n * s_n + c * s_c + i * s_i + j * s_j) * oh_ * ow_
                     col0 = j * dw - pw
                     lo, hi = spans[j, 0], spans[j, 1]
-                    if same:
-                        shift = i * dh - ph
-                        first = min(max(0, -shift), oh_)
-                        stop = max(first, min(oh_, h_ - shift))
-                        if stop == first or hi == lo:
-                            continue
-                        offset = plane + shift * w_ + col0  # dst index = offset + d
-                        k = 0
-                        for r in range(first, stop):  # the wrapped positions, saved
-                            for t in range(0 if r > first else lo, lo):
-                                saved[k] = dst[U(offset + r * w_ + t)]
-                                k += 1
-                            for t in range(hi, w_ if r < stop - 1 else hi):
-                                saved[k] = dst[U(offset + r * w_ + t)]
-                                k += 1
-                        start = U(block + first * w_ + lo)
-                        to = U(offset + first * w_ + lo)
-                        for t in range(U((stop - first - 1) * w_ + hi - lo)):
-                            dst[to + t] += src[start + t]
-                        k = 0
-                        for r in range(first, stop):  # and restored
-                            for t in range(0 if r > first else lo, lo):
-                                dst[U(offset + r * w_ + t)] = saved[k]
-                                k += 1
-                            for t in range(hi, w_ if r < stop - 1 else hi):
-                                dst[U(offset + r * w_ + t)] = saved[k]
-                                k += 1
-                        continue
                     for r in range(oh_):
                         h = r * sh + i * dh - ph
                         if h < 0 or h >= h_:

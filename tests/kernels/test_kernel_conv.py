@@ -99,7 +99,7 @@ WINDOW_CASES = [
     ((1, 2, 9, 8), (3, 2), (2, 3), (2, 1), (2, 3)),
     ((2, 1, 8, 8), (1, 1), (3, 3), (0, 0), (1, 1)),
     ((1, 2, 5, 11), (2, 2), (1, 4), (0, 3), (4, 1)),
-    # "same" windows at stride 1 (output rows as wide as input rows): contiguous runs
+    # "same" windows at stride 1 (output rows as wide as input rows): im2col's contiguous runs
     ((2, 2, 6, 7), (3, 3), (1, 1), (2, 2), (2, 2)),
     ((1, 3, 5, 6), (2, 3), (1, 1), (0, 1), (1, 1)),
     ((1, 1, 4, 5), (5, 5), (1, 1), (2, 2), (1, 1)),
