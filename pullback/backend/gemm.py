@@ -1,4 +1,4 @@
-"""How the NumPy backends lay out a matrix product's result.
+"""How the NumPy backends lay out a matrix product's result, and bias sums as GEMVs.
 
 OpenBLAS (NumPy's, on these machines) computes a product whose result has fewer
 rows than columns faster when it writes the result by columns, that is, when it

@@ -193,6 +193,8 @@ class ElementwiseKernel(Kernel):
         outs = _as_list(out)
         if len(args) != self.nin or len(outs) != self.nout:
             return None
+        if any(type(a) not in (np.ndarray, bool, float, int) for a in args):
+            return None
         alias = tuple(next((i for i, a in enumerate(args) if a is o), -1) for o in outs)
         arrays = [a for a in args if type(a) is np.ndarray]
         if -1 in alias or not arrays:
@@ -205,8 +207,6 @@ class ElementwiseKernel(Kernel):
             return None
         mask = sum(1 << i for i, a in enumerate(args) if type(a) is np.ndarray)
         flags = sum(1 << i for i, a in enumerate(args) if type(a) is bool)
-        if any(type(a) not in (np.ndarray, bool, float, int) for a in args):
-            return None
         driver = self._driver(dtype, ("flat", mask, flags, alias), False)
         kinds = tuple("a" if mask >> i & 1 else "n" if type(a) is int else "-"
                       for i, a in enumerate(args))

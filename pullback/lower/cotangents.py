@@ -117,15 +117,14 @@ def _writable(eqn: Any, parent: Var | None, fortran: set[int]) -> Buffer | None:
     return Buffer(parent.shape, parent.dtype)
 
 
-def assign(backward: list[tuple], folded: dict[int, Var], fortran: set[int]
-           ) -> tuple[list[int], list[Buffer]]:
+def assign(backward: list[tuple], folded: dict[int, Var], skipped: set[int],
+           fortran: set[int]) -> tuple[list[int], list[Buffer]]:
     """Per backward step, the buffer its first-operand cotangent is written into (-1:
     none), and the buffers. `backward` holds the plan's backward steps (eqn first),
-    `folded` the pool steps whose relu was folded in (pool output -> relu input), and
+    `folded` the pool steps whose relu was folded in (pool output -> relu input),
+    `skipped` those relus' outputs (their steps receive no cotangent: the pool's step
+    hands its own straight to the relu's input), and
     `fortran` the forward values laid out by columns."""
-    # A relu folded into the pool after it never receives a cotangent: the pool's step
-    # hands its own straight to the relu's input.
-    skipped = {eqn.args[0].index for eqn, *_ in backward if eqn.out.index in folded}
     producers: dict[int, int] = {}
     parents_of = []
     for eqn, node, *_ in backward:

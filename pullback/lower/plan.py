@@ -257,7 +257,7 @@ class TrainingPlan(Plan):
         super().__init__(graph, single)
         # Buffers for the large cotangents, once the forward's layouts are known.
         self._ct_owner, self._ct_buffers = cotangents.assign(
-            self._backward, self._pool_relu, self._fortran)
+            self._backward, self._pool_relu, self._folded_relus, self._fortran)
         self._ct_writers = [None if b < 0 else self._writer(eqn.primitive.name)
                             for (eqn, *_), b in zip(self._backward, self._ct_owner)]
         self._ct_arena: list[np.ndarray] | None = None
@@ -268,6 +268,9 @@ class TrainingPlan(Plan):
             raise LoweringError("compile: the loss does not depend on any parameter")
         self._backward = self._backward_steps()
         self._pool_relu = self._relu_into_pool()
+        # The relus those pools fold in: their own backward steps receive no cotangent.
+        self._folded_relus = {eqn.args[0].index for eqn, *_ in self._backward
+                              if eqn.out.index in self._pool_relu}
         return {s for step in self._backward for s in step[2]}
 
     def _relu_into_pool(self) -> dict[int, Var]:
@@ -475,13 +478,11 @@ class TrainingPlan(Plan):
 
     def _explain_backward(self) -> list[str]:
         lines = ["backward:"]
-        folded = {eqn.args[0].index for eqn, *_ in self._backward
-                  if eqn.out.index in self._pool_relu}
         for (eqn, _, saved, _, frees), b in zip(self._backward, self._ct_owner):
             reads = ", ".join(f"v{s}" for s in saved) or "nothing"
             kind = "backward kernel" if eqn.primitive.vjp is not None else (
                 "transpose" if eqn.primitive.transpose is not None else "linearize+transpose")
-            if eqn.out.index in folded:
+            if eqn.out.index in self._folded_relus:
                 kind = "folded into the max-pool after it: no work of its own"
             if eqn.out.index in self._pool_relu:
                 target = self._pool_relu[eqn.out.index]
