@@ -773,7 +773,8 @@ class CpuBackend(BackwardOps, FusedOps, Backend):
     ) -> np.ndarray:
         shape = forward_input.shape
         mask = np.equal(forward_input, self._unreduce(forward_output, shape, axes, keepdims))
-        count = np.add.reduce(mask, axis=axes, keepdims=True).astype(upstream.dtype)
+        # out=...: a 0-d input reduces to a NumPy scalar otherwise, which cannot be `out`.
+        count = np.add.reduce(mask, axis=axes, keepdims=True, dtype=upstream.dtype, out=...)
         share = np.divide(self._unreduce(upstream, shape, axes, keepdims), count, out=count)
         return np.multiply(mask, share, out=...)
 

@@ -237,4 +237,6 @@ def accumulate_grad(tensor: Tensor, ct: Any, create_graph: bool) -> None:
         # pass over it strided.
         tensor.grad = _wrap(np.array(ct, dtype=tensor.dtype, copy=True, order="C"), None)
     else:
-        tensor.grad = _wrap(tensor.grad._data + ct, None)
+        # Through the backend, not `+`: NumPy's operators turn a 0-d sum into a NumPy
+        # scalar, and a tensor's data is always an array.
+        tensor.grad = _wrap(get_backend().add(tensor.grad._data, ct), None)
