@@ -17,7 +17,8 @@ import numpy as np
 import safetensors.numpy
 from safetensors import SafetensorError, safe_open
 
-from ..tensor import Tensor, tensor
+from ..tensor import Tensor
+from ..tensor.eager import _wrap
 from .atomic import atomic_write
 from .errors import CheckpointError
 
@@ -166,4 +167,6 @@ def load(path: PathLike) -> dict[str, Tensor]:
     Raises `CheckpointError`, naming the file, if it is missing, truncated or corrupt.
     """
     arrays, _ = read_arrays(path)
-    return {key: tensor(array) for key, array in arrays.items()}
+    # The arrays are fresh from the file and ours: wrapped, not copied, and in any
+    # stored dtype (a float16 checkpoint loads as float16, to be cast).
+    return {key: _wrap(array, None) for key, array in arrays.items()}

@@ -402,7 +402,12 @@ where_p = declare("where", _where_impl, _where_shape)
 
 
 def where(cond: Any, a: Any, b: Any) -> Any:
-    return where_p.bind(a, b, cond=getattr(cond, "_data", cond))
+    cond = getattr(cond, "_data", cond)
+    if dtype_of(cond) is not None and str(dtype_of(cond)) != "bool":
+        # NumPy would read any nonzero value as true; PyTorch refuses, and so do we.
+        raise KernelError("where", (cond, a, b), "the condition must be a bool tensor "
+                          "(a comparison such as x > 0 makes one)")
+    return where_p.bind(a, b, cond=cond)
 
 
 def _where_jvp(tangents: tuple, output: Any, inputs: tuple, cond: Any) -> Any:

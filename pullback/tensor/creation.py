@@ -21,39 +21,82 @@ bool_ = np.dtype(np.bool_)
 _SUPPORTED = "float32, float64, int32, int64, bool (and other NumPy integer dtypes)"
 
 
-def _dtype(dtype: Any) -> np.dtype | None:
+def _dtype(dtype: Any, op: str = "tensor") -> np.dtype | None:
     if dtype is None:
         return None
     try:
         resolved = np.dtype(dtype)
     except TypeError:
-        raise TypeError(f"tensor: unknown dtype {dtype!r}; supported: {_SUPPORTED}") from None
-    if resolved.kind not in "fiub" or (resolved.kind == "f" and resolved.itemsize < 4):
-        raise TypeError(f"tensor: dtype {resolved} is not supported; supported: {_SUPPORTED}")
+        raise TypeError(f"{op}: unknown dtype {dtype!r}; supported: {_SUPPORTED}") from None
+    _check_dtype(resolved, op, "dtype")
     return resolved
 
 
-def as_array(data: Any, dtype: Any = None) -> np.ndarray:
-    """Data as an array: Python floats to float32, arrays keep their dtype."""
-    dtype = _dtype(dtype)
+def _check_dtype(dtype: np.dtype, op: str, what: str) -> None:
+    """Refuse what no op computes with: complex, object, string, datetime, structured
+    data, and floats other than float32 and float64 (float16, longdouble)."""
+    if dtype.kind in "iub" or dtype in (float32, float64):
+        return
+    raise TypeError(f"{op}: {what} {dtype} is not supported; supported: {_SUPPORTED}")
+
+
+def as_array(data: Any, dtype: Any = None, *, copy: bool = False, op: str = "tensor"
+             ) -> np.ndarray:
+    """Data as an array: Python floats to float32, arrays keep their dtype; every source
+    passes the same dtype check. `copy` makes sure the result shares no memory with
+    `data`."""
+    dtype = _dtype(dtype, op)
     if isinstance(data, Tensor):
         data = data._data
     if isinstance(data, np.ndarray):
-        return data if dtype is None or data.dtype == dtype else data.astype(dtype)
-    array = np.asarray(data)
-    if array.dtype.kind == "O" or array.dtype.kind not in "fiub":
-        raise TypeError(f"tensor: cannot make a tensor from {type(data).__name__} data")
-    if dtype is None and array.dtype.kind == "f" and not isinstance(data, np.generic):
-        dtype = float32  # Python floats are float32 by default, as in PyTorch
-    return array.astype(dtype) if dtype is not None and array.dtype != dtype else array
+        array, fresh = data, False
+    else:
+        try:
+            array = np.asarray(data)
+        except (ValueError, TypeError, OverflowError) as err:
+            raise TypeError(f"{op}: cannot make a tensor from {type(data).__name__} data: "
+                            f"{err}") from None
+        # Lists and Python scalars make a fresh array; other objects may lend theirs.
+        fresh = isinstance(data, (list, tuple, int, float, bool, np.generic))
+        if array.dtype == np.uint64 and fresh and not isinstance(data, np.generic):
+            # Python ints: NumPy picks uint64 for values past int64's range.
+            raise OverflowError(f"{op}: integer data out of range for int64 (max "
+                                f"{np.iinfo(np.int64).max})")
+        if dtype is None and array.dtype.kind == "f" and not isinstance(data, np.generic):
+            dtype = float32  # Python floats are float32 by default, as in PyTorch
+    _check_dtype(array.dtype, op, f"{type(data).__name__} data of dtype")
+    if dtype is not None and array.dtype != dtype:
+        return _cast(array, dtype, op)
+    return array.copy() if copy and not fresh else array
+
+
+def _cast(array: np.ndarray, dtype: np.dtype, op: str) -> np.ndarray:
+    """`array.astype(dtype)`, refusing integer results that would wrap around."""
+    if dtype.kind in "iu" and array.size and not np.can_cast(array.dtype, dtype):
+        info = np.iinfo(dtype)
+        if array.dtype.kind == "f" and not np.isfinite(array).all():
+            raise ValueError(f"{op}: cannot convert non-finite {array.dtype} values to {dtype}")
+        low, high = array.min(), array.max()
+        if low < info.min or high > info.max:
+            raise OverflowError(f"{op}: values from {low} to {high} are out of range for "
+                                f"{dtype} [{info.min}, {info.max}]")
+    return array.astype(dtype)
 
 
 def tensor(data: Any, dtype: Any = None, requires_grad: bool = False) -> Tensor:
-    """A tensor from nested lists, scalars, NumPy arrays or another tensor (copied)."""
-    array = as_array(data, dtype)
-    if isinstance(data, Tensor) and array is data._data:
-        array = array.copy()
-    return _finish(array, requires_grad)
+    """A tensor from nested lists, scalars, NumPy arrays or another tensor; it copies
+    the data (as `torch.tensor` does), so later writes to `data` do not reach it."""
+    return _finish(as_array(data, dtype, copy=True), requires_grad)
+
+
+def from_numpy(array: np.ndarray) -> Tensor:
+    """A tensor sharing memory with the NumPy `array` (as `torch.from_numpy`): writes to
+    either show in the other, and while a pending backward needs its values the array
+    is read-only. The dtype rules of `tensor` apply."""
+    if not isinstance(array, np.ndarray):
+        raise TypeError(f"from_numpy: expected a np.ndarray, got {type(array).__name__}")
+    _check_dtype(array.dtype, "from_numpy", "dtype")
+    return _wrap(array, None)
 
 
 def _finish(array: np.ndarray, requires_grad: bool) -> Tensor:
@@ -63,34 +106,56 @@ def _finish(array: np.ndarray, requires_grad: bool) -> Tensor:
     return t
 
 
-def _shape(shape: tuple) -> tuple:
-    if len(shape) == 1 and not isinstance(shape[0], int):
+def _shape(shape: tuple, op: str) -> tuple:
+    """A shape given as ints (`zeros(2, 3)`) or as one sequence (`zeros((2, 3))`)."""
+    if len(shape) == 1 and isinstance(shape[0], (list, tuple)):
         shape = tuple(shape[0])
-    if not all(isinstance(d, (int, np.integer)) and d >= 0 for d in shape):
-        raise ValueError(f"expected a shape of non-negative ints, got {shape}")
+    if not all(isinstance(d, (int, np.integer)) and not isinstance(d, (bool, np.bool_))
+               and d >= 0 for d in shape):
+        raise ValueError(f"{op}: expected a shape of non-negative ints, got "
+                         f"{tuple(shape)}")
     return tuple(int(d) for d in shape)
 
 
 def zeros(*shape: Any, dtype: Any = None, requires_grad: bool = False) -> Tensor:
-    return _finish(np.zeros(_shape(shape), _dtype(dtype) or float32), requires_grad)
+    return _finish(np.zeros(_shape(shape, "zeros"), _dtype(dtype, "zeros") or float32),
+                   requires_grad)
 
 
 def ones(*shape: Any, dtype: Any = None, requires_grad: bool = False) -> Tensor:
-    return _finish(np.ones(_shape(shape), _dtype(dtype) or float32), requires_grad)
+    return _finish(np.ones(_shape(shape, "ones"), _dtype(dtype, "ones") or float32),
+                   requires_grad)
 
 
 def full(shape: Any, value: Any, dtype: Any = None, requires_grad: bool = False) -> Tensor:
-    shape = (shape,) if isinstance(shape, int) else tuple(shape)
-    dtype = _dtype(dtype) or (float32 if isinstance(value, float) else np.asarray(value).dtype)
-    return _finish(np.full(_shape(shape), value, dtype), requires_grad)
+    """A tensor of `shape` filled with the number `value`; a float fills float32, an int
+    int64 and a bool bool unless `dtype` says otherwise (as in PyTorch)."""
+    shape = _shape(tuple(shape) if isinstance(shape, (list, tuple)) else (shape,), "full")
+    dtype = _dtype(dtype, "full") or _fill_dtype(value)
+    if dtype.kind in "iu":
+        _cast(np.asarray(value), dtype, "full")  # a fill that would wrap is refused
+    return _finish(np.full(shape, value, dtype), requires_grad)
+
+
+def _fill_dtype(value: Any) -> np.dtype:
+    if isinstance(value, (bool, np.bool_)):
+        return bool_
+    if isinstance(value, (int, np.integer)):
+        return int64
+    if isinstance(value, (float, np.floating)):
+        return float32
+    raise TypeError(f"full: the fill value must be a bool, int or float, got "
+                    f"{type(value).__name__} {value!r}")
 
 
 def zeros_like(t: Any, dtype: Any = None, requires_grad: bool = False) -> Tensor:
-    return _finish(np.zeros(np.shape(t), _dtype(dtype) or _dtype_of(t)), requires_grad)
+    dtype = _dtype(dtype, "zeros_like") or _dtype_of(t)
+    return _finish(np.zeros(np.shape(t), dtype), requires_grad)
 
 
 def ones_like(t: Any, dtype: Any = None, requires_grad: bool = False) -> Tensor:
-    return _finish(np.ones(np.shape(t), _dtype(dtype) or _dtype_of(t)), requires_grad)
+    dtype = _dtype(dtype, "ones_like") or _dtype_of(t)
+    return _finish(np.ones(np.shape(t), dtype), requires_grad)
 
 
 def _dtype_of(t: Any) -> np.dtype:
@@ -103,7 +168,7 @@ def arange(start: Any, stop: Any = None, step: Any = 1, dtype: Any = None,
     if stop is None:
         start, stop = 0, start
     floats = any(isinstance(v, float) for v in (start, stop, step))
-    dtype = _dtype(dtype) or (float32 if floats else int64)
+    dtype = _dtype(dtype, "arange") or (float32 if floats else int64)
     return _finish(np.arange(start, stop, step, dtype=dtype), requires_grad)
 
 
@@ -134,11 +199,11 @@ def _rng(seed: Any) -> np.random.Generator:
 
 def randn(*shape: Any, seed: Any = None, dtype: Any = None, requires_grad: bool = False) -> Tensor:
     """Standard normal samples; the same `seed` gives the same values."""
-    dtype = _dtype(dtype) or float32
-    return _finish(_rng(seed).standard_normal(_shape(shape)).astype(dtype), requires_grad)
+    dtype = _dtype(dtype, "randn") or float32
+    return _finish(_rng(seed).standard_normal(_shape(shape, "randn")).astype(dtype), requires_grad)
 
 
 def rand(*shape: Any, seed: Any = None, dtype: Any = None, requires_grad: bool = False) -> Tensor:
     """Uniform samples in [0, 1); the same `seed` gives the same values."""
-    dtype = _dtype(dtype) or float32
-    return _finish(_rng(seed).random(_shape(shape)).astype(dtype), requires_grad)
+    dtype = _dtype(dtype, "rand") or float32
+    return _finish(_rng(seed).random(_shape(shape, "rand")).astype(dtype), requires_grad)
