@@ -13,10 +13,13 @@ from .module import Module
 
 
 class Sequential(Module):
-    """Children applied in order, named "0", "1", ..."""
+    """Children applied in order, named "0", "1", ... Given as arguments
+    (`Sequential(a, b)`), or as one tuple or list of them (`Sequential((a, b))`)."""
 
     def __init__(self, *modules: Module):
         super().__init__()
+        if len(modules) == 1 and isinstance(modules[0], (tuple, list)):
+            modules = tuple(modules[0])
         for i, m in enumerate(modules):
             if not isinstance(m, Module):
                 raise TypeError(f"Sequential: item {i} is a {type(m).__name__}, not a Module")

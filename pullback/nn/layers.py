@@ -1,8 +1,9 @@
 """Layers with parameters: Dense, Bias1d, Conv2d, GLU, LayerNorm.
 
-Dense, Conv2d and GLU trace and backprop by themselves (from the backend's
-backward kernels, with no graph recorded); Bias1d and LayerNorm (one fused
-primitive) use the default path through the autodiff core. Initializations are PyTorch's.
+Dense, Conv2d and GLU (with its default sigmoid gate) trace and backprop by
+themselves (from the backend's backward kernels, with no graph recorded); Bias1d
+and LayerNorm (one fused primitive) use the default path through the autodiff core.
+Initializations are PyTorch's.
 """
 
 from __future__ import annotations
@@ -155,20 +156,34 @@ class Conv2d(Module):
 
 
 class GLU(Module):
-    """Gated linear unit: `proj` maps to 2 * out_features, then a * sigmoid(b) of its halves
-    (PyTorch's `nn.GLU(dim=-1)` after a Linear)."""
+    """Gated linear unit: `proj` maps to 2 * out_features, then `a * activation(b)` of its
+    halves. The default gate, sigmoid, is PyTorch's `nn.GLU(dim=-1)` after a Linear;
+    `activation` may be another elementwise function of a tensor (`pb.silu` gives
+    SwiGLU, `pb.gelu` GEGLU) or a parameterless module such as `nn.SiLU()`."""
 
-    def __init__(self, in_features: int, out_features: int, dtype: Any = np.float32):
+    def __init__(self, in_features: int, out_features: int, dtype: Any = np.float32,
+                 activation: Any = ops.sigmoid):
         super().__init__()
+        if not callable(activation):
+            raise TypeError(f"GLU: activation must be callable on a tensor (pb.sigmoid, "
+                            f"pb.silu, nn.GELU(), ...), not {type(activation).__name__}")
         self.out_features = out_features
         self.proj = Dense(in_features, 2 * out_features, dtype=dtype)
+        self.activation = activation
+
+    def _sigmoid_gate(self) -> bool:
+        # Only sigmoid's derivative is written out below; any other gate traces through
+        # the autodiff core, whose rules know its derivative.
+        return self.activation is ops.sigmoid
 
     def forward(self, x: Any) -> Tensor:
         h = self.proj(x)
         n = self.out_features
-        return ops.mul(h[..., :n], ops.sigmoid(h[..., n:]))
+        return ops.mul(h[..., :n], self.activation(h[..., n:]))
 
     def traced_forward(self, x: Any) -> tuple[Tensor, Any]:
+        if not self._sigmoid_gate():
+            return super().traced_forward(x)
         h, proj_trace = self.proj.traced_forward(x)
         n = self.out_features
         with no_grad():
@@ -177,6 +192,8 @@ class GLU(Module):
         return y, LayerTrace(self, proj_trace, a._data, gate._data)
 
     def backprop(self, trace: Any, grad_output: Any) -> tuple[Tensor, dict]:
+        if not isinstance(trace, LayerTrace):
+            return super().backprop(trace, grad_output)
         proj_trace, a, gate = _own_trace(self, trace)
         be = get_backend()
         g = _data(grad_output)
@@ -185,6 +202,11 @@ class GLU(Module):
         grad_h = be.concatenate((grad_a, grad_b), grad_a.ndim - 1)
         grad_x, proj_grads = self.proj.backprop(proj_trace, grad_h)
         return grad_x, {"proj": proj_grads}
+
+    def extra_repr(self) -> str:
+        if self._sigmoid_gate() or isinstance(self.activation, Module):
+            return ""  # a module gate shows as a child
+        return f"activation={getattr(self.activation, '__name__', self.activation)}"
 
 
 class LayerNorm(Module):

@@ -19,6 +19,7 @@ from ..ad import Leaf, backward_pass
 from ..tensor import Tensor, enable_grad
 from ..tensor.backward import EagerExecutor, initial_cotangent, owned
 from ..tensor.eager import _wrap
+from .snapshot import own_saved_parameters
 from .state import state_dict_mismatch
 
 
@@ -226,6 +227,9 @@ class GraphTrace:
         self.module = module
         self.input = traced_input
         self.output = output
+        # The trace keeps the parameter values it was made with, so that `update` may
+        # write the parameters while it is alive (and a second backprop still agrees).
+        own_saved_parameters(output, module.parameters())
 
     def backprop(self, grad_output: Any) -> tuple[Tensor | None, dict]:
         params = list(self.module.named_parameters())

@@ -156,3 +156,43 @@ def test_unused_parameter_is_reported_by_backprop() -> None:
     _, trace = module.traced_forward(pb.ones(3))
     with pytest.raises(nn.NoGradientError, match=r"unused \(3,\)"):
         module.backprop(trace, pb.ones(3))
+
+
+@pytest.mark.parametrize("activation, torch_gate", [
+    (pb.silu, torch.nn.functional.silu), (nn.GELU(), torch.nn.functional.gelu),
+    (pb.sigmoid, torch.sigmoid),
+])
+def test_glu_takes_its_gate_activation(activation, torch_gate) -> None:
+    pb.manual_seed(0)
+    module = nn.GLU(5, 3, dtype=np.float64, activation=activation)
+    linear = torch.nn.Linear(5, 6).double()
+    _copy_into_torch(module, linear)
+    x0 = np.random.default_rng(1).standard_normal((4, 5))
+    h = linear(torch.from_numpy(x0))
+    expected = (h[..., :3] * torch_gate(h[..., 3:])).detach().numpy()
+    np.testing.assert_allclose(module(pb.tensor(x0)).numpy(), expected, rtol=1e-12)
+    # The explicit path agrees with autograd whatever the gate.
+    y, trace = module.traced_forward(pb.tensor(x0))
+    grad_x, grads = module.backprop(trace, pb.ones(4, 3, dtype=np.float64))
+    x = pb.tensor(x0, requires_grad=True)
+    module(x).sum().backward()
+    np.testing.assert_allclose(y.numpy(), expected, rtol=1e-12)
+    np.testing.assert_allclose(grad_x.numpy(), x.grad.numpy(), rtol=1e-12)
+    np.testing.assert_allclose(grads["proj"]["weight"].numpy(),
+                               module.proj.weight.grad.numpy(), rtol=1e-12)
+
+
+def test_glu_refuses_a_gate_that_is_not_callable() -> None:
+    with pytest.raises(TypeError, match="GLU: activation must be callable"):
+        nn.GLU(2, 2, activation="swish")
+
+
+@pytest.mark.parametrize("wrap", [tuple, list])
+def test_sequential_takes_a_tuple_or_list_of_modules(wrap) -> None:
+    layers = (nn.Dense(3, 4), nn.ReLU(), nn.Dense(4, 2))
+    seq = nn.Sequential(wrap(layers))
+    assert len(seq) == 3 and all(a is b for a, b in zip(seq, layers))
+    assert [n for n, _ in seq.named_parameters()] == ["0.weight", "0.bias", "2.weight",
+                                                      "2.bias"]
+    x = pb.randn(2, 3, seed=0)
+    np.testing.assert_array_equal(seq(x).numpy(), nn.Sequential(*layers)(x).numpy())
