@@ -99,6 +99,17 @@ def from_numpy(array: np.ndarray) -> Tensor:
     return _wrap(array, None)
 
 
+def from_dlpack(obj: Any) -> Tensor:
+    """A tensor sharing memory with another library's array (anything with `__dlpack__`:
+    a PyTorch CPU tensor, a NumPy array); the dtype rules of `tensor` apply."""
+    try:
+        array = np.from_dlpack(obj)
+    except (TypeError, AttributeError, BufferError, RuntimeError) as err:
+        raise TypeError(f"from_dlpack: cannot read a {type(obj).__name__}: {err}") from None
+    _check_dtype(array.dtype, "from_dlpack", "dtype")
+    return _wrap(array, None)
+
+
 def _finish(array: np.ndarray, requires_grad: bool) -> Tensor:
     t = _wrap(array, None)
     if requires_grad:

@@ -253,6 +253,12 @@ class Tensor(_Operators):
             raise TypeError("len() of a 0-d tensor")
         return len(self._data)
 
+    def __iter__(self) -> Any:
+        """The tensor's rows along its first axis, as `q, k, v = t` unpacks them."""
+        if not self._data.ndim:
+            raise TypeError("iteration over a 0-d tensor")
+        return (ops.getitem(self, i) for i in range(len(self._data)))
+
     @property
     def requires_grad(self) -> bool:
         return self._node is not None
@@ -298,6 +304,14 @@ class Tensor(_Operators):
         if dtype is not None and dtype != self._data.dtype:
             return self._data.astype(dtype)
         return self._data.copy() if copy else self._data
+
+    def __dlpack__(self, *args: Any, **kwargs: Any) -> Any:
+        """DLPack export, sharing memory (how `torch.tensor(t)` and `torch.from_dlpack(t)`
+        read a tensor); an array a pending backward needs is read-only and not exported."""
+        return self._data.__dlpack__(*args, **kwargs)
+
+    def __dlpack_device__(self) -> tuple:
+        return self._data.__dlpack_device__()
 
     def item(self) -> Any:
         if self._data.size != 1:
@@ -373,7 +387,8 @@ class Tensor(_Operators):
             raise KernelError("setitem", (self._data, np.asarray(value)), str(err)) from None
 
     def _check_writeable(self, op: str) -> None:
-        if not writeable_if_free(self._data):
+        # A writeable view of a saved array (made before it was saved) is refused too.
+        if not writeable_if_free(self._data) or saved_by(self._data) is not None:
             saver = saved_by(self._data)
             reason = (f"a pending backward of {saver} needs its values; run backward first "
                       "(or drop the graph), or write into a copy") if saver else \
@@ -381,6 +396,111 @@ class Tensor(_Operators):
             raise RuntimeError(
                 f"{op}: cannot write into this tensor (shape {self.shape}, {self.dtype}): {reason}"
             )
+
+    # ------------------------------------------------------------ in place (PyTorch's rules)
+
+    def __iadd__(self, other: Any) -> Tensor:
+        return self._in_place("add_", lambda: add_p.bind(self, other))
+
+    def __isub__(self, other: Any) -> Tensor:
+        return self._in_place("sub_", lambda: sub_p.bind(self, other))
+
+    def __imul__(self, other: Any) -> Tensor:
+        return self._in_place("mul_", lambda: mul_p.bind(self, other))
+
+    def __itruediv__(self, other: Any) -> Tensor:
+        return self._in_place("div_", lambda: div_p.bind(self, other))
+
+    def add_(self, other: Any, alpha: Any = 1) -> Tensor:
+        """self += alpha * other, in place."""
+        if alpha == 1:
+            return self._in_place("add_", lambda: add_p.bind(self, other))
+        return self._in_place("add_", lambda: add_p.bind(self, mul_p.bind(other, alpha)))
+
+    def sub_(self, other: Any, alpha: Any = 1) -> Tensor:
+        """self -= alpha * other, in place."""
+        if alpha == 1:
+            return self._in_place("sub_", lambda: sub_p.bind(self, other))
+        return self._in_place("sub_", lambda: sub_p.bind(self, mul_p.bind(other, alpha)))
+
+    def mul_(self, other: Any) -> Tensor:
+        return self._in_place("mul_", lambda: mul_p.bind(self, other))
+
+    def div_(self, other: Any) -> Tensor:
+        return self._in_place("div_", lambda: div_p.bind(self, other))
+
+    def fill_(self, value: Any) -> Tensor:
+        """Every element set to the number (or 0-d tensor) `value`, in place."""
+        if not isinstance(value, (bool, int, float, np.number, np.bool_)) and not (
+                type(value) is Tensor and value.ndim == 0):
+            raise TypeError(f"fill_: the fill value must be a number or a 0-d tensor, got "
+                            f"{type(value).__name__}")
+        return self._in_place("fill_", lambda: self._overwritten(value), casting="unsafe")
+
+    def zero_(self) -> Tensor:
+        return self.fill_(0)
+
+    def copy_(self, src: Any) -> Tensor:
+        """`src`'s values (broadcast to this shape, cast to this dtype) written in place;
+        while recording, gradients flow to `src` as PyTorch's copy_ sends them."""
+        if not isinstance(src, (Tensor, np.ndarray, bool, int, float, np.number, np.bool_)):
+            raise TypeError(f"copy_: expected a tensor or an array, got {type(src).__name__}")
+        return self._in_place("copy_", lambda: self._overwritten(src), casting="unsafe")
+
+    def _overwritten(self, value: Any) -> Any:
+        """This tensor's values replaced by `value`: a recorded `where` when gradients
+        flow (to `value`, none to the old values), plain data otherwise."""
+        active = type(value) is Tensor and value._node is not None
+        if GRAD_ENABLED[0] and (active or self._node is not None) and \
+                self._data.dtype.kind == "f":
+            if type(value) is Tensor and value.dtype != self.dtype:
+                value = ops.astype(value, self.dtype)
+            return ops.where(np.ones(self.shape, np.bool_), value, self)
+        data = value._data if type(value) is Tensor else np.asarray(value)
+        try:
+            return np.broadcast_to(data, self.shape)
+        except ValueError:
+            raise KernelError("copy_", (self._data, data),
+                              f"cannot broadcast the source to {self.shape}") from None
+
+    def _in_place(self, op: str, compute: Any, casting: str = "same_kind") -> Tensor:
+        """Write `compute()` into this tensor, as PyTorch's in-place ops do: allowed under
+        no_grad or on a tensor that does not require grad; on a leaf that requires grad
+        only under no_grad; on a recorded result it is recorded (the tensor takes the
+        new node). Values a pending backward saved are never overwritten."""
+        if GRAD_ENABLED[0] and self._node is not None and self._node.primitive is None:
+            raise RuntimeError(
+                f"{op}: a leaf tensor that requires grad (shape {self.shape}, {self.dtype}) "
+                "cannot be changed in place while gradients are recorded; update it under "
+                "pullback.no_grad(), as an optimizer step does"
+            )
+        if _core._evaluator is not evaluate:
+            # A tracer sees the op, not the write: the plan would not repeat it.
+            raise RuntimeError(f"{op}: in-place ops cannot be traced or compiled; write "
+                               "x = x + y instead")
+        self._check_writeable(op)
+        result = compute()
+        node = result._node if type(result) is Tensor else None
+        out = result._data if type(result) is Tensor else result
+        if out.shape != self.shape:
+            raise KernelError(op, (self._data, out), f"the result has shape {out.shape}; an "
+                              "in-place op cannot change the tensor's shape")
+        if out.dtype != self.dtype and not np.can_cast(out.dtype, self.dtype, casting):
+            raise KernelError(op, (self._data, out), f"the result is {out.dtype}, which an "
+                              f"in-place op cannot write into a {self.dtype} tensor")
+        if node is None:
+            np.copyto(self._data, out, casting="unsafe")
+            return self
+        # Recorded: write into the array when nothing else sees it change behind the graph
+        # (not saved by the op just recorded, not a view of another tensor's array);
+        # otherwise the tensor takes the result's array.
+        if self._data.base is None and writeable_if_free(self._data) and \
+                saved_by(self._data) is None:
+            np.copyto(self._data, out)
+        else:
+            self._data = out
+        self._node = node
+        return self
 
     # ------------------------------------------------------------ autograd
 
