@@ -8,7 +8,7 @@ from .checkpoint import load, save
 from .datasets import batches, digits_split, load_digits, train_test_split
 from .errors import CheckpointError
 from .state_check import check_state_dict
-from .training import load_training, save_training
+from .training import load_training, save_training, training_metadata
 
 __all__ = [
     "CheckpointError",
@@ -21,4 +21,5 @@ __all__ = [
     "save",
     "save_training",
     "train_test_split",
+    "training_metadata",
 ]

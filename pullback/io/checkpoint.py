@@ -1,12 +1,14 @@
 """`pb.save` and `pb.load`: state dicts as safetensors files, never pickle.
 
-Files are written atomically and carry a CRC-32 per tensor in their metadata, so a
-truncated, garbled or bit-flipped file is reported (naming the file) instead of
-loading as wrong numbers. Files without checksums (written by other tools) load too.
+Files are written atomically and carry a CRC-32 per tensor and a SHA-256 digest of
+the rest (the metadata and every tensor's name, dtype and shape), so a truncated,
+garbled or bit-flipped file is reported (naming the file) instead of loading as wrong
+numbers or wrong state. Files without checksums (written by other tools) load too.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import zlib
@@ -21,21 +23,19 @@ from ..tensor import Tensor
 from ..tensor.eager import _wrap
 from .atomic import atomic_write
 from .errors import CheckpointError
+from .header import CODE_OF_DTYPE, DTYPE_OF_CODE, TensorEntry, read_header, strict_json
 
 PathLike = str | os.PathLike[str]
 
 FORMAT_KEY = "pullback.format"
 CRC_KEY = "pullback.crc32"
-_FORMAT_VERSION = "1"
+DIGEST_KEY = "pullback.digest"
+# Version 1 files have tensor checksums only; version 2 adds the digest and requires it.
+_FORMAT_VERSION = "2"
+_KNOWN_VERSIONS = ("1", "2")
 
 # What safetensors can store and NumPy can read back (bfloat16 has no NumPy dtype).
-_STORABLE = frozenset(
-    np.dtype(t)
-    for t in (
-        np.bool_, np.uint8, np.int8, np.uint16, np.int16, np.uint32, np.int32,
-        np.uint64, np.int64, np.float16, np.float32, np.float64,
-    )
-)
+_STORABLE = frozenset(DTYPE_OF_CODE.values())
 
 
 def _little_endian(array: np.ndarray) -> np.ndarray:
@@ -48,6 +48,16 @@ def _little_endian(array: np.ndarray) -> np.ndarray:
 
 def _crc32(array: np.ndarray) -> int:
     return zlib.crc32(_little_endian(array).reshape(-1).view(np.uint8))
+
+
+def _digest(metadata: Mapping[str, str], tensors: Mapping[str, TensorEntry]) -> str:
+    """SHA-256 over a canonical JSON of everything in the header that shapes the loaded
+    state but is not a tensor's bytes (those have their CRC-32s, listed in `metadata`)."""
+    canonical = json.dumps(
+        {"metadata": {k: v for k, v in metadata.items() if k != DIGEST_KEY},
+         "tensors": {k: [code, list(shape)] for k, (code, shape) in tensors.items()}},
+        sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return "sha256:" + hashlib.sha256(canonical.encode("ascii")).hexdigest()
 
 
 def to_arrays(state: Any, path: PathLike, *, prefix: str = "") -> dict[str, np.ndarray]:
@@ -98,11 +108,14 @@ def write_arrays(
     if not os.path.isdir(directory):
         raise CheckpointError(f"{name}: directory {directory} does not exist")
     header = {
+        **(metadata or {}),
         FORMAT_KEY: _FORMAT_VERSION,
         # A JSON object keeps insertion order, so it also records the names' order.
         CRC_KEY: json.dumps({key: _crc32(array) for key, array in arrays.items()}),
-        **(metadata or {}),
     }
+    tensors = {key: (CODE_OF_DTYPE[array.dtype.newbyteorder("=")], array.shape)
+               for key, array in arrays.items()}
+    header[DIGEST_KEY] = _digest(header, tensors)
     try:
         data = safetensors.numpy.save(arrays, metadata=header)
     except (SafetensorError, TypeError, ValueError) as error:
@@ -113,24 +126,42 @@ def write_arrays(
 def read_arrays(path: PathLike) -> tuple[dict[str, np.ndarray], dict[str, str]]:
     """Read every array and the string metadata of a safetensors file, checked."""
     name = os.fspath(path)
-    if os.path.isdir(name):
-        raise CheckpointError(f"{name}: is a directory, not a checkpoint file")
+    # Refuses what is not a regular file, duplicate names and dtypes NumPy lacks, and
+    # verifies the metadata, before safetensors maps the file.
+    tensors, metadata = read_header(name)
+    _check_digest(name, metadata, tensors)
     try:
         # safe_open validates the header against the file size before reading any
         # tensor, so a corrupt header claiming huge sizes cannot make us allocate;
         # each tensor is then read exactly once.
         with safe_open(name, framework="np") as file:
-            metadata = dict(file.metadata() or {})
             arrays = {key: file.get_tensor(key) for key in file.keys()}  # noqa: SIM118
     except FileNotFoundError as error:
         raise CheckpointError(f"{name}: no such file") from error
     except OSError as error:
         raise CheckpointError(f"{name}: cannot read: {error}") from error
-    except (SafetensorError, TypeError, ValueError, KeyError, OverflowError) as error:
+    except (SafetensorError, TypeError, ValueError, KeyError, OverflowError,
+            AttributeError) as error:
         raise CheckpointError(
             f"{name}: not a valid safetensors checkpoint (truncated or corrupt?): {error}"
         ) from error
+    if set(arrays) != set(tensors):
+        raise CheckpointError(f"{name}: the file changed while it was being read")
     return _checked(name, arrays, metadata), metadata
+
+
+def _check_digest(name: str, metadata: Mapping[str, str],
+                  tensors: Mapping[str, TensorEntry]) -> None:
+    """Verify the header digest where the file has one (and in every version-2 file)."""
+    version = metadata.get(FORMAT_KEY)
+    if version is not None and version not in _KNOWN_VERSIONS:
+        raise CheckpointError(f"{name}: unknown checkpoint format version {version!r} "
+                              "(written by a newer pullback, or corrupt)")
+    if DIGEST_KEY not in metadata and version in (None, "1"):
+        return
+    if metadata.get(DIGEST_KEY) != _digest(metadata, tensors):
+        raise CheckpointError(f"{name}: corrupt checkpoint: its metadata (or a tensor's "
+                              "name, dtype or shape) fails its checksum")
 
 
 def _checked(
@@ -140,9 +171,10 @@ def _checked(
     if CRC_KEY not in metadata:
         return arrays
     try:
-        checksums = json.loads(metadata[CRC_KEY])
-        valid = isinstance(checksums, dict) and all(isinstance(c, int) for c in checksums.values())
-    except json.JSONDecodeError:
+        checksums = strict_json(metadata[CRC_KEY])
+        valid = isinstance(checksums, dict) and all(
+            isinstance(c, int) and not isinstance(c, bool) for c in checksums.values())
+    except ValueError:
         valid = False
     if not valid or set(checksums) != set(arrays):
         raise CheckpointError(f"{name}: corrupt checkpoint: its checksum table does not match")

@@ -2,12 +2,15 @@
 
 Arrays go in as safetensors tensors ("model/<name>", "optim/<name>"); the step, the
 NumPy generator's bit-generator state and the user's `extra` go in the string
-metadata as JSON, so resuming reproduces the interrupted run exactly.
+metadata as JSON, so resuming reproduces the interrupted run exactly. That metadata
+is covered by the file's digest (see checkpoint.py) and parsed strictly: whatever a
+damaged file holds, loading raises `CheckpointError` or restores exactly what was saved.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -16,6 +19,7 @@ import numpy as np
 from ..tensor import tensor
 from .checkpoint import PathLike, read_arrays, to_arrays, write_arrays
 from .errors import CheckpointError
+from .header import strict_json
 from .state_check import check_state_dict
 
 KIND_KEY = "pullback.kind"
@@ -24,6 +28,9 @@ RNG_KEY = "pullback.rng"
 EXTRA_KEY = "pullback.extra"
 MODEL_PREFIX = "model/"
 OPTIM_PREFIX = "optim/"
+# A step is a decimal count that fits an int64, as PyTorch's and NumPy's counters do.
+_STEP = re.compile(r"0|[1-9][0-9]{0,18}")
+_STEP_MAX = 2**63 - 1
 
 # Bit generators whose `.state` round-trips through JSON (with the array encoding
 # below); looked up by name from a whitelist, never by importing what a file says.
@@ -46,7 +53,11 @@ def _encode_array(value: Any) -> Any:
 
 def _decode_array(obj: dict[str, Any]) -> Any:
     if set(obj) == {"__ndarray__", "dtype"}:
-        return np.array(obj["__ndarray__"], dtype=np.dtype(obj["dtype"]))
+        # Bit-generator states hold integer arrays only; any other dtype is corruption.
+        dtype = np.dtype(obj["dtype"])
+        if dtype.kind not in "iu":
+            raise ValueError(f"RNG state array of dtype {dtype}")
+        return np.array(obj["__ndarray__"], dtype=dtype)
     return obj
 
 
@@ -57,11 +68,22 @@ def rng_to_json(rng: np.random.Generator) -> str:
 
 def rng_from_json(text: str) -> np.random.Generator:
     """A new Generator whose next draws equal those of the one `rng_to_json` saw."""
-    state = json.loads(text, object_hook=_decode_array)
+    state = _walk_decode(strict_json(text))
+    if not isinstance(state, dict) or state.get("bit_generator") not in _BIT_GENERATORS:
+        raise ValueError("RNG state names no known bit generator")
     cls = _BIT_GENERATORS[state["bit_generator"]]
     bit_generator = cls()
     bit_generator.state = state
     return np.random.Generator(bit_generator)
+
+
+def _walk_decode(value: Any) -> Any:
+    """`_decode_array` applied bottom-up (strict_json takes no object_hook)."""
+    if isinstance(value, dict):
+        return _decode_array({k: _walk_decode(v) for k, v in value.items()})
+    if isinstance(value, list):
+        return [_walk_decode(v) for v in value]
+    return value
 
 
 def _check_json(value: Any, where: str) -> None:
@@ -120,13 +142,8 @@ def save_training(
     write_arrays(path, arrays, metadata)
 
 
-def load_training(path: PathLike, *, model: Any, optimizer: Any) -> dict[str, Any]:
-    """Restore model and optimizer state from `save_training`'s file.
-
-    Returns {"step": int, "rng": np.random.Generator or None, "extra": dict}.
-    Everything is read and checked before the model or optimizer is touched, so a
-    bad file leaves both as they were.
-    """
+def _read(path: PathLike) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """The arrays and the parsed {"step", "rng", "extra"} of a training checkpoint."""
     name = str(path)
     arrays, metadata = read_arrays(path)
     if metadata.get(KIND_KEY) != "training":
@@ -134,23 +151,55 @@ def load_training(path: PathLike, *, model: Any, optimizer: Any) -> dict[str, An
             f"{name}: not a training checkpoint (no training metadata); use pb.load for weights"
         )
     try:
-        step = int(metadata[STEP_KEY])
+        text = metadata[STEP_KEY]
+        if not _STEP.fullmatch(text) or int(text) > _STEP_MAX:
+            raise ValueError(f"step {text[:40]!r} is not a count from 0 to {_STEP_MAX}")
         rng = rng_from_json(metadata[RNG_KEY]) if RNG_KEY in metadata else None
-        extra = json.loads(metadata.get(EXTRA_KEY, "{}"))
+        extra = strict_json(metadata.get(EXTRA_KEY, "{}"))
         if not isinstance(extra, dict):
             raise TypeError("extra is not a dict")
-    except (KeyError, TypeError, ValueError) as error:
-        raise CheckpointError(f"{name}: corrupt training metadata: {error!r}") from error
+    # Whatever a damaged string makes the parsers or the bit generator raise.
+    except (KeyError, TypeError, ValueError, OverflowError, AttributeError,
+            RecursionError) as error:
+        raise CheckpointError(f"{name}: corrupt training metadata: {error!r}"[:500]) from error
+    stray = [k for k in arrays if not k.startswith((MODEL_PREFIX, OPTIM_PREFIX))]
+    if stray:
+        raise CheckpointError(f"{name}: tensors outside model/ and optim/: {stray}")
+    return arrays, {"step": int(text), "rng": rng, "extra": extra}
 
+
+def training_metadata(path: PathLike) -> dict[str, Any]:
+    """What `load_training` returns ({"step", "rng", "extra"}), read and checked from
+    the file without a model or optimizer (to compare a run's settings first)."""
+    return _read(path)[1]
+
+
+def load_training(path: PathLike, *, model: Any, optimizer: Any) -> dict[str, Any]:
+    """Restore model and optimizer state from `save_training`'s file.
+
+    Returns {"step": int, "rng": np.random.Generator or None, "extra": dict}.
+    Everything is read and checked before the model or optimizer is changed, so a
+    bad file (or a model or optimizer it does not fit) leaves both as they were;
+    every error is a `CheckpointError` naming the file.
+    """
+    name = str(path)
+    arrays, info = _read(path)
     model_state = {k.removeprefix(MODEL_PREFIX): tensor(a)
                    for k, a in arrays.items() if k.startswith(MODEL_PREFIX)}
     optim_state = {k.removeprefix(OPTIM_PREFIX): a
                    for k, a in arrays.items() if k.startswith(OPTIM_PREFIX)}
-    stray = [k for k in arrays if not k.startswith((MODEL_PREFIX, OPTIM_PREFIX))]
-    if stray:
-        raise CheckpointError(f"{name}: tensors outside model/ and optim/: {stray}")
     expected = {k: (v.shape, v.dtype) for k, v in model.state_dict().items()}
     check_state_dict(expected, model_state, what=f"{name} (model state)")
-    model.load_state_dict(model_state)
-    optimizer.load_state_dict(optim_state)
-    return {"step": step, "rng": rng, "extra": extra}
+    # The optimizer checks its whole state before changing any (optim's contract), so
+    # it goes first; should the model then refuse, the optimizer gets its state back.
+    previous = optimizer.state_dict()
+    try:
+        optimizer.load_state_dict(optim_state)
+    except (KeyError, TypeError, ValueError, IndexError) as error:
+        raise CheckpointError(f"{name} (optimizer state): {error}") from error
+    try:
+        model.load_state_dict(model_state)
+    except (KeyError, TypeError, ValueError, IndexError) as error:
+        optimizer.load_state_dict(previous)
+        raise CheckpointError(f"{name} (model state): {error}") from error
+    return info

@@ -230,3 +230,49 @@ def test_tensors_outside_model_and_optim_are_rejected(tmp_path: Path) -> None:
               metadata={"pullback.kind": "training", "pullback.step": "1"})
     with pytest.raises(CheckpointError, match="outside model/ and optim/"):
         load_training(path, model=StandInModel(0), optimizer=StandInOptimizer())
+
+
+def test_a_bad_optimizer_state_leaves_the_model_untouched(tmp_path: Path) -> None:
+    from pullback import nn, optim
+
+    path = tmp_path / "train.safetensors"
+    model = nn.Dense(3, 2)
+    saved_state = optim.Adam(model.parameters(), 0.1).state_dict()
+    del saved_state["step_count"]  # the optimizer part of the file lacks a required key
+    save_training(path, model=model, optimizer=_Fixed(saved_state), step=1)
+
+    other = nn.Dense(3, 2)
+    optimizer = optim.Adam(other.parameters(), 0.1)
+    before = {name: p.numpy().copy() for name, p in other.named_parameters()}
+    with pytest.raises(CheckpointError, match=r"optimizer state.*step_count") as error:
+        load_training(path, model=other, optimizer=optimizer)
+    assert str(path) in str(error.value)
+    for name, p in other.named_parameters():
+        np.testing.assert_array_equal(p.numpy(), before[name], err_msg=name)
+    assert optimizer.state_dict().keys() == {"step_count"}
+
+
+def test_a_model_that_refuses_its_state_gets_the_optimizer_state_back(tmp_path: Path) -> None:
+    path = tmp_path / "train.safetensors"
+    optimizer = StandInOptimizer()
+    optimizer.step(StandInModel(0), np.random.default_rng(0))
+    save_training(path, model=StandInModel(0), optimizer=optimizer, step=1)
+
+    class Refusing(StandInModel):
+        def load_state_dict(self, state: dict) -> None:
+            raise ValueError("refused")
+
+    fresh = StandInOptimizer()
+    with pytest.raises(CheckpointError, match=r"model state.*refused"):
+        load_training(path, model=Refusing(1), optimizer=fresh)
+    assert fresh.state == {}
+
+
+class _Fixed:
+    """An optimizer stand-in with a given state dict."""
+
+    def __init__(self, state: dict) -> None:
+        self.state = state
+
+    def state_dict(self) -> dict:
+        return self.state
