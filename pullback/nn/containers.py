@@ -3,6 +3,8 @@ by composing its children's traced forwards and backprops."""
 
 from __future__ import annotations
 
+import math
+import numbers
 from typing import Any
 
 from .. import ops, optim
@@ -80,16 +82,20 @@ class Residual(Module):
 
 class LR(Module):
     """Wraps a module so that its parameters' updates are exactly `scale` times what
-    they would be (a per-module learning-rate multiplier, applied by every applyer)."""
+    they would be (a per-module learning-rate multiplier, applied by every applyer).
+
+    The scale is the wrapper's, read at each update: nested wrappers multiply
+    (`LR(LR(m, 0.5), 0.5)` scales by 0.25), and dropping the wrapper restores
+    the module's own updates; nothing is written onto the parameters."""
 
     def __init__(self, module: Module, scale: float):
         super().__init__()
-        if not scale >= 0:
-            raise ValueError(f"LR: scale must be >= 0, not {scale}")
+        if isinstance(scale, bool) or not isinstance(scale, numbers.Real) \
+                or not 0 <= scale < math.inf:
+            raise ValueError(f"LR: scale must be a finite number >= 0, not {scale!r}")
         self.module = module
         self.scale = scale
-        for p in module.parameters():
-            optim.set_lr_scale(p, optim.lr_scale(p) * scale)
+        optim.scale_updates(self)
 
     def forward(self, x: Any) -> Any:
         return self.module(x)

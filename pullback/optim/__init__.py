@@ -8,7 +8,7 @@ explicit `(param, grad)` pairs (`apply`, what `module.update` calls).
 from .adam import Adam, AdamW
 from .applyer import GradApplyer, StateDictError
 from .rmsprop import RMSProp
-from .scales import lr_scale, set_lr_scale
+from .scales import lr_scale, scale_updates, set_lr_scale
 from .schedules import (
     Constant,
     Cosine,
@@ -40,6 +40,7 @@ __all__ = [
     "cosine",
     "linear_warmup",
     "lr_scale",
+    "scale_updates",
     "set_lr_scale",
     "step_decay",
 ]

@@ -20,7 +20,7 @@ import numpy as np
 
 from ..tensor import Tensor
 from ._checks import real
-from .scales import lr_scale
+from .scales import lr_scales
 from .train_params import TrainParams
 
 # Scratch arrays per dtype, each as large as the largest parameter: the working
@@ -191,11 +191,12 @@ class GradApplyer:
             p._check_writeable(where)
         lr = self.train_params.lr_at(self.step_count)
         coef = self._clip_coefficient(items)
-        for index, p, grad in items:
+        scales = lr_scales([p for _, p, _ in items])
+        for (index, p, grad), scale in zip(items, scales):
             param = p._data
             work, tmp, out = self._scratch_views(param)
             grad = self._prepare(param, grad, work, tmp, coef)
-            self._rule(index, param, grad, lr, lr_scale(p), tmp, out)
+            self._rule(index, param, grad, lr, scale, tmp, out)
         self.step_count += 1
 
     def _resolve(self, where: str, pairs: Iterable[tuple[Tensor, Any]]

@@ -219,3 +219,55 @@ def test_backprop_of_an_integer_input_gives_parameter_gradients_only() -> None:
     grad_input, grads = module.backprop(trace, pb.ones(3, 3))
     assert grad_input is None
     np.testing.assert_array_equal(grads["table"].numpy()[:, 0], [1, 0, 2, 0, 0])
+
+
+def _sgd_change(model: nn.Module, x: pb.Tensor) -> list[np.ndarray]:
+    before = [p.numpy().copy() for p in model.parameters()]
+    opt = optim.SGD(model.parameters(), 0.5)
+    opt.zero_grad()
+    model(x).sum().backward()
+    opt.step()
+    return [p.numpy() - b for p, b in zip(model.parameters(), before)]
+
+
+def test_lr_scale_belongs_to_the_wrapper() -> None:
+    import gc
+
+    pb.manual_seed(0)
+    inner = nn.Dense(3, 2, dtype=np.float64)
+    start = {n: p.numpy().copy() for n, p in inner.named_parameters()}
+    x = pb.randn(4, 3, seed=1, dtype=np.float64)
+
+    def change(model: nn.Module) -> list[np.ndarray]:
+        inner.load_state_dict(start)
+        return _sgd_change(model, x)
+
+    plain = change(inner)
+    nested = nn.LR(nn.LR(inner, 0.5), 0.5)  # nested wrappers multiply: exactly 0.25
+    assert optim.lr_scale(inner.weight) == 0.25
+    for c, p in zip(change(nested), plain):
+        np.testing.assert_allclose(c, 0.25 * p, rtol=1e-12)
+    del nested
+    gc.collect()
+    # Dropping the wrappers restores the module's own updates: nothing stayed on the
+    # parameters, so wrapping again does not compound with the old wrappers.
+    assert optim.lr_scale(inner.weight) == 1.0
+    for c, p in zip(change(inner), plain):
+        np.testing.assert_allclose(c, p, rtol=1e-12)
+    again = nn.LR(inner, 0.5)
+    for c, p in zip(change(again), plain):
+        np.testing.assert_allclose(c, 0.5 * p, rtol=1e-12)
+    # The explicit loop goes through the same scale, which is the wrapper's to change.
+    again.scale = 0.25
+    inner.load_state_dict(start)
+    _, trace = again.traced_forward(x)
+    _, grads = again.backprop(trace, pb.ones(4, 2, dtype=np.float64))
+    again.update(optim.SGD(again.parameters(), 0.5), grads)
+    for (name, p), c in zip(inner.named_parameters(), plain):
+        np.testing.assert_allclose(p.numpy() - start[name], 0.25 * c, rtol=1e-12)
+
+
+def test_lr_refuses_a_bad_scale() -> None:
+    for bad in (-1.0, float("inf"), "0.5", True):
+        with pytest.raises(ValueError, match="LR: scale must be a finite number >= 0"):
+            nn.LR(nn.Dense(2, 2), bad)
