@@ -22,6 +22,7 @@ from ..ad import (
     defjvp_full,
     deflinear,
     defvjp,
+    leaves_above,
 )
 from ..backend.errors import KernelError
 from .registry import declare
@@ -94,7 +95,9 @@ def _declare(cls: type) -> tuple:
         if getattr(ct, "_node", None) is not None:
             raise DerivativeError(f"{name}.backward is NumPy code: second derivatives through "
                                   f"{name} are unsupported")
-        return _backward(op, getattr(ct, "_data", ct), inputs, output)
+        # An input with a symbolic-zero tangent is inactive: it may get no gradient.
+        active = tuple(type(t) is not Zero for t in tangents)
+        return _backward(op, getattr(ct, "_data", ct), inputs, output, active)
 
     # Linear in its tangents: its own JVP is itself.
     defjvp_full(linear, lambda tangents, _output, _inputs, **params: linear.bind(*tangents,
@@ -115,14 +118,16 @@ def _declare(cls: type) -> tuple:
         defjvp_full(prim, jvp)
 
     def vjp(backend: Any, upstream: Any, node: Any) -> tuple:
-        return _backward(node.params["op"], upstream, node.inputs, node.output)
+        return _backward(node.params["op"], upstream, node.inputs, node.output, node.parents)
 
     if _defines(cls, "backward"):  # without it, reverse mode meets the JVP rule's error
         defvjp(prim, vjp)
     return prim, linear
 
 
-def _backward(op: CustomOp, upstream: Any, inputs: tuple, output: Any) -> tuple:
+def _backward(op: CustomOp, upstream: Any, inputs: tuple, output: Any, active: tuple) -> tuple:
+    """The op's backward, checked. `active` has one entry per input, falsy for an input
+    that needs no gradient (or the input's node, whose leaves name it in errors)."""
     name = type(op).__name__
     if not _defines(op, "backward"):
         raise DerivativeError(f"{name} has no backward(): it is inference-only, so it cannot "
@@ -131,8 +136,29 @@ def _backward(op: CustomOp, upstream: Any, inputs: tuple, output: Any) -> tuple:
     if not isinstance(grads, (tuple, list)) or len(grads) != len(inputs):
         raise KernelError(name, inputs, f"backward must return a tuple of {len(inputs)} "
                           "gradients (None where an input has none)")
+    for i, (g, needed) in enumerate(zip(grads, active)):
+        if g is None and needed is not None and needed is not False:
+            # Rule 8: None here would silently leave the parameters above it untrained.
+            raise DerivativeError(
+                f"{name}.backward returned None for input {i}{_operand(inputs, i)}, which "
+                f"lies on the path from {_parameters(needed)} to the loss; return its "
+                "gradient, or detach that input if it must not be trained")
     return tuple(None if g is None else _checked(name, f"backward (input {i})", g, inputs[i])
                  for i, g in enumerate(grads))
+
+
+def _operand(inputs: tuple | None, i: int) -> str:
+    value = inputs[i] if inputs is not None else None
+    return f" ({value.shape} {value.dtype})" if isinstance(value, np.ndarray) else ""
+
+
+def _parameters(node: Any) -> str:
+    """The trainable tensors an input depends on, by name where they have one."""
+    if not hasattr(node, "parents") or node is True:
+        return "a parameter"  # a plan's variable, or a linearized tangent: no leaves to name
+    names = [f"parameter {leaf.name} {leaf.shape}" if leaf.name else f"a tensor {leaf.shape}"
+             for leaf in leaves_above(node)]
+    return ", ".join(names[:3]) + (" and others" if len(names) > 3 else "") or "a parameter"
 
 
 def _checked(name: str, where: str, value: Any, like: Any) -> np.ndarray:

@@ -147,3 +147,66 @@ def test_custom_op_backward_sees_integer_inputs_unchanged() -> None:
     Pick()(x, np.array([0, 3, 1])).sum().backward()
     assert seen == [np.dtype(np.int64)]
     np.testing.assert_array_equal(x.grad.numpy().sum(axis=1), [1.0, 1.0, 1.0])
+
+
+class GainWithoutItsGradient(pb.CustomOp):
+    """x * gain whose backward forgets the gain: None for an input that needs one."""
+
+    def forward(self, x, gain):
+        return x * gain
+
+    def backward(self, upstream, inputs, output):
+        _, gain = inputs
+        return (upstream * gain, None)
+
+
+class _Gained(pb.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = pb.nn.Dense(3, 2)
+        self.gain = pb.nn.Parameter(pb.ones(2))
+
+    def forward(self, x):
+        return GainWithoutItsGradient()(self.lin(x), self.gain)
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_a_none_gradient_for_a_parameters_input_is_an_error_naming_op_input_and_parameter(
+        fused: bool) -> None:
+    from pullback.tensor.backward import fused_kernels
+
+    model = _Gained()
+    with fused_kernels(fused), pytest.raises(
+            DerivativeError, match=r"GainWithoutItsGradient\.backward returned None for input 1 "
+                                   r"\(\(2,\) float32\).*" + (r"parameter gain \(2,\)" if fused
+                                                              else "parameter")):
+        model(pb.ones(4, 3)).sum().backward()
+    assert model.gain.grad is None
+    # Through pb.grad, and through the module's explicit backprop.
+    with pytest.raises(DerivativeError, match=r"GainWithoutItsGradient\.backward returned None"):
+        pb.grad(lambda g: GainWithoutItsGradient()(pb.ones(2), g).sum())(pb.ones(2))
+    _, trace = model.traced_forward(pb.ones(4, 3))
+    with pytest.raises(DerivativeError, match=r"returned None for input 1.*parameter gain"):
+        model.backprop(trace, pb.ones(4, 2))
+
+
+def test_a_none_gradient_off_the_parameters_path_is_fine() -> None:
+    gain = pb.tensor([2.0, 3.0])  # needs no gradient
+    x = pb.tensor([1.0, 1.0], requires_grad=True)
+    GainWithoutItsGradient()(x, gain).sum().backward()
+    np.testing.assert_array_equal(x.grad.numpy(), [2.0, 3.0])
+    np.testing.assert_array_equal(
+        pb.grad(lambda x: GainWithoutItsGradient()(x, gain).sum())(pb.ones(2)).numpy(),
+        [2.0, 3.0])
+
+
+def test_a_training_plan_refuses_a_none_gradient_for_a_parameters_input() -> None:
+    from pullback.lower.graph import LoweringError
+
+    model = _Gained()
+    x = pb.ones(4, 3)
+    step = pb.compile(lambda x: model(x).sum(), x, mode=pb.LoweringMode.TRAINING)
+    with pytest.raises(LoweringError, match=r"plan: GainWithoutItsGradient\.backward returned "
+                                            r"None for input 1"):
+        step(x)
+    assert model.gain.grad is None
