@@ -10,6 +10,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import numpy as np
+
 from ..ad import LinearVar, Zero, defbilinear, defjvp, defjvp_full, deflinear, defvjp
 from ..backend.errors import KernelError
 from .registry import (
@@ -49,7 +51,12 @@ def _binary_impl(name: str) -> Any:
 
 
 def _mixed_dtypes(backend: Any, name: str, a: Any, b: Any, out: Any) -> Any:
-    """Integer or bool operands take the floating operand's dtype; two floats must agree."""
+    """Integer or bool operands take the floating operand's dtype; two floats must agree.
+    A NumPy scalar acts as the Python scalar it equals (NumPy would promote by its type)."""
+    if isinstance(a, np.generic) or isinstance(b, np.generic):
+        a = a.item() if isinstance(a, np.generic) else a
+        b = b.item() if isinstance(b, np.generic) else b
+        out = getattr(backend, name)(a, b)
     dtype = result_dtype(name, a, b)
     if dtype is None or out.dtype == dtype or not is_float(dtype):
         return out  # equal dtypes that were not the same object, or no float involved
@@ -171,12 +178,23 @@ def _pow_jvp_base(t: Any, out: Any, a: Any, b: Any) -> Any:
 
 
 def _pow_jvp_exponent(t: Any, out: Any, a: Any, b: Any) -> Any:
-    # d/db a**b = a**b * log(a); defined as 0 where a == 0 (as PyTorch does for a**b at 0).
+    # d/db a**b = a**b * log(a), as PyTorch and JAX give it: NaN for a negative base (its
+    # log is not real), and at a zero base 0 for b >= 0 (0**b is flat there) and -inf
+    # for b < 0.
+    # The zero-base values are constants, so no derivative is taken through an infinity
+    # (a where's unused branch times zero would be NaN in the second derivative).
     if isinstance(a, (int, float)):  # a Python base keeps the exponent's dtype
-        return mul(t, mul(out, math.log(a) if a > 0 else 0.0))
-    positive = greater(a, 0.0)
-    safe_log = log(where(positive, a, 1.0))
-    return mul(t, mul(out, safe_log))
+        if a != 0:
+            return mul(t, mul(out, math.log(a) if a > 0 else math.nan))
+        return mul(t, _pow_at_zero_base(b, out))
+    zero = equal(a, 0.0)
+    at_zero = _pow_at_zero_base(b, out)
+    return mul(t, where(zero, at_zero, mul(out, log(where(zero, 1.0, a)))))
+
+
+def _pow_at_zero_base(b: Any, out: Any) -> Any:
+    # Two Python scalars would make a float64 where; the result takes the output's dtype.
+    return astype(where(greater_equal(b, 0.0), 0.0, -math.inf), dtype_of(out))
 
 
 defjvp(pow_p, _pow_jvp_base, _pow_jvp_exponent)

@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
 from ..ad import Primitive
 from ..backend.errors import KernelError
 
@@ -47,6 +49,10 @@ def shape_of(x: Any) -> tuple:
 
 
 def dtype_of(x: Any) -> Any:
+    """The dtype of an array operand; None for a scalar, a NumPy scalar included (it acts
+    as the Python scalar it equals, taking the arrays' dtype)."""
+    if isinstance(x, np.generic):
+        return None
     return getattr(x, "dtype", None)
 
 

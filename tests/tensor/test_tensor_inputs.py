@@ -126,3 +126,23 @@ def test_from_numpy_array_is_read_only_while_a_backward_needs_it() -> None:
     y.backward()
     a[0] = 5.0  # writeable again once the backward is done
     np.testing.assert_array_equal(t.grad.numpy(), [2.0, 4.0])
+
+
+# ---------------------------------------------------------------- NumPy scalars
+
+
+@pytest.mark.parametrize("scalar", [1.0 / np.sqrt(16), np.float32(0.25), np.int64(2),
+                                    np.float16(0.5)], ids=["f64", "f32", "i64", "f16"])
+@pytest.mark.parametrize("dtype", [pb.float32, pb.float64])
+def test_a_numpy_scalar_acts_as_the_python_scalar_it_equals(scalar, dtype) -> None:
+    t = pb.tensor([1.0, 2.0], dtype=dtype, requires_grad=True)
+    py = scalar.item()
+    pairs = [(t * scalar, t * py), (scalar * t, py * t), (t / scalar, t / py),
+             (scalar - t, py - t), (t**scalar, t**py), (pb.maximum(t, scalar), pb.maximum(t, py)),
+             (pb.where(t > 1.5, t, scalar), pb.where(t > 1.5, t, py))]
+    for ours, expected in pairs:
+        assert ours.dtype == dtype
+        np.testing.assert_array_equal(ours.numpy(), expected.numpy())
+    (t * scalar).sum().backward()
+    assert t.grad.dtype == dtype
+    np.testing.assert_array_equal(t.grad.numpy(), [py, py])
