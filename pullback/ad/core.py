@@ -4,12 +4,14 @@ The vocabulary of the autodiff core. A `Primitive` carries its rules side by
 side (JVP rules for non-linear primitives, a transpose rule for linear ones,
 an optional fused VJP); `bind` applies it to operands. The core never computes
 on operands itself: concrete operands go to the evaluator that the layer above
-installs (`set_evaluator`), and `LinearVar` operands are recorded into the
-linear graph they belong to. Nothing here imports NumPy.
+installs (`set_default_evaluator`; per thread, `set_evaluator`), and `LinearVar`
+operands are recorded into the linear graph they belong to. Nothing here imports
+NumPy.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -132,13 +134,13 @@ class Primitive:
         for arg in args:
             if type(arg) is LinearVar:
                 return arg.graph.record(self, args, params)
-        return _evaluator(self, args, params)
+        return EVALUATION.evaluator(self, args, params)
 
     def bind1(self, x: Any) -> Any:
         """`bind` for one operand and no parameters: the hot path of unary ops."""
         if type(x) is LinearVar:
             return x.graph.record(self, (x,), _NO_PARAMS)
-        return _evaluator(self, (x,), _NO_PARAMS)
+        return EVALUATION.evaluator(self, (x,), _NO_PARAMS)
 
 
 _NO_PARAMS: dict = {}  # shared by parameterless applications; nothing writes into it
@@ -148,14 +150,36 @@ def _no_evaluator(prim: Primitive, args: tuple, params: dict) -> Any:
     raise RuntimeError(f"{prim.name}: no evaluator is installed for concrete operands")
 
 
-_evaluator: Callable[[Primitive, tuple, dict], Any] = _no_evaluator
+class _Evaluation(threading.local):
+    """Which evaluator computes on concrete operands, per thread: a tracer that one
+    thread installs (`pb.compile`) must not capture the ops of another thread. The class
+    attribute is the process default (`set_default_evaluator`), what a thread sees until
+    it installs its own; hot code reads `EVALUATION.evaluator` directly."""
+
+    # A static method: a plain function here would be bound to the instance on reads.
+    evaluator = staticmethod(_no_evaluator)
+
+
+EVALUATION = _Evaluation()
+
+
+def set_default_evaluator(evaluator: Callable[[Primitive, tuple, dict], Any]) -> None:
+    """Install the evaluator of every thread that has not installed its own (the eager
+    one, at import)."""
+    _Evaluation.evaluator = staticmethod(evaluator)
 
 
 def set_evaluator(evaluator: Callable[[Primitive, tuple, dict], Any]) -> Callable:
-    """Install how concrete operands are computed on; returns the previous evaluator."""
-    global _evaluator
-    previous, _evaluator = _evaluator, evaluator
+    """Install how concrete operands are computed on in this thread; returns the
+    previous evaluator, to be installed again when done."""
+    previous = EVALUATION.evaluator
+    EVALUATION.evaluator = evaluator
     return previous
+
+
+def current_evaluator() -> Callable[[Primitive, tuple, dict], Any]:
+    """The evaluator this thread computes with now."""
+    return EVALUATION.evaluator
 
 
 # The primitive that sums two tangents; the layer that declares primitives names it.

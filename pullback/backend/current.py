@@ -1,45 +1,66 @@
-"""Which backend runs ops now: `get_backend`, `set_backend`, `use_backend`."""
+"""Which backend runs ops now: `get_backend`, `set_backend` (process-wide) and
+`use_backend` (per thread)."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-_current: list[Any] = []
+# The process-wide backend (`set_backend`), made on first use.
+_default: list[Any] = []
+_default_lock = threading.Lock()
+
+
+class _ThreadBackend(threading.local):
+    """This thread's innermost `use_backend` backend, None outside every block: a block
+    in one thread never changes what another thread runs on (as PyTorch's per-thread
+    modes). Hot code reads `active` directly."""
+
+    active: Any = None
+
+
+THREAD = _ThreadBackend()
 
 
 def get_backend() -> Any:
-    """The backend ops run on; a `CpuBackend` until another is set."""
-    if not _current:
-        from .cpu import CpuBackend
+    """The backend ops run on in this thread: the innermost `use_backend` block's, else
+    the process-wide one (a `CpuBackend` until `set_backend` sets another)."""
+    active = THREAD.active
+    if active is not None:
+        return active
+    if not _default:
+        with _default_lock:  # two threads' first ops must not make two defaults
+            if not _default:
+                from .cpu import CpuBackend
 
-        _current.append(CpuBackend())
-    return _current[-1]
+                _default.append(CpuBackend())
+    return _default[0]
 
 
 def set_backend(backend: Any) -> None:
-    """Make `backend` the one ops run on from now on."""
+    """Make `backend` the one ops run on from now on, in every thread: the setting is
+    process-wide. A `use_backend` block (per thread) still takes precedence inside it."""
     from .base import Backend
 
     if not isinstance(backend, Backend):
         raise TypeError(f"set_backend: expected a pullback Backend, got {type(backend).__name__}")
-    if _current:
-        _current[-1] = backend
-    else:
-        _current.append(backend)
+    with _default_lock:
+        _default[:] = [backend]
 
 
 @contextmanager
 def use_backend(backend: Any) -> Iterator[Any]:
-    """Run ops on `backend` inside the block, then restore the previous one."""
+    """Run this thread's ops on `backend` inside the block, then restore the previous
+    one; other threads are not affected."""
     from .base import Backend
 
     if not isinstance(backend, Backend):
         raise TypeError(f"use_backend: expected a pullback Backend, got {type(backend).__name__}")
-    get_backend()
-    _current.append(backend)
+    previous = THREAD.active
+    THREAD.active = backend
     try:
         yield backend
     finally:
-        _current.pop()
+        THREAD.active = previous

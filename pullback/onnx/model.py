@@ -23,8 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from ..ad import Leaf
-from ..ad import core as _ad_core
+from ..ad import Leaf, current_evaluator
 from ..lower import compile as compile_plan
 from ..nn import Module, Parameter
 from ..nn.module import GraphTrace
@@ -116,7 +115,7 @@ class OnnxModel(Module):
                            f"{'is not a parameter' if len(unknown) == 1 else 'are not parameters'}"
                            f" of this model (its parameters: "
                            f"{', '.join(self._parameters) or 'none; load with trainable=True'})")
-        traced = _ad_core._evaluator is not evaluate
+        traced = current_evaluator() is not evaluate
         if traced and self.spec.eager_reason is not None:
             raise OnnxImportError(f"this graph cannot be traced into a plan "
                                   f"({self.spec.eager_reason}); call it eagerly")
@@ -150,7 +149,7 @@ class OnnxModel(Module):
 
     def _records(self, inputs: Sequence[Any]) -> bool:
         """Whether this call must record (or be traced) rather than run a plan."""
-        if _ad_core._evaluator is not evaluate:
+        if current_evaluator() is not evaluate:
             return True  # traced (pb.compile, transforms): the plan would hide the ops
         if not is_grad_enabled():
             return False

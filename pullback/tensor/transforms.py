@@ -29,7 +29,7 @@ from ..ops.shape import identity
 from .backward import EagerExecutor, initial_cotangent, owned
 from .creation import as_array
 from .eager import Tensor, _wrap
-from .state import GRAD_ENABLED, grad_mode
+from .state import GRAD_MODE, grad_mode
 
 
 def _trace_inputs(op: str, primals: Sequence[Any]) -> tuple[list[Tensor], bool]:
@@ -42,7 +42,7 @@ def _trace_inputs(op: str, primals: Sequence[Any]) -> tuple[list[Tensor], bool]:
                 f"{op}: argument {index} has dtype {t.dtype} (shape {t.shape}); "
                 "only floating inputs can be differentiated"
             )
-        if t._node is not None and GRAD_ENABLED[0]:
+        if t._node is not None and GRAD_MODE.enabled:
             nested = True
             with grad_mode(True):
                 inputs.append(identity(t))
@@ -64,7 +64,7 @@ def _outputs(op: str, out: Any) -> tuple[tuple, bool]:
 
 def _records_outside(outs: Sequence[Tensor], inputs: Sequence[Tensor]) -> bool:
     """Whether the outputs depend on tensors an outer computation differentiates."""
-    if not GRAD_ENABLED[0]:
+    if not GRAD_MODE.enabled:
         return False
     ours = {id(i._node) for i in inputs}
     roots = [o._node for o in outs if o._node is not None]
