@@ -67,8 +67,11 @@ def _add_train(commands: Any) -> None:
                        help="folder for the checkpoint, weights and plot (default: %(default)s)")
     train.add_argument("--eager", action="store_true",
                        help="run eager autograd instead of a compiled training plan")
-    train.add_argument("--resume", action="store_true",
+    again = train.add_mutually_exclusive_group()
+    again.add_argument("--resume", action="store_true",
                        help="continue from the checkpoint in the output folder")
+    again.add_argument("--overwrite", action="store_true",
+                       help="start again, replacing the checkpoint in the output folder")
     train.add_argument("--no-progress", dest="progress", action="store_false",
                        help="no progress bar")
     train.set_defaults(run=_run_train, command_parser=train)
@@ -81,12 +84,19 @@ def _run_train(args: argparse.Namespace, injected: dict[str, Any]) -> int:
                          lr=args.lr, optimizer=args.optimizer, seed=args.seed,
                          backend=args.backend, output=args.output, eager=args.eager)
     try:
-        result = train(config, resume=args.resume, progress=args.progress)
-    except (ValueError, FileNotFoundError) as error:
-        print(f"pullback train: {error}", file=sys.stderr)
+        result = train(config, resume=args.resume, overwrite=args.overwrite,
+                       progress=args.progress)
+    # Bad settings, an unusable output folder and bad checkpoints are ValueErrors
+    # raised before training; an OSError can still come from a later write (disk full).
+    except (ValueError, OSError) as error:
+        print(f"pullback train: {_one_line(error)}", file=sys.stderr)
         return 2
     print(f"test accuracy: {result.test_accuracy:.4f}")
     return 0
+
+
+def _one_line(error: BaseException) -> str:
+    return " ".join(str(error).split())
 
 
 def _add_check(commands: Any) -> None:
@@ -125,7 +135,8 @@ def _add_run(commands: Any) -> None:
     run.add_argument("--input", action="append", default=[], metavar="X.npy", dest="inputs",
                      help="an input array (repeat for each graph input, in order)")
     run.add_argument("--output", action="append", default=[], metavar="Y.npy", dest="outputs",
-                     help="where to save an output (repeat for later outputs, in order)")
+                     help="where to save an output, in NumPy's .npy format under exactly "
+                     "this name (repeat for later outputs, in order)")
     run.add_argument("--repeat", type=int, default=3, metavar="N",
                      help="timed calls after the first, which builds the plan (default: 3)")
     run.set_defaults(run=_run_run, command_parser=run)
@@ -135,6 +146,8 @@ def _run_run(args: argparse.Namespace, injected: dict[str, Any]) -> int:
     import numpy as np
 
     try:
+        for path in args.outputs:
+            _check_output_file(path)
         import pullback.onnx as ponnx
 
         start = time.perf_counter()
@@ -157,7 +170,7 @@ def _run_run(args: argparse.Namespace, injected: dict[str, Any]) -> int:
             model(*inputs)
             times.append(time.perf_counter() - start)
     except (ImportError, OSError, ValueError) as error:  # OnnxImportError is a ValueError
-        print(f"pullback run: {error}", file=sys.stderr)
+        print(f"pullback run: {_one_line(error)}", file=sys.stderr)
         return 2
     print(f"model: {args.model} (opset {model.opsets.get('', '?')}, {len(model.spec.nodes)} "
           f"nodes), mode: {model.mode(*inputs)}")
@@ -172,9 +185,49 @@ def _run_run(args: argparse.Namespace, injected: dict[str, Any]) -> int:
              f"{len(times)})" if times else ""
     print(f"load {1e3 * loaded:.1f} ms, first call {1e3 * first:.1f} ms{steady}")
     for path, y in zip(args.outputs, outputs):
-        np.save(path, np.asarray(y), allow_pickle=False)
+        try:
+            _save_npy(path, np.asarray(y))
+        except (OSError, ValueError) as error:
+            print(f"pullback run: cannot save {path}: {_one_line(error)}", file=sys.stderr)
+            return 2
         print(f"saved {path}")
     return 0
+
+
+def _check_output_file(path: str) -> None:
+    """ValueError (one line) unless a file can be written at exactly `path`; asked
+    before the model runs, so a typo does not cost a run."""
+    import os
+
+    from .io.atomic import check_writable
+
+    if not path:
+        raise ValueError("--output is empty; name the .npy file to write")
+    if os.path.isdir(path):
+        raise ValueError(f"--output {path} is a folder; name the file to write")
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        what = "is a file" if os.path.exists(folder) else "does not exist"
+        raise ValueError(f"--output {path}: {folder} {what}")
+    try:
+        check_writable(folder)
+    except OSError as error:
+        raise ValueError(f"--output {path}: cannot write to {folder}: "
+                         f"{error.strerror or error}") from None
+
+
+def _save_npy(path: str, array: Any) -> None:
+    """`array` in .npy format at exactly `path`, atomically. (`np.save(path)` would
+    append ".npy" to a name without it, so the file written would not be the one named.)"""
+    import io
+
+    import numpy as np
+
+    from .io.atomic import atomic_write
+
+    buffer = io.BytesIO()
+    np.save(buffer, array, allow_pickle=False)
+    atomic_write(path, buffer.getbuffer())
 
 
 if __name__ == "__main__":

@@ -4,11 +4,15 @@ Training is resumable exactly: every epoch ends with an atomic training
 checkpoint (model, optimizer state, step, and the one random generator that
 drives initialization, shuffling and dropout), so a run interrupted and
 resumed ends with the same weights, bit for bit, as one that never stopped.
+
+Before any training, the output folder is checked (creatable, writable, and not
+holding another run's checkpoint unless resuming or overwriting), so a file-system
+problem is one clear error at the start, not a traceback after an epoch.
 """
 
 from __future__ import annotations
 
-import json
+import os
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -20,7 +24,8 @@ import numpy as np
 from . import nn, optim
 from .backend import CpuBackend, ThreadedCpuBackend
 from .backend.current import use_backend
-from .io import batches, digits_split, load_training, save, save_training
+from .io import batches, digits_split, load_training, save, save_training, training_metadata
+from .io.atomic import check_writable
 from .lower import LoweringMode, compile
 from .tensor import creation, no_grad, tensor
 
@@ -101,16 +106,18 @@ def evaluate(model: nn.Module, x: np.ndarray, y: np.ndarray) -> tuple[float, flo
     return loss, float((logits.numpy().argmax(axis=1) == y).mean())
 
 
-def train(config: TrainConfig, *, resume: bool = False, progress: bool = True,
-          log: Callable[[str], None] = print, stop_after: int | None = None) -> TrainResult:
+def train(config: TrainConfig, *, resume: bool = False, overwrite: bool = False,
+          progress: bool = True, log: Callable[[str], None] = print,
+          stop_after: int | None = None) -> TrainResult:
     """Train, evaluate each epoch on the held-out split, checkpoint each epoch.
 
-    `resume` continues from the checkpoint in `config.output`. `stop_after`
-    ends the run after that many epochs, as an interruption would.
+    `resume` continues from the checkpoint in `config.output`; without it an
+    existing checkpoint there is an error unless `overwrite`. `stop_after` ends
+    the run after that many epochs, as an interruption would. Raises ValueError
+    (one line) for bad settings or an unusable output folder, before training.
     """
     config.check()
-    out = Path(config.output)
-    out.mkdir(parents=True, exist_ok=True)
+    out = prepare_output(config.output, resume=resume, overwrite=overwrite)
     x_train, y_train, x_test, y_test = digits_split()
     with use_backend(BACKENDS[config.backend]()):
         creation.manual_seed(config.seed)
@@ -165,6 +172,47 @@ def train(config: TrainConfig, *, resume: bool = False, progress: bool = True,
     return TrainResult(accuracy, history, model, rate)
 
 
+def _first_existing(path: Path) -> Path:
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def prepare_output(output: str, *, resume: bool, overwrite: bool) -> Path:
+    """The output folder, created if need be and checked writable; ValueError (one
+    line) if it cannot be used, or if it holds a checkpoint a new run would replace."""
+    if resume and overwrite:
+        raise ValueError("train: --resume continues the run in the output folder and "
+                         "--overwrite starts it again; give one of them")
+    if not output:
+        raise ValueError("train: --output is empty; name the folder for the checkpoint "
+                         "and weights")
+    out = Path(output)
+    checkpoint = out / CHECKPOINT
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"train: --output {out} is a file, not a folder")
+    if resume and not checkpoint.is_file():
+        raise ValueError(f"train --resume: no checkpoint at {checkpoint}; run without "
+                         "--resume first (or pick that run's --output)")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        # A path under a regular file, a read-only parent, a name too long: say which.
+        blocker = _first_existing(out.parent)
+        reason = f"{blocker} is a file" if blocker.exists() and not blocker.is_dir() \
+            else (error.strerror or str(error))
+        raise ValueError(f"train: cannot create the output folder {out}: {reason}") from None
+    try:
+        check_writable(out)
+    except OSError as error:
+        raise ValueError(f"train: cannot write to the output folder {out}: "
+                         f"{error.strerror or error}") from None
+    if not resume and not overwrite and os.path.lexists(checkpoint):
+        raise ValueError(f"train: {checkpoint} already exists (another run's checkpoint); "
+                         "continue that run with --resume, or replace it with --overwrite")
+    return out
+
+
 def _step_function(model: nn.Module, eager: bool) -> Callable:
     """`(x, y) -> (loss, logits)` leaving gradients in `.grad`: eager autograd, or a
     TRAINING plan per batch shape (the last batch of an epoch may be smaller)."""
@@ -193,16 +241,20 @@ def _step_function(model: nn.Module, eager: bool) -> Callable:
 
 def _resume(path: Path, config: TrainConfig, model: nn.Module,
             optimizer: optim.GradApplyer) -> tuple[int, list[dict]]:
-    if not path.exists():
-        raise FileNotFoundError(f"train --resume: no checkpoint at {path}; run without "
-                                "--resume first (or pick that run's --output)")
-    state = load_training(path, model=model, optimizer=optimizer)
-    saved = state["extra"].get("config", {})
-    differs = {k: (v, getattr(config, k)) for k, v in saved.items()
-               if k not in ("output", "backend") and getattr(config, k) != v}
+    # The settings are compared before loading: another optimizer or model would
+    # otherwise fail on a missing state key, which hides the real difference.
+    saved = training_metadata(path)["extra"].get("config", {})
+    if not isinstance(saved, dict):
+        saved = {}
+    now = asdict(config)
+    differs = [f"--{k.replace('_', '-')} {v!r} (now {now[k]!r})"
+               for k, v in saved.items() if k in now and k not in ("output", "backend")
+               and now[k] != v]
     if differs:
-        raise ValueError(f"train --resume: the checkpoint was made with other settings "
-                         f"(saved, now): {json.dumps(differs)}")
+        raise ValueError(f"train --resume: {path} was made with other settings: "
+                         f"{', '.join(differs)}; resume with those, or start again with "
+                         "--overwrite")
+    state = load_training(path, model=model, optimizer=optimizer)
     creation.set_default_generator(state["rng"])
     return state["step"], list(state["extra"].get("history", []))
 
