@@ -34,11 +34,14 @@ def load(path_or_bytes: Any, *, trainable: bool | Iterable[str] = False,
     each initializer is or is not trainable.
 
     Raises `UnsupportedOperatorError` listing every operator pullback does not
-    implement, `BadModelError` for a file that is not a valid, consistent model,
-    and `OnnxImportError` for a tensor over `max_tensor_bytes` (by default half
-    the machine's memory) or an initializer that cannot be trained."""
+    implement, `BadModelError` for a file that is not a valid, consistent model
+    (or whose external data is outside its folder, a symlink or a device), and
+    `OnnxImportError` for an opset newer than pullback implements, a tensor over
+    `max_tensor_bytes` (by default half the machine's memory) or an initializer
+    that cannot be trained. The model refuses, before allocating it, any input,
+    node result or intermediate over `max_tensor_bytes`."""
     limit = default_max_tensor_bytes() if max_tensor_bytes is None else int(max_tensor_bytes)
-    model = read_model(path_or_bytes)
+    model = read_model(path_or_bytes, limit)
     return OnnxModel(parse(model, limit), limit, trainable)
 
 

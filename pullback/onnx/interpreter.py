@@ -48,6 +48,48 @@ def _as_static(value: Any) -> Any:
     return np.asarray(value)
 
 
+class _bounded_evaluation:
+    """Every primitive a node applies is checked against the memory budget from its shape
+    rule, before the evaluator underneath (eager, or the tracer, which computes too)
+    allocates its result: one check for every node's outputs and intermediates, however
+    its converter composes them."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+
+    def __enter__(self) -> None:
+        self._inner = set_evaluator(self)
+
+    def __exit__(self, *exc: Any) -> None:
+        set_evaluator(self._inner)
+
+    def __call__(self, prim: Any, args: tuple, params: dict) -> Any:
+        try:
+            shape, dtype = prim.abstract_eval(*args, **params)
+        except Exception:
+            # An operand the shape rule refuses: the evaluator raises its own error.
+            return self._inner(prim, args, params)
+        check_size(shape, dtype, self.limit, f"its {prim.name} result")
+        return self._inner(prim, args, params)
+
+
+def check_size(shape: Any, dtype: Any, limit: int, what: str) -> None:
+    """Refuse a tensor over the memory budget (`limit` bytes), or with a negative
+    dimension, before it is allocated; `what` says what computes it."""
+    dims = tuple(int(d) for d in shape)
+    dtype = np.dtype(dtype) if dtype is not None else None
+    described = f"{dims} {dtype}" if dtype is not None else f"{dims}"
+    if any(d < 0 for d in dims):
+        raise OnnxImportError(f"{what} of shape {described} has a negative dimension")
+    count = 1
+    for d in dims:
+        count *= d
+    nbytes = count * (dtype.itemsize if dtype is not None else 8)
+    if nbytes > limit:
+        raise OnnxImportError(f"{what} of shape {described} needs {nbytes:,} bytes, over the "
+                              f"limit of {limit:,} (load(..., max_tensor_bytes=...) raises it)")
+
+
 class _eager_evaluation:
     """Evaluate primitives on concrete arrays even while a plan is being traced: what a
     folded node computes is a constant of the plan, not a step of it."""
@@ -106,10 +148,11 @@ def apply(view: NodeView, converter: Any, values: list[Any], run: RunContext) ->
     fold = not run.eager and converter.foldable and is_static(values)
     try:
         if fold:
-            with _eager_evaluation():
+            with _eager_evaluation(), _bounded_evaluation(run.max_tensor_bytes):
                 result = converter.fn(view, *values)
         else:
-            result = converter.fn(view, *values)
+            with _bounded_evaluation(run.max_tensor_bytes):
+                result = converter.fn(view, *values)
     except (DataDependentError, NodeError):
         raise
     except OnnxImportError as err:

@@ -1,21 +1,24 @@
 """Reading and validating an ONNX file into a `GraphSpec` the model runs.
 
 Checks come in the order that gives the most useful error: a file that does
-not parse, then operators pullback does not implement (all listed at once),
-then the ONNX checker, tensor sizes against the memory budget, and strict
-shape inference, which catches shapes that contradict each other.
+not parse, external data that cannot be read safely (outside the model's
+folder, a symlink, a device, a size other than the tensor's), an opset newer
+than pullback implements, then operators pullback does not implement (all
+listed at once), then the ONNX checker, tensor sizes against the memory budget,
+and strict shape inference, which catches shapes that contradict each other.
 """
 
 from __future__ import annotations
 
 import os
+import stat
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from .errors import BadModelError, OnnxImportError, UnsupportedOperatorError
-from .registry import CONVERTERS, DEFAULT_DOMAIN, UNSUPPORTED, Converter
+from .registry import CONVERTERS, DEFAULT_DOMAIN, UNSUPPORTED, Converter, highest_opset
 
 
 def import_onnx() -> Any:
@@ -68,8 +71,9 @@ class GraphSpec:
     value_infos: dict[str, ValueSpec] = field(default_factory=dict)
 
 
-def read_model(source: Any) -> Any:
-    """A ModelProto from a path, bytes, or a ModelProto."""
+def read_model(source: Any, max_tensor_bytes: int) -> Any:
+    """A ModelProto from a path, bytes, or a ModelProto; a path's external data is read
+    in (tensors over `max_tensor_bytes` refused before reading)."""
     onnx = import_onnx()
     if isinstance(source, onnx.ModelProto):
         return source
@@ -94,21 +98,74 @@ def read_model(source: Any) -> Any:
         raise BadModelError(f"{where} is not a complete ONNX model ({len(data):,} bytes): it "
                             f"has {'no graph' if not model.HasField('graph') else 'no opsets'}; "
                             "the file may be truncated")
-    if isinstance(source, (str, os.PathLike)) and _has_external_data(model):
-        from onnx.external_data_helper import load_external_data_for_model
-
-        load_external_data_for_model(model, os.path.dirname(os.path.abspath(where)))
+    if isinstance(source, (str, os.PathLike)):
+        folder = os.path.dirname(os.path.abspath(where))
+        for tensor, what in _stored_tensors(model.graph):
+            if tensor.data_location == _EXTERNAL:
+                _read_external_data(tensor, folder, max_tensor_bytes, what)
     return model
 
 
-def _has_external_data(model: Any) -> bool:
-    return any(t.data_location == 1 for t in model.graph.initializer)
+_EXTERNAL = 1  # TensorProto.EXTERNAL: the data lives in a file beside the model
 
 
-def tensor_to_array(proto: Any, max_bytes: int, what: str) -> np.ndarray:
-    """A TensorProto as a NumPy array, refusing one that would exceed `max_bytes` or
-    whose data does not match its declared shape, before allocating anything."""
-    from onnx import helper, numpy_helper
+def _stored_tensors(graph: Any) -> list[tuple[Any, str]]:
+    """Every tensor the graph stores, with what to call it in an error: initializers,
+    and node attributes (a Constant's value), subgraphs included."""
+    from onnx import AttributeProto
+
+    found = [(t, f"initializer {t.name!r}") for t in graph.initializer]
+    for index, node in enumerate(graph.node):
+        where = f"{node.op_type} node {node.name or '#' + str(index)!r}"
+        for a in node.attribute:
+            if a.type == AttributeProto.TENSOR:
+                found.append((a.t, f"{where}: attribute {a.name!r}"))
+            elif a.type == AttributeProto.TENSORS:
+                found.extend((t, f"{where}: attribute {a.name!r}") for t in a.tensors)
+            elif a.type == AttributeProto.GRAPH:
+                found.extend(_stored_tensors(a.g))
+            elif a.type == AttributeProto.GRAPHS:
+                for g in a.graphs:
+                    found.extend(_stored_tensors(g))
+    return found
+
+
+def _read_external_data(tensor: Any, folder: str, max_bytes: int, what: str) -> None:
+    """Read a tensor's external data into it, after checking its declared size against
+    the budget and the file's size against the declared one (so that no more than the
+    tensor is ever read). onnx refuses locations outside the model's folder, symlinks
+    and anything but a regular file; those refusals name the tensor and the path."""
+    from onnx.external_data_helper import load_external_data_for_tensor
+
+    dims, dtype, nbytes = _declared_size(tensor, max_bytes, what)
+    info = {e.key: e.value for e in tensor.external_data}
+    location = info.get("location", "")
+    path = os.path.normpath(os.path.join(folder, location))
+    found = None
+    # Only a plain file inside the folder is measured; anything else is onnx's to refuse.
+    if not os.path.isabs(location) and os.path.commonpath([folder, path]) == folder:
+        try:
+            offset, length = int(info.get("offset", 0)), info.get("length")
+            length = None if length is None else int(length)
+            found = os.lstat(path)
+        except (ValueError, OSError):
+            pass  # a bad offset or length, or no such file: onnx's refusal says which
+    if found is not None and stat.S_ISREG(found.st_mode) and dtype.kind != "O":
+        available = found.st_size - offset if length is None else length
+        if available != nbytes:
+            raise BadModelError(f"{what}: shape {dims} {dtype} needs {nbytes:,} bytes of data, "
+                                f"but its external data {location!r} (in {folder}) holds "
+                                f"{available:,}")
+    try:
+        load_external_data_for_tensor(tensor, folder)
+    except Exception as err:  # onnx's ValidationError, ValueError or OSError
+        raise BadModelError(f"{what}: cannot read its external data {location!r} (in "
+                            f"{folder}): {err}") from None
+
+
+def _declared_size(proto: Any, max_bytes: int, what: str) -> tuple[tuple, np.dtype, int]:
+    """A TensorProto's shape, dtype and size in bytes, refused when over `max_bytes`."""
+    from onnx import helper
 
     try:
         dtype = np.dtype(helper.tensor_dtype_to_np_dtype(proto.data_type))
@@ -126,7 +183,16 @@ def tensor_to_array(proto: Any, max_bytes: int, what: str) -> np.ndarray:
         raise OnnxImportError(f"{what}: shape {dims} {dtype} declares {nbytes:,} bytes, over "
                               f"the limit of {max_bytes:,} (load(..., max_tensor_bytes=...) "
                               "raises it)")
-    if proto.data_location == 1:
+    return dims, dtype, nbytes
+
+
+def tensor_to_array(proto: Any, max_bytes: int, what: str) -> np.ndarray:
+    """A TensorProto as a NumPy array, refusing one that would exceed `max_bytes` or
+    whose data does not match its declared shape, before allocating anything."""
+    from onnx import numpy_helper
+
+    dims, dtype, nbytes = _declared_size(proto, max_bytes, what)
+    if proto.data_location == _EXTERNAL:
         raise BadModelError(f"{what}: its data lives in an external file; load the model from "
                             "its path (next to that file), not from bytes")
     if proto.HasField("raw_data") and dtype.kind != "O" and len(proto.raw_data) != nbytes:
@@ -238,6 +304,11 @@ def parse(model: Any, max_tensor_bytes: int) -> GraphSpec:
     for imp in model.opset_import:
         domain = DEFAULT_DOMAIN if imp.domain in ("", "ai.onnx") else imp.domain
         opsets[domain] = int(imp.version)
+    newest = highest_opset()
+    if opsets.get(DEFAULT_DOMAIN, 0) > newest:
+        raise OnnxImportError(f"the model imports ONNX opset {opsets[DEFAULT_DOMAIN]}, newer "
+                              f"than opset {newest}, the newest pullback implements; export it "
+                              f"with opset {newest} or older")
     resolved = _check_operators(model, opsets)
     try:
         onnx.checker.check_model(model)

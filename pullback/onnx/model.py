@@ -30,7 +30,7 @@ from ..nn.module import GraphTrace
 from ..tensor import Tensor, enable_grad, is_grad_enabled, no_grad
 from ..tensor.eager import _wrap, evaluate
 from .errors import OnnxImportError
-from .interpreter import RunContext, last_uses, run_graph
+from .interpreter import RunContext, check_size, last_uses, run_graph
 from .loader import GraphSpec, ValueSpec
 from .registry import DataDependentError
 from .trainable import choose_trainable, frozen_reasons
@@ -122,6 +122,7 @@ class OnnxModel(Module):
         values = [_recorded_input(x, v) for x, v in zip(self._check_count(inputs),
                                                         self.spec.inputs)]
         _check_symbolic_dims(values, self.spec.inputs)
+        self._check_sizes(values)
         env = self._env(values)
         for name, value in parameters.items():
             env[name] = _as_parameter_value(name, value, self.spec.initializers[name])
@@ -175,7 +176,14 @@ class OnnxModel(Module):
         specs = self.spec.inputs
         arrays = [_as_input(x, v) for x, v in zip(self._check_count(inputs), specs)]
         _check_symbolic_dims(arrays, specs)
+        self._check_sizes(arrays)
         return arrays
+
+    def _check_sizes(self, values: Sequence[Any]) -> None:
+        """An input over the memory budget is refused: the graph would compute with it."""
+        for value, spec in zip(values, self.spec.inputs):
+            for item in value if isinstance(value, list) else [value]:
+                check_size(item.shape, item.dtype, self.max_tensor_bytes, f"input {spec.name!r}")
 
     def _run(self, env: dict[str, Any], eager: bool) -> list[Any]:
         run = RunContext(eager=eager, max_tensor_bytes=self.max_tensor_bytes, spec=self.spec)

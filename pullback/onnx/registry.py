@@ -4,7 +4,7 @@ A converter turns one ONNX node into pullback primitives. It declares the
 schema versions it implements (the `since_version` of the op's ONNX schema)
 and the attributes it reads, so that a model is checked against the table
 when it is loaded, before anything runs. `NodeView` is what a converter sees:
-the node's attributes and the run's services (static values, size limits).
+the node's attributes and the run's services (static values).
 """
 
 from __future__ import annotations
@@ -45,6 +45,13 @@ CONVERTERS: dict[tuple[str, str], Converter] = {}
 
 #: Operators pullback knows and deliberately does not implement, with the reason.
 UNSUPPORTED: dict[tuple[str, str], str] = {}
+
+
+def highest_opset() -> int:
+    """The newest default-domain opset pullback implements: the highest schema version
+    among its converters. Past it, an operator may have changed in ways the converter
+    table has never been checked against."""
+    return max(v for c in CONVERTERS.values() if c.domain == DEFAULT_DOMAIN for v in c.versions)
 
 
 def converter(
@@ -126,20 +133,3 @@ class NodeView:
             raise OnnxImportError(f"{self.op_type} node {self.name!r}: {what} must be "
                                   f"integers, not {array.dtype}")
         return [int(v) for v in array.reshape(-1)]
-
-    def check_size(self, shape: Iterable[int], dtype: Any, what: str = "output") -> tuple:
-        """Refuse a tensor too large for the memory budget before allocating it."""
-        shape = tuple(int(d) for d in shape)
-        if any(d < 0 for d in shape):
-            raise OnnxImportError(f"{self.op_type} node {self.name!r}: {what} shape {shape} "
-                                  "has a negative dimension")
-        count = 1
-        for d in shape:
-            count *= d
-        nbytes = count * np.dtype(dtype).itemsize
-        if nbytes > self.run.max_tensor_bytes:
-            raise OnnxImportError(
-                f"{self.op_type} node {self.name!r}: {what} of shape {shape} {np.dtype(dtype)} "
-                f"needs {nbytes:,} bytes, over the limit of {self.run.max_tensor_bytes:,} "
-                "(load(..., max_tensor_bytes=...) raises it)")
-        return shape

@@ -88,7 +88,8 @@ def _border(x: Any, axis: int, width: int, mode: str, value: Any, before: bool) 
     lead = (slice(None),) * axis
     if mode == "constant":
         block = sx[:axis] + (width,) + sx[axis + 1:]
-        return np.full(block, value, dtype=dtype(x))
+        # A broadcast view, not a filled array: the concatenation is the one allocation.
+        return ops.broadcast_to(np.asarray(value, dtype=dtype(x)), block)
     if size == 0:
         raise OnnxImportError(f"cannot pad an empty axis {axis} in {mode} mode")
     if mode == "edge":

@@ -176,9 +176,9 @@ def _lrn(node: Any, x: Any) -> Any:
     c = sx[1]
     before, after = (size - 1) // 2, size - 1 - (size - 1) // 2
     squares = ops.mul(x, x)
-    zeros = np.zeros((sx[0], max(before, after)) + sx[2:], dtype=dtype(x))
-    parts = ([zeros[:, :before]] if before else []) + [squares] + \
-        ([zeros[:, :after]] if after else [])
+    zero = np.zeros((), dtype(x))  # broadcast views: the concatenation allocates
+    parts = ([ops.broadcast_to(zero, (sx[0], before) + sx[2:])] if before else []) + \
+        [squares] + ([ops.broadcast_to(zero, (sx[0], after) + sx[2:])] if after else [])
     padded = ops.concatenate(parts, 1) if len(parts) > 1 else squares
     # The window of channel i spans padded channels i .. i + size - 1.
     total = None

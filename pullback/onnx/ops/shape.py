@@ -206,7 +206,6 @@ def _gather(node: Any, x: Any, indices: Any) -> Any:
 def _expand(node: Any, x: Any, target: Any) -> Any:
     dims = tuple(node.static_ints(target, "shape"))
     out = broadcast_shape(shape(x), dims)  # bidirectional: a 1 in `shape` keeps x's size
-    node.check_size(out, dtype(x))
     return ops.broadcast_to(x, out)
 
 
@@ -216,7 +215,6 @@ def _tile(node: Any, x: Any, repeats: Any) -> Any:
     reps = node.static_ints(repeats, "repeats")
     if len(reps) != len(sx) or any(r < 0 for r in reps):
         raise OnnxImportError(f"repeats {reps} must be {len(sx)} non-negative integers")
-    node.check_size(tuple(d * r for d, r in zip(sx, reps)), dtype(x))
     # One broadcast over interleaved (repeat, size) axes, then merge each pair.
     spread = ops.reshape(x, tuple(v for d in sx for v in (1, d)))
     tiled = ops.broadcast_to(spread, tuple(v for d, r in zip(sx, reps) for v in (r, d)))
@@ -235,8 +233,6 @@ def _pad(node: Any, x: Any, pads: Any = None, value: Any = None) -> Any:
     if len(amounts) != 2 * len(sx):
         raise OnnxImportError(f"pads {amounts} must have {2 * len(sx)} entries")
     begins, ends = amounts[:len(sx)], amounts[len(sx):]
-    out = tuple(d + b + e for d, b, e in zip(sx, begins, ends))
-    node.check_size(out, dtype(x))
     return pad_nd(x, begins, ends, mode, fill)
 
 
@@ -260,8 +256,8 @@ def _constant_of_shape(node: Any, target: Any) -> np.ndarray:
     value = node.attr("value", np.zeros(1, np.float32))
     if value.size != 1:
         raise OnnxImportError(f"value must hold one element, holds {value.size}")
-    node.check_size(dims, value.dtype)
-    return np.full(dims, value.reshape(()), dtype=value.dtype)
+    # A broadcast view: its size is checked like any primitive's result, and never copied.
+    return ops.broadcast_to(value.reshape(()), dims)
 
 
 @converter("Shape", (1, 13, 15), ("start", "end"))
