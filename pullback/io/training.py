@@ -9,6 +9,7 @@ damaged file holds, loading raises `CheckpointError` or restores exactly what wa
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 from collections.abc import Mapping
@@ -161,7 +162,10 @@ def _read(path: PathLike) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     # Whatever a damaged string makes the parsers or the bit generator raise.
     except (KeyError, TypeError, ValueError, OverflowError, AttributeError,
             RecursionError) as error:
-        raise CheckpointError(f"{name}: corrupt training metadata: {error!r}"[:500]) from error
+        detail = repr(error)
+        # A damaged field can be megabytes long; the message quotes only its start.
+        detail = detail if len(detail) <= 300 else detail[:300] + "..."
+        raise CheckpointError(f"{name}: corrupt training metadata: {detail}") from error
     stray = [k for k in arrays if not k.startswith((MODEL_PREFIX, OPTIM_PREFIX))]
     if stray:
         raise CheckpointError(f"{name}: tensors outside model/ and optim/: {stray}")
@@ -191,11 +195,14 @@ def load_training(path: PathLike, *, model: Any, optimizer: Any) -> dict[str, An
     expected = {k: (v.shape, v.dtype) for k, v in model.state_dict().items()}
     check_state_dict(expected, model_state, what=f"{name} (model state)")
     # The optimizer checks its whole state before changing any (optim's contract), so
-    # it goes first; should the model then refuse, the optimizer gets its state back.
+    # it goes first; should it or the model then refuse, the optimizer gets its state
+    # back (which also undoes a duck-typed optimizer that fails halfway).
     previous = optimizer.state_dict()
     try:
         optimizer.load_state_dict(optim_state)
     except (KeyError, TypeError, ValueError, IndexError) as error:
+        with contextlib.suppress(KeyError, TypeError, ValueError, IndexError):
+            optimizer.load_state_dict(previous)
         raise CheckpointError(f"{name} (optimizer state): {error}") from error
     try:
         model.load_state_dict(model_state)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import fcntl
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -87,3 +89,36 @@ def test_check_writable_refuses_a_folder_where_no_file_can_be_made(tmp_path: Pat
     regular.write_bytes(b"")
     with pytest.raises(OSError):
         atomic.check_writable(regular)
+
+
+_CHILD = """
+import importlib.util, os, sys, time
+spec = importlib.util.spec_from_file_location("atomic", sys.argv[1])
+atomic = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(atomic)
+
+def half_then_hang(fd, data):
+    os.write(fd, data[: len(data) // 2])
+    print("writing", flush=True)
+    time.sleep(60)
+
+atomic._write_all = half_then_hang
+atomic.atomic_write(sys.argv[2], b"x" * 1000)
+"""
+
+
+def test_a_writer_killed_mid_write_leaves_a_file_the_next_save_removes(tmp_path: Path) -> None:
+    child = subprocess.Popen([sys.executable, "-c", _CHILD, atomic.__file__,
+                              str(tmp_path / "big.safetensors")], stdout=subprocess.PIPE)
+    try:
+        assert child.stdout.readline() == b"writing\n"
+        (leftover,) = [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+        pb.save({"w": np.zeros(2)}, tmp_path / "small.safetensors")
+        assert leftover.exists()  # its writer is alive and holds the lock
+    finally:
+        child.kill()
+        child.wait(timeout=10)
+        child.stdout.close()
+    assert leftover.exists()  # SIGKILL ran no cleanup
+    pb.save({"w": np.ones(2)}, tmp_path / "small.safetensors")
+    assert sorted(os.listdir(tmp_path)) == ["small.safetensors"]
