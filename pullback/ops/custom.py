@@ -34,13 +34,25 @@ class CustomOp:
     input); optionally `jvp(self, tangents, inputs, output) -> array` (tangents
     has None for inputs that carry none) for forward mode. Call an instance on
     tensors: `MyOp()(x, y)`. Forward and backward see and return NumPy arrays.
+
+    `saves` says what backward (and jvp) read, and so what a pending backward
+    keeps alive and read-only: "inputs", "output", both (the default) or
+    neither. What is not saved reaches backward as None (`inputs` then holds
+    None for each input), and an unsaved input may be written after forward.
     """
+
+    saves: tuple[str, ...] = ("inputs", "output")
 
     def forward(self, *arrays: np.ndarray) -> np.ndarray:
         raise TypeError(f"{type(self).__name__} defines no forward()")
 
     def __call__(self, *args: Any) -> Any:
-        return _primitives(type(self))[0].bind(*args, op=self)
+        prim = _primitives(type(self))[0]
+        if prim.saves_output:
+            return prim.bind(*args, op=self)
+        # The output is not kept, but its shape and dtype are: forward mode's linear
+        # companion is built from them.
+        return prim.bind(*args, op=self, spec=_OutputSpec())
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
@@ -60,56 +72,80 @@ def _primitives(cls: type) -> tuple:
     return cached
 
 
+class _OutputSpec:
+    """The shape and dtype of an output that is not saved, filled in by forward."""
+
+    __slots__ = ("dtype", "shape")
+
+
+def _saves(cls: type) -> tuple[bool, bool]:
+    saves = cls.saves
+    if isinstance(saves, str) or not isinstance(saves, (tuple, list, frozenset, set)) \
+            or not set(saves) <= {"inputs", "output"}:
+        raise TypeError(f"{cls.__name__}.saves must be a tuple of \"inputs\" and/or "
+                        f"\"output\", not {saves!r}")
+    return "inputs" in saves, "output" in saves
+
+
 def _declare(cls: type) -> tuple:
     name = cls.__name__
+    saves_inputs, saves_output = _saves(cls)
 
-    def impl(backend: Any, *arrays: Any, op: CustomOp) -> np.ndarray:
+    def impl(backend: Any, *arrays: Any, op: CustomOp, spec: Any = None) -> np.ndarray:
         out = op.forward(*arrays)
         if not isinstance(out, np.ndarray):
             raise KernelError(name, arrays, f"forward returned a {type(out).__name__}, not a "
                               "NumPy array")
+        if spec is not None:
+            spec.shape, spec.dtype = out.shape, out.dtype
         return out
 
-    def no_shape_rule(*args: Any, op: CustomOp) -> tuple:
+    def no_shape_rule(*args: Any, op: CustomOp, spec: Any = None) -> tuple:
         raise DerivativeError(f"{name} is not linear; it cannot be applied to a tangent")
 
-    prim = declare(name, impl, no_shape_rule, saves_inputs=True, saves_output=True,
-                   register=False)
+    prim = declare(name, impl, no_shape_rule, saves_inputs=saves_inputs,
+                   saves_output=saves_output, register=False)
     prim.exact_inputs = True  # the user's backward sees its inputs as they were given
 
     def linear_impl(backend: Any, *tangents: Any, op: CustomOp, inputs: tuple,
-                    output: np.ndarray) -> np.ndarray:
+                    output: np.ndarray | None, spec: Any = None) -> np.ndarray:
         if not _defines(op, "jvp"):
             raise ForwardModeError(f"{name} defines no jvp(): forward mode through it is "
                                    "unsupported (reverse mode needs only backward())")
         tangents = tuple(None if type(t) is Zero else t for t in tangents)
-        return _checked(name, "jvp", op.jvp(tangents, inputs, output), output)
+        like = output if output is not None else spec
+        return _checked(name, "jvp", op.jvp(tangents, inputs, output), like)
 
-    def linear_shape(*tangents: Any, op: CustomOp, inputs: tuple, output: np.ndarray) -> tuple:
-        return output.shape, output.dtype
+    def linear_shape(*tangents: Any, op: CustomOp, inputs: tuple, output: np.ndarray | None,
+                     spec: Any = None) -> tuple:
+        like = output if output is not None else spec
+        return like.shape, like.dtype
 
     linear = declare(f"{name}.jvp", linear_impl, linear_shape, register=False)
 
     def transpose(ct: Any, *tangents: Any, op: CustomOp, inputs: tuple,
-                  output: np.ndarray) -> tuple:
+                  output: np.ndarray | None, spec: Any = None) -> tuple:
         if getattr(ct, "_node", None) is not None:
             raise DerivativeError(f"{name}.backward is NumPy code: second derivatives through "
                                   f"{name} are unsupported")
         # An input with a symbolic-zero tangent is inactive: it may get no gradient.
         active = tuple(type(t) is not Zero for t in tangents)
-        return _backward(op, getattr(ct, "_data", ct), inputs, output, active)
+        return _backward(op, getattr(ct, "_data", ct), inputs, output, active, tangents)
 
     # Linear in its tangents: its own JVP is itself.
     defjvp_full(linear, lambda tangents, _output, _inputs, **params: linear.bind(*tangents,
                                                                                   **params))
     deflinear(linear, transpose, linear_args=ALL_ARGS)
 
-    def jvp(tangents: tuple, output: Any, inputs: tuple, op: CustomOp) -> Any:
+    def jvp(tangents: tuple, output: Any, inputs: tuple, op: CustomOp, spec: Any = None) -> Any:
         if any(getattr(v, "_node", None) is not None for v in (*inputs, output)):
             # The derivative is being recorded to be differentiated again, but the op's
             # backward and jvp are NumPy code: the result would silently be a constant.
             raise DerivativeError(f"{name}.backward is NumPy code: second derivatives "
                                   f"through {name} are unsupported")
+        if spec is not None:
+            return linear.bind(*tangents, op=op, inputs=_arrays(inputs), output=_array(output),
+                               spec=spec)
         return linear.bind(*tangents, op=op, inputs=_arrays(inputs), output=_array(output))
 
     if _defines(cls, "backward") or _defines(cls, "jvp"):
@@ -118,20 +154,25 @@ def _declare(cls: type) -> tuple:
         defjvp_full(prim, jvp)
 
     def vjp(backend: Any, upstream: Any, node: Any) -> tuple:
-        return _backward(node.params["op"], upstream, node.inputs, node.output, node.parents)
+        return _backward(node.params["op"], upstream, node.inputs, node.output, node.parents,
+                         node.in_shapes)
 
     if _defines(cls, "backward"):  # without it, reverse mode meets the JVP rule's error
         defvjp(prim, vjp)
     return prim, linear
 
 
-def _backward(op: CustomOp, upstream: Any, inputs: tuple, output: Any, active: tuple) -> tuple:
+def _backward(op: CustomOp, upstream: Any, inputs: tuple | None, output: Any, active: tuple,
+              shapes: tuple) -> tuple:
     """The op's backward, checked. `active` has one entry per input, falsy for an input
-    that needs no gradient (or the input's node, whose leaves name it in errors)."""
+    that needs no gradient (or the input's node, whose leaves name it in errors);
+    `shapes` gives each input's shape (or an object with one) where it was not saved."""
     name = type(op).__name__
     if not _defines(op, "backward"):
         raise DerivativeError(f"{name} has no backward(): it is inference-only, so it cannot "
                               "be differentiated in reverse mode")
+    if inputs is None:  # not saved (the op's `saves`)
+        inputs = (None,) * len(active)
     grads = op.backward(upstream, _arrays(inputs), _array(output))
     if not isinstance(grads, (tuple, list)) or len(grads) != len(inputs):
         raise KernelError(name, inputs, f"backward must return a tuple of {len(inputs)} "
@@ -143,8 +184,9 @@ def _backward(op: CustomOp, upstream: Any, inputs: tuple, output: Any, active: t
                 f"{name}.backward returned None for input {i}{_operand(inputs, i)}, which "
                 f"lies on the path from {_parameters(needed)} to the loss; return its "
                 "gradient, or detach that input if it must not be trained")
-    return tuple(None if g is None else _checked(name, f"backward (input {i})", g, inputs[i])
-                 for i, g in enumerate(grads))
+    return tuple(None if g is None else _checked(
+        name, f"backward (input {i})", g, inputs[i] if inputs[i] is not None else shapes[i])
+        for i, g in enumerate(grads))
 
 
 def _operand(inputs: tuple | None, i: int) -> str:
@@ -162,10 +204,16 @@ def _parameters(node: Any) -> str:
 
 
 def _checked(name: str, where: str, value: Any, like: Any) -> np.ndarray:
+    """`value` as an array shaped (and typed, where `like` says) like `like`: an array,
+    a shape tuple, or an object with `shape` (and `dtype`)."""
     value = np.asarray(value)
-    if value.shape != np.shape(like) or value.dtype != getattr(like, "dtype", value.dtype):
-        raise KernelError(name, (value, like), f"{where} returned shape {value.shape} "
-                          f"{value.dtype} for an operand of shape {np.shape(like)} "
+    shape = like if type(like) is tuple else getattr(like, "shape", None)
+    if shape is None:
+        shape = np.shape(like)
+    if value.shape != shape or value.dtype != getattr(like, "dtype", value.dtype):
+        operands = (value, like) if isinstance(like, np.ndarray) else (value,)
+        raise KernelError(name, operands, f"{where} returned shape {value.shape} "
+                          f"{value.dtype} for an operand of shape {shape} "
                           f"{getattr(like, 'dtype', '')}")
     return value
 

@@ -210,3 +210,95 @@ def test_a_training_plan_refuses_a_none_gradient_for_a_parameters_input() -> Non
                                             r"None for input 1"):
         step(x)
     assert model.gain.grad is None
+
+
+class SigmoidFromOutput(pb.CustomOp):
+    """Its backward reads only the output, so only the output is saved."""
+
+    saves = ("output",)
+
+    def forward(self, x):
+        return 1.0 / (1.0 + np.exp(-x))
+
+    def backward(self, upstream, inputs, output):
+        assert inputs == (None,)
+        return (upstream * output * (1.0 - output),)
+
+    def jvp(self, tangents, inputs, output):
+        return tangents[0] * output * (1.0 - output)
+
+
+class ScaleByConstant(pb.CustomOp):
+    """Linear: its backward reads nothing saved."""
+
+    saves = ()
+
+    def forward(self, x):
+        return x * 3.0
+
+    def backward(self, upstream, inputs, output):
+        assert inputs == (None,) and output is None
+        return (upstream * 3.0,)
+
+
+def test_a_custom_op_saves_only_what_its_backward_reads() -> None:
+    import weakref
+
+    x0 = np.random.default_rng(0).standard_normal(4)
+    x = pb.tensor(x0, requires_grad=True)
+    h = x * 2.0  # a recorded input: without `saves`, the op's node would keep it alive
+    watch = weakref.ref(h._data)
+    y = SigmoidFromOutput()(h)
+    del h
+    assert watch() is None  # not kept by the pending backward
+    t = torch.tensor(x0, requires_grad=True)
+    torch.sigmoid(t * 2.0).sum().backward()
+    y.sum().backward()
+    np.testing.assert_allclose(x.grad.numpy(), t.grad.numpy(), rtol=1e-12)
+    # An unsaved input may be written after forward: the read-only guard has no reason
+    # to object, while a saved output is still guarded.
+    w = pb.tensor(x0, requires_grad=True)
+    z = ScaleByConstant()(w) + SigmoidFromOutput()(w)
+    with pb.no_grad():
+        w.add_(1.0)
+    z.sum().backward()
+    s = 1.0 / (1.0 + np.exp(-x0))
+    np.testing.assert_allclose(w.grad.numpy(), 3.0 + s * (1.0 - s), rtol=1e-12)
+    v = pb.tensor(x0, requires_grad=True)
+    out = SigmoidFromOutput()(v)
+    with pytest.raises(RuntimeError, match="pending backward of SigmoidFromOutput"), \
+            pb.no_grad():
+        out.add_(1.0)
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_unsaved_values_reach_every_derivative_path(fused: bool) -> None:
+    from pullback.tensor.backward import fused_kernels
+
+    x = pb.randn(5, dtype=np.float64, seed=3)
+    with fused_kernels(fused):
+        assert pb.gradcheck(lambda x: ScaleByConstant()(SigmoidFromOutput()(x)), (x,))
+    _, tangent = pb.jvp(SigmoidFromOutput(), (x,), (pb.ones(5, dtype=np.float64),))
+    s = 1.0 / (1.0 + np.exp(-x.numpy()))
+    np.testing.assert_allclose(tangent.numpy(), s * (1.0 - s), rtol=1e-12)
+
+
+def test_a_training_plan_runs_an_op_that_saves_nothing() -> None:
+    w = pb.nn.Parameter(pb.ones(3, dtype=np.float64))
+    x = pb.randn(3, dtype=np.float64, seed=0)
+    step = pb.compile(lambda x: (SigmoidFromOutput()(ScaleByConstant()(x * w))).sum(), x,
+                      mode=pb.LoweringMode.TRAINING)
+    step(x)
+    s = 1.0 / (1.0 + np.exp(-3.0 * x.numpy()))
+    np.testing.assert_allclose(w.grad.numpy(), s * (1.0 - s) * 3.0 * x.numpy(), rtol=1e-12)
+
+
+def test_saves_must_name_inputs_or_output() -> None:
+    class Bad(pb.CustomOp):
+        saves = ("input",)
+
+        def forward(self, x):
+            return x
+
+    with pytest.raises(TypeError, match=r"Bad\.saves must be a tuple"):
+        Bad()(pb.ones(2))
