@@ -93,11 +93,17 @@ class StaticGraph:
 
 
 class _Tracer:
-    """The evaluator installed while tracing: computes, and records each equation."""
+    """The evaluator installed while tracing: computes, and records each equation.
+
+    A tensor is known by its identity, not by its array: a detached tensor shares its
+    source's array but is another tensor, one that carries no gradient. Arrays are
+    remembered separately (`source_of`), to find the value an alias (a detached tensor,
+    an unwrapped array) reads."""
 
     def __init__(self, graph: StaticGraph):
         self.graph = graph
-        self.var_of: dict[int, Var] = {}
+        self.var_of: dict[int, Var] = {}  # id(tensor, or array operand) -> its var
+        self.source_of: dict[int, Var] = {}  # id(array) -> the var whose values it holds
         self.alive: list[Any] = []  # keeps traced objects alive so their ids stay unique
 
     def bind_input(self, tensor: Tensor) -> None:
@@ -110,8 +116,31 @@ class _Tracer:
         self.alive.append(obj)
         if isinstance(obj, Tensor):
             # Code that unwraps a tensor (labels turned into an array) still reaches its var.
-            self.var_of[id(obj._data)] = var
+            self.source_of[id(obj._data)] = var
             self.alive.append(obj._data)
+
+    def _alias(self, source: Var) -> Var:
+        """A var with `source`'s values and no gradient (what `detach` gives eagerly)."""
+        if source.kind in ("const", "input"):
+            return source  # no gradient to cut
+        var = self.graph.new_var(source.shape, source.dtype, "value")
+        var.producer = Eqn(stop_gradient_p, (source,), {}, var)
+        self.graph.eqns.append(var.producer)
+        return var
+
+    def _param(self, tensor: Tensor) -> Var:
+        var = self.graph.new_var(tensor.shape, tensor.dtype, "param")
+        self.graph.params.append((var, tensor))
+        seen = self.source_of.get(id(tensor._data))
+        if seen is not None and seen.kind == "const":
+            # An alias of this parameter (x.detach()) was read before the parameter and
+            # taken for a constant: it reads the parameter at each call, without gradient.
+            self.graph.consts = [(v, d) for v, d in self.graph.consts if v is not seen]
+            seen.kind = "value"
+            seen.producer = Eqn(stop_gradient_p, (var,), {}, seen)
+            self.graph.eqns.insert(0, seen.producer)  # a parameter is there from the start
+        self._remember(tensor, var)
+        return var
 
     def operand(self, arg: Any) -> Any:
         if isinstance(arg, (bool, int, float)) or arg is None:
@@ -119,22 +148,22 @@ class _Tracer:
         var = self.var_of.get(id(arg))
         if var is not None:
             return var
-        if isinstance(arg, Tensor) and id(arg._data) in self.var_of:
-            # A detached alias of a traced value: the same values, cut from the gradient.
-            source = self.var_of[id(arg._data)]
-            var = self.graph.new_var(source.shape, source.dtype, "value")
-            var.producer = Eqn(stop_gradient_p, (source,), {}, var)
-            self.graph.eqns.append(var.producer)
-            self._remember(arg, var)
-            return var
         if isinstance(arg, Tensor) and arg.requires_grad and arg.is_leaf:
-            var = self.graph.new_var(arg.shape, arg.dtype, "param")
-            self.graph.params.append((var, arg))
-        else:
-            data = np.asarray(arg._data if isinstance(arg, Tensor) else arg)
-            var = self.graph.new_var(data.shape, data.dtype, "const")
-            self.graph.consts.append((var, data))
+            return self._param(arg)
+        data = arg._data if isinstance(arg, Tensor) else arg
+        source = self.source_of.get(id(data))
+        if source is not None:
+            # An alias of a traced value: the same values, cut from the gradient.
+            var = self._alias(source)
+            self.var_of[id(arg)] = var
+            self.alive.append(arg)
+            return var
+        data = np.asarray(data)
+        var = self.graph.new_var(data.shape, data.dtype, "const")
+        self.graph.consts.append((var, data))
         self._remember(arg, var)
+        if not isinstance(arg, Tensor):
+            self.source_of[id(arg)] = var  # an array read before the tensor that holds it
         return var
 
     def traced_param(self, value: Any) -> Any:
@@ -148,8 +177,8 @@ class _Tracer:
             return value
         if isinstance(value, (np.ndarray, Tensor)):
             var = self.var_of.get(id(value))
-            if var is None and isinstance(value, Tensor):
-                var = self.var_of.get(id(value._data))
+            if var is None:
+                var = self.source_of.get(id(value._data if isinstance(value, Tensor) else value))
             if var is not None and var.kind != "const":
                 return var
         return value
