@@ -1,8 +1,8 @@
 """`load(..., max_tensor_bytes=N)` bounds every tensor a model computes, not only those
 it declares: a small model whose nodes would build a large result (broadcasting, a
-matmul's outer product, huge strides or pads, many-way concatenation) is refused before
-the result is allocated, in a plan as while recording, with the node, its op type, the
-shape and the limit named; peak memory stays near the limit."""
+matmul's outer product, huge strides, pads or kernels, many-way concatenation) is
+refused before the result is allocated, in a plan as while recording, with the node,
+its op type, the shape and the limit named; peak memory stays near the limit."""
 
 from __future__ import annotations
 
@@ -25,6 +25,8 @@ _B = np.ones((1, 5000), np.float32)
 _X = np.ones((1, 1, 2, 2), np.float32)
 _W = np.ones((1, 1, 1, 1), np.float32)
 _ROW = np.ones((1, 100), np.float32)
+_IMAGE = np.ones((1, 1, 200, 200), np.float32)
+_KERNEL = np.ones((1, 1, 100, 100), np.float32)
 
 
 def _concat_model() -> bytes:
@@ -48,7 +50,10 @@ CASES = {
         (_X,), "ConvTranspose node 'convtranspose_node'", "(1, 1, 3001, 3001) float32"),
     "Conv huge pads": (lambda: node_model("Conv", {"x": _X}, {"pads": [3000] * 4},
                                           constants={"w": _W}),
-                       (_X,), "Conv node 'conv_node'", "(1, 1, 6002, 6002) float32"),
+                       (_X,), "Conv node 'conv_node'", "(1, 1, 1, 6002, 6002) float32"),
+    # A small result, but pb.conv2d would unfold 408 MB of windows to compute it.
+    "Conv huge kernel": (lambda: node_model("Conv", {"x": _IMAGE}, constants={"w": _KERNEL}),
+                         (_IMAGE,), "Conv node 'conv_node'", "(1, 100, 100, 101, 101) float32"),
     # The explicit pad before the pool is refused: its second axis alone is 72 MB.
     "MaxPool huge pads": (lambda: node_model("MaxPool", {"x": _X},
                                              {"kernel_shape": [1, 1], "pads": [3000] * 4}),

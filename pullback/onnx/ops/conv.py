@@ -13,14 +13,27 @@ from typing import Any
 
 from ... import ops
 from ..errors import OnnxImportError
+from ..interpreter import check_size
 from ..registry import converter
 from .common import dtype, pad_nd, shape, window_pads
 
 _CONV_ATTRS = ("auto_pad", "dilations", "group", "kernel_shape", "pads", "strides")
 
 
-def conv2d(x: Any, w: Any, stride: tuple, padding: tuple, dilation: tuple, groups: int) -> Any:
-    """pb.conv2d, passing dilation and groups only where they are not the defaults."""
+def conv2d(node: Any, x: Any, w: Any, stride: tuple, padding: tuple, dilation: tuple,
+           groups: int) -> Any:
+    """pb.conv2d, passing dilation and groups only where they are not the defaults.
+
+    Beside its result, pb.conv2d works on one sample's windows (im2col) at a time unless
+    the kernel is 1x1 at stride 1 without padding: a large kernel makes that work array
+    far larger than the input or the result, so it is held to the memory budget too."""
+    (c, h, wd), (kh, kw) = shape(x)[1:], shape(w)[2:]
+    if (kh, kw, *stride, *padding) != (1, 1, 1, 1, 0, 0):
+        out = [(size + 2 * p - d * (k - 1) - 1) // s + 1 for size, k, s, p, d in
+               zip((h, wd), (kh, kw), stride, padding, dilation)]
+        if min(out) > 0:
+            check_size((c, kh, kw, *out), dtype(x), node.run.max_tensor_bytes,
+                       "its convolution's im2col windows for one sample")
     extra: dict[str, Any] = {}
     if dilation != (1, 1):
         extra["dilation"] = dilation
@@ -70,14 +83,14 @@ def _conv(node: Any, x: Any, w: Any, b: Any = None) -> Any:
     strides, dilations, pads = _window_attrs(node, x, kernel)
     x, padding = _symmetric(x, pads, nd)
     if nd == 1:
-        y = conv2d(ops.reshape(x, (sx[0], sx[1], 1, shape(x)[2])),
+        y = conv2d(node, ops.reshape(x, (sx[0], sx[1], 1, shape(x)[2])),
                    ops.reshape(w, (sw[0], sw[1], 1, sw[2])),
                    (1, strides[0]), (0, padding[0]), (1, dilations[0]), groups)
         y = ops.reshape(y, (shape(y)[0], shape(y)[1], shape(y)[3]))
     elif nd == 2:
-        y = conv2d(x, w, strides, padding, dilations, groups)
+        y = conv2d(node, x, w, strides, padding, dilations, groups)
     else:
-        y = _conv3d(x, w, strides, padding, dilations, groups)
+        y = _conv3d(node, x, w, strides, padding, dilations, groups)
     if b is not None:
         if shape(b) != (sw[0],):
             raise OnnxImportError(f"bias must have shape ({sw[0]},), has {shape(b)}")
@@ -85,7 +98,7 @@ def _conv(node: Any, x: Any, w: Any, b: Any = None) -> Any:
     return y
 
 
-def _conv3d(x: Any, w: Any, strides: tuple, padding: tuple, dilations: tuple,
+def _conv3d(node: Any, x: Any, w: Any, strides: tuple, padding: tuple, dilations: tuple,
             groups: int) -> Any:
     """Sum over kernel depth i of a 2-D conv of the depth slices i*d, i*d + s, ..."""
     if padding[0]:
@@ -103,7 +116,7 @@ def _conv3d(x: Any, w: Any, strides: tuple, padding: tuple, dilations: tuple,
         slices = ops.getitem(x, (slice(None), slice(None), slice(start, start + sd * (od - 1) + 1,
                                                                   sd)))
         batch = ops.reshape(ops.transpose(slices, (0, 2, 1, 3, 4)), (n * od, c, h, wd))
-        y = conv2d(batch, ops.getitem(w, (slice(None), slice(None), i)), strides[1:],
+        y = conv2d(node, batch, ops.getitem(w, (slice(None), slice(None), i)), strides[1:],
                    padding[1:], dilations[1:], groups)
         total = y if total is None else ops.add(total, y)
     oh, ow = shape(total)[2:]
