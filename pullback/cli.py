@@ -89,7 +89,10 @@ def _run_train(args: argparse.Namespace, injected: dict[str, Any]) -> int:
     # Bad settings, an unusable output folder and bad checkpoints are ValueErrors
     # raised before training; an OSError can still come from a later write (disk full).
     except (ValueError, OSError) as error:
-        print(f"pullback train: {_one_line(error)}", file=sys.stderr)
+        message = _one_line(error)
+        # train()'s own messages already start "train: " or "train --resume: ".
+        prefix = "pullback " if message.startswith("train") else "pullback train: "
+        print(prefix + message, file=sys.stderr)
         return 2
     print(f"test accuracy: {result.test_accuracy:.4f}")
     return 0

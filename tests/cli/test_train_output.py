@@ -38,7 +38,8 @@ def _one_line_error(capsys: pytest.CaptureFixture[str]) -> str:
     captured = capsys.readouterr()
     lines = captured.err.strip().splitlines()
     assert len(lines) == 1, captured.err
-    assert lines[0].startswith("pullback train: ")
+    assert lines[0].startswith(("pullback train: ", "pullback train --resume: "))
+    assert "train: train" not in lines[0]
     assert "test accuracy" not in captured.out
     return lines[0]
 
