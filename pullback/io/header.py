@@ -105,7 +105,7 @@ def _parse(file: Any, size: int) -> tuple[dict[str, TensorEntry], dict[str, str]
     header = strict_json(file.read(length).decode("utf-8"))
     if not isinstance(header, dict):
         raise ValueError("its header is not a JSON object")
-    metadata = header.pop("__metadata__", None) or {}
+    metadata = header.pop("__metadata__", {})
     if not isinstance(metadata, dict) or not all(
             isinstance(v, str) for v in metadata.values()):
         raise ValueError("its metadata is not a map of strings")
