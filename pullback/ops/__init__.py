@@ -40,6 +40,7 @@ from .elementwise import (
     tanh,
     where,
 )
+from .kernel_op import KernelOp  # installs kernel pairs as ops on tensors
 from .linalg import matmul
 from .loss import cross_entropy, dropout_mask, one_hot
 from .norm import layer_norm
@@ -63,6 +64,7 @@ set_tangent_add(add_p)
 __all__ = [
     "PRIMITIVES",
     "CustomOp",
+    "KernelOp",
     "abs",
     "add",
     "astype",

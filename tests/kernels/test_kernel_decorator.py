@@ -407,3 +407,107 @@ def test_an_in_place_launch_writes_through_its_inputs_as_the_call_does(rng):
     assert axpy.in_place((2.0, x, frozen), (frozen,)) is None
     big = np.zeros(LARGE)
     assert axpy.in_place((1.0, big, big), (big,)) is None  # the parallel loop's size
+
+
+@kernel
+def softsign_backward(upstream, x):
+    d = 1.0 + abs(x)
+    return upstream / (d * d)
+
+
+@kernel(backward=softsign_backward)
+def softsign(x):
+    return x / (1.0 + abs(x))
+
+
+@kernel(outputs=2)
+def scaled_backward(upstream, x, s):
+    return upstream * s, upstream * x
+
+
+@kernel(backward=scaled_backward)
+def scaled(x, s):
+    return x * s
+
+
+@kernel
+def square_backward(upstream, forward_output):
+    return upstream * 2.0 * math.sqrt(forward_output)  # d(x^2)/dx for x >= 0, from x^2
+
+
+@kernel(backward=square_backward)
+def square_of_positive(x):
+    return x * x
+
+
+def test_a_kernel_pair_is_a_trainable_op_on_tensors():
+    import torch
+
+    import pullback as pb
+
+    x0 = np.random.default_rng(0).standard_normal((3, 4))
+    np.testing.assert_array_equal(softsign(x0), x0 / (1 + np.abs(x0)))  # arrays: a kernel
+    x = pb.tensor(x0, requires_grad=True)
+    y = softsign(x)
+    assert isinstance(y, pb.Tensor)
+    y.sum().backward()
+    t = torch.tensor(x0, requires_grad=True)
+    torch.nn.functional.softsign(t).sum().backward()
+    np.testing.assert_allclose(x.grad.numpy(), t.grad.numpy(), rtol=1e-12)
+    np.testing.assert_allclose(pb.grad(lambda x: softsign(x).sum())(pb.tensor(x0)).numpy(),
+                               t.grad.numpy(), rtol=1e-12)
+    assert pb.gradcheck(lambda x: softsign(x), (pb.tensor(x0),))
+    # A training plan of a module's loss through the pair.
+    w = pb.nn.Parameter(pb.tensor(x0[0]))
+    step = pb.compile(lambda x: softsign(x * w).sum(), pb.tensor(x0),
+                      mode=pb.LoweringMode.TRAINING)
+    step(pb.tensor(x0))
+    tw = torch.tensor(x0[0], requires_grad=True)
+    torch.nn.functional.softsign(torch.tensor(x0) * tw).sum().backward()
+    np.testing.assert_allclose(w.grad.numpy(), tw.grad.numpy(), rtol=1e-12)
+
+
+def test_a_two_input_pair_sums_gradients_over_broadcast_axes():
+    import pullback as pb
+
+    x = pb.randn(3, 4, dtype=np.float64, seed=1, requires_grad=True)
+    s = pb.randn(4, dtype=np.float64, seed=2, requires_grad=True)
+    scaled(x, s).sum().backward()
+    np.testing.assert_allclose(x.grad.numpy(), np.broadcast_to(s.numpy(), (3, 4)))
+    np.testing.assert_allclose(s.grad.numpy(), x.numpy().sum(0), rtol=1e-12)
+    assert pb.gradcheck(lambda x, s: scaled(x, s), (x.detach(), s.detach()))
+    y = scaled(x, 2.0)  # a Python scalar operand gets no gradient
+    np.testing.assert_array_equal(y.numpy(), 2.0 * x.numpy())
+
+
+def test_a_pair_whose_backward_reads_the_output_saves_only_the_output():
+    import weakref
+
+    import pullback as pb
+
+    x = pb.tensor([1.0, 2.0, 3.0], dtype=np.float64, requires_grad=True)
+    h = x * 1.0
+    watch = weakref.ref(h._data)
+    y = square_of_positive(h)
+    del h
+    assert watch() is None
+    y.sum().backward()
+    np.testing.assert_allclose(x.grad.numpy(), [2.0, 4.0, 6.0])
+
+
+def test_a_backward_kernel_must_name_what_it_reads():
+    import pullback as pb
+
+    @kernel
+    def odd_backward(upstream, z):
+        return upstream * z
+
+    @kernel(backward=odd_backward)
+    def odd(x):
+        return x
+
+    with pytest.raises(TypeError, match=r"parameter 'z' names neither an input of odd \(x\) "
+                                        "nor forward_output"):
+        odd(pb.ones(2))
+    with pytest.raises(TypeError, match=r"returns 1 value\(s\), but a forward of 2 input"):
+        kernel(backward=odd_backward)(lambda x, y: x * y)(pb.ones(2), pb.ones(2))
