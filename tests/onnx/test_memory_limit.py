@@ -16,6 +16,7 @@ from onnx import helper
 
 import pullback.onnx
 from pullback.onnx import NodeError, OnnxImportError
+from pullback.onnx.ops.pool import _window_counts
 
 LIMIT = 1 << 20  # 1 MiB
 LIMIT_TEXT = "over the limit of 1,048,576"
@@ -119,3 +120,22 @@ def test_an_input_over_the_limit_is_refused():
         model(big)
     with pytest.raises(OnnxImportError, match=r"input 'x' .*" + LIMIT_TEXT):
         model.forward(big)
+
+
+
+def test_average_pool_counts_follow_the_output_not_the_pads():
+    # Five windows of 200,000 elements over a 4-element input: each averages the
+    # whole input. Counting each window's real elements builds nothing the size of the
+    # padded axis (it took a 1.6 MB array and a Python loop over the kernel).
+    x = np.arange(4, dtype=np.float32).reshape(1, 1, 4)
+    model = pullback.onnx.load(node_model("AveragePool", {"x": x}, {
+        "kernel_shape": [200_000], "pads": [100_000, 100_000]}), max_tensor_bytes=LIMIT)
+    (y,) = model(x)
+    np.testing.assert_allclose(np.asarray(y), np.full((1, 1, 5), x.mean()), rtol=1e-6)
+    tracemalloc.start()
+    counts = _window_counts((4,), (200_000,), (1,), (1,), [100_000], [100_000], [5],
+                            False)
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    np.testing.assert_array_equal(counts, np.full((1, 1, 5), 4.0))
+    assert peak < 64 * 1024

@@ -115,24 +115,24 @@ def _average_pool(node: Any, x: Any) -> Any:
         total = None
         for window in _offset_windows(xp, kernel, strides, dilations, outs):
             total = window if total is None else ops.add(total, window)
-    counts = _window_counts(shape(x)[2:], kernel, strides, dilations, begins, ends, extra,
-                            outs, include_pad)
+    counts = _window_counts(shape(x)[2:], kernel, strides, dilations, begins, ends, outs,
+                            include_pad)
     return ops.mul(total, (1.0 / counts).astype(dtype(x)))
 
 
 def _window_counts(sizes: tuple, kernel: tuple, strides: tuple, dilations: tuple,
-                   begins: list, ends: list, extra: list, outs: list,
-                   include_pad: bool) -> np.ndarray:
+                   begins: list, ends: list, outs: list, include_pad: bool) -> np.ndarray:
     """How many elements each window averages: the real ones, or with count_include_pad
-    the pads too (never ceil_mode's extension past the end pads)."""
+    the pads too (never ceil_mode's extension past the end pads). Counted per output
+    position in closed form: memory and time follow the output, not the pads or kernel."""
     counts = np.ones((1,), dtype=np.float64)
-    for size, k, s, d, b, e, x_, n in zip(sizes, kernel, strides, dilations, begins, ends,
-                                          extra, outs):
-        inside = np.zeros(size + b + e + x_)
-        inside[(0 if include_pad else b):(size + b + e if include_pad else size + b)] = 1.0
-        starts = np.arange(n) * s
-        per_axis = sum(inside[starts + o * d] for o in range(k))
-        counts = np.multiply.outer(counts, per_axis)
+    for size, k, s, d, b, e, n in zip(sizes, kernel, strides, dilations, begins, ends, outs):
+        lo, hi = (0, size + b + e) if include_pad else (b, size + b)
+        starts = np.arange(n, dtype=np.int64) * s
+        # The offsets o < k whose element starts + o * d lies in [lo, hi).
+        first = np.maximum(-((starts - lo) // d), 0)
+        stop = np.minimum(-((starts - hi) // d), k)
+        counts = np.multiply.outer(counts, np.maximum(stop - first, 0).astype(np.float64))
     counts = counts.reshape((1, 1) + tuple(outs))
     if (counts == 0).any():
         raise OnnxImportError("a window lies entirely in the padding (nothing to average)")
