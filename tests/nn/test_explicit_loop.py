@@ -73,3 +73,21 @@ def test_the_trace_still_guards_the_input_it_saved() -> None:
     with pytest.raises(RuntimeError, match="pending backward of layer_norm"):
         x.add_(1.0)
     del trace
+
+
+def test_a_trainable_onnx_model_updates_while_its_trace_is_alive(tmp_path) -> None:
+    import pullback.onnx
+
+    pb.manual_seed(0)
+    source = nn.Sequential(nn.Dense(4, 3), nn.LayerNorm(3), nn.Tanh())
+    path = tmp_path / "model.onnx"
+    pullback.onnx.export(source, pb.randn(2, 4, seed=0), str(path))
+    model = pullback.onnx.load(str(path), trainable=True)
+    before = [p.numpy().copy() for p in model.parameters()]
+    y, trace = model.traced_forward(pb.randn(2, 4, seed=1))
+    y = y[0] if isinstance(y, tuple) else y
+    _, grads = model.backprop(trace, pb.ones(*y.shape))
+    model.update(optim.SGD(model.parameters(), 0.1), grads)  # raised: pending backward...
+    flat = list(nn.flatten_tree(grads).values())
+    for p, b, g in zip(model.parameters(), before, flat):
+        np.testing.assert_allclose(p.numpy(), b - 0.1 * g.numpy(), rtol=1e-6, atol=1e-7)
