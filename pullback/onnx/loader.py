@@ -151,7 +151,7 @@ def _read_external_data(tensor: Any, folder: str, max_bytes: int, what: str) -> 
         except (ValueError, OSError):
             pass  # a bad offset or length, or no such file: onnx's refusal says which
     if found is not None and stat.S_ISREG(found.st_mode) and dtype.kind != "O":
-        available = found.st_size - offset if length is None else length
+        available = max(found.st_size - offset, 0) if length is None else length
         if available != nbytes:
             raise BadModelError(f"{what}: shape {dims} {dtype} needs {nbytes:,} bytes of data, "
                                 f"but its external data {location!r} (in {folder}) holds "

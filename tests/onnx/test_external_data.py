@@ -9,9 +9,10 @@ from __future__ import annotations
 import os
 
 import numpy as np
+import onnx
 import pytest
 from graphs import FLOAT, graph_model
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 
 import pullback.onnx
 from pullback.onnx import BadModelError, OnnxImportError
@@ -56,6 +57,25 @@ def test_initializer_and_constant_with_external_data_load_from_the_path(tmp_path
         path = _write_model(folder, **{where: _external("w", _W, "w.bin")})
         (y,) = pullback.onnx.load(path)(x)
         np.testing.assert_array_equal(np.asarray(y), x + _W)
+
+
+def test_a_model_saved_by_onnx_with_one_data_file_loads(tmp_path):
+    # onnx.save_model puts every tensor in one file, each at its offset with its length.
+    b = np.full((2, 3), 0.5, np.float32)
+    nodes = [helper.make_node("Mul", ["x", "w"], ["h"], name="mul"),
+             helper.make_node("Add", ["h", "b"], ["y"], name="add")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", FLOAT, [2, 3])],
+                              [helper.make_tensor_value_info("y", FLOAT, [2, 3])],
+                              initializer=[numpy_helper.from_array(_W, "w"),
+                                           numpy_helper.from_array(b, "b")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    path = str(tmp_path / "model.onnx")
+    onnx.save_model(model, path, save_as_external_data=True, all_tensors_to_one_file=True,
+                    location="weights.bin", size_threshold=0)
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    (y,) = pullback.onnx.load(path)(x)
+    np.testing.assert_array_equal(np.asarray(y), x * _W + b)
 
 
 def test_external_data_outside_the_model_folder_is_refused(tmp_path):
