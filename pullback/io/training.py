@@ -119,6 +119,9 @@ def save_training(
     name = str(path)
     if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0:
         raise CheckpointError(f"{name}: step must be a non-negative int, got {step!r}")
+    if step > _STEP_MAX:
+        # load_training would refuse the file: fail now, not at resume time.
+        raise CheckpointError(f"{name}: step {step} does not fit an int64")
     if rng is not None and not isinstance(rng, np.random.Generator):
         raise CheckpointError(
             f"{name}: rng must be a np.random.Generator or None, got {type(rng).__name__}"

@@ -187,12 +187,13 @@ def test_missing_and_corrupt_training_files(tmp_path: Path) -> None:
     ({"step": -1}, "step must be a non-negative int"),
     ({"step": 1.5}, "step must be a non-negative int"),
     ({"step": True}, "step must be a non-negative int"),
+    ({"step": 2**63}, "does not fit an int64"),
     ({"step": 1, "rng": np.random.RandomState(0)}, "rng must be a np.random.Generator"),
     ({"step": 1, "extra": {"f": object()}}, "not JSON-serializable"),
     ({"step": 1, "extra": {1: "a"}}, "keys must be strings"),
     ({"step": 1, "extra": [1, 2]}, "not a dict"),
-], ids=["negative-step", "float-step", "bool-step", "legacy-rng", "object-extra",
-        "int-key-extra", "list-extra"])
+], ids=["negative-step", "float-step", "bool-step", "int64-overflow-step", "legacy-rng",
+        "object-extra", "int-key-extra", "list-extra"])
 def test_bad_arguments_are_rejected_before_writing(tmp_path: Path, kwargs: dict,
                                                    match: str) -> None:
     path = tmp_path / "train.safetensors"
