@@ -90,10 +90,7 @@ class Kernel:
             # no more compiling: writable, read-only (pullback's saved arrays) and
             # unaligned arrays all convert to it, where Numba would otherwise compile a
             # specialization for each.
-            signature = self._signature(dtype, key)
-            if signature not in driver.overloads:  # a module shared by a re-declared body
-                driver.compile(signature)
-            driver.disable_compile()
+            jit.compile_once(driver, self._signature(dtype, key))
             self._drivers[(dtype, key, parallel)] = driver
         return driver
 

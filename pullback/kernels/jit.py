@@ -177,3 +177,15 @@ def load_drivers(kernel_name: str, fn: Callable, dtype: np.dtype, source: str,
         module.parallel_loop = nb.njit(cache=True, parallel=True, **JIT_OPTIONS)(
             module.parallel)
         return module
+
+
+def compile_once(driver: Any, signature: tuple) -> None:
+    """Compile `driver` for `signature`, then forbid it compiling more. Kernels whose
+    bodies compile to the same code (generated fused chains that differ only in their
+    variables' names) share one module and so its dispatchers: one lock for all of them
+    keeps a second thread from compiling a dispatcher that the first has just closed
+    ("compilation disabled"). Numba compiles one function at a time anyway."""
+    with _lock:
+        if signature not in driver.overloads:
+            driver.compile(signature)
+        driver.disable_compile()
