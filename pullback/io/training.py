@@ -138,6 +138,8 @@ def save_training(
         extra_json = json.dumps(dict(extra))
     except (TypeError, ValueError) as error:
         raise CheckpointError(f"{name}: {error}") from error
+    except RecursionError:
+        raise CheckpointError(f"{name}: extra is nested too deeply to store") from None
     arrays = to_arrays(model.state_dict(), path, prefix=MODEL_PREFIX)
     arrays.update(to_arrays(optimizer.state_dict(), path, prefix=OPTIM_PREFIX))
     metadata = {KIND_KEY: "training", STEP_KEY: str(int(step)), EXTRA_KEY: extra_json}

@@ -302,3 +302,14 @@ def test_every_storable_dtype_round_trips_through_a_training_checkpoint(tmp_path
     for name, value in fresh.state.items():
         assert isinstance(value, pb.Tensor) and value.dtype == np.dtype(name)
         np.testing.assert_array_equal(value.numpy(), np.ones(3, dtype=name))
+
+
+def test_extra_nested_too_deeply_is_a_checkpoint_error(tmp_path: Path) -> None:
+    deep: list = []
+    for _ in range(100_000):
+        deep = [deep]
+    path = tmp_path / "train.safetensors"
+    with pytest.raises(CheckpointError, match="nested too deeply") as error:
+        save_training(path, model=StandInModel(0), optimizer=StandInOptimizer(), step=1,
+                      extra={"deep": deep})
+    assert str(path) in str(error.value) and not path.exists()
