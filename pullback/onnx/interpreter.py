@@ -66,10 +66,12 @@ class _bounded_evaluation:
     def __call__(self, prim: Any, args: tuple, params: dict) -> Any:
         try:
             shape, dtype = prim.abstract_eval(*args, **params)
+            dims = tuple(int(d) for d in shape)
+            dtype = None if dtype is None else np.dtype(dtype)
         except Exception:
             # An operand the shape rule refuses: the evaluator raises its own error.
             return self._inner(prim, args, params)
-        check_size(shape, dtype, self.limit, f"its {prim.name} result")
+        check_size(dims, dtype, self.limit, f"its {prim.name} result")
         return self._inner(prim, args, params)
 
 
