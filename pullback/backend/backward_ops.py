@@ -26,6 +26,37 @@ def _shape(value: Any) -> Shape:
     return tuple(getattr(value, "shape", ()))
 
 
+def check_matmul_backward(upstream: Any, lhs: Any, rhs: Any) -> None:
+    """A KernelError naming matmul_backward unless lhs @ rhs is defined and has
+    upstream's shape (NumPy's rules, 1-D operands promoted)."""
+    sa, sb, su = _shape(lhs), _shape(rhs), _shape(upstream)
+    operands = [upstream, lhs, rhs]
+    if not sa or not sb:
+        raise KernelError("matmul_backward", operands,
+                          "lhs and rhs must have at least one dimension")
+    a2 = (1, *sa) if len(sa) == 1 else sa
+    b2 = (*sb, 1) if len(sb) == 1 else sb
+    if a2[-1] != b2[-2]:
+        raise KernelError("matmul_backward", operands,
+                          f"inner dimensions {a2[-1]} and {b2[-2]} of lhs and rhs differ")
+    batch = a2[:-2] if a2[:-2] == b2[:-2] else _broadcast(a2[:-2], b2[:-2])
+    if batch is None:
+        raise KernelError("matmul_backward", operands, f"batch dimensions {a2[:-2]} and "
+                          f"{b2[:-2]} of lhs and rhs cannot be broadcast together")
+    expected = (*batch, *(a2[-2:-1] if len(sa) > 1 else ()), *(b2[-1:] if len(sb) > 1 else ()))
+    if su != expected:
+        raise KernelError("matmul_backward", operands,
+                          f"upstream has shape {su} but lhs @ rhs has shape {expected}")
+
+
+def _broadcast(sa: Shape, sb: Shape) -> Shape | None:
+    n = max(len(sa), len(sb))
+    sa, sb = (1,) * (n - len(sa)) + tuple(sa), (1,) * (n - len(sb)) + tuple(sb)
+    if any(x != y and 1 not in (x, y) for x, y in zip(sa, sb)):
+        return None
+    return tuple(x if y == 1 else y for x, y in zip(sa, sb))
+
+
 def _swap_last(ndim: int) -> Shape:
     return (*range(ndim - 2), ndim - 1, ndim - 2)
 
@@ -222,6 +253,7 @@ class BackwardOps:
     ) -> Grads:
         """(upstream @ rhs^T, lhs^T @ upstream), batch dims summed back, 1-D operands
         handled as NumPy's matmul promotes them."""
+        check_matmul_backward(upstream, lhs, rhs)
         lhs_shape, rhs_shape = _shape(lhs), _shape(rhs)
         a = lhs if len(lhs_shape) > 1 else self.reshape(lhs, (1, *lhs_shape))
         b = rhs if len(rhs_shape) > 1 else self.reshape(rhs, (*rhs_shape, 1))

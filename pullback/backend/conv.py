@@ -119,22 +119,24 @@ def fold(cols: np.ndarray, input_shape: Sequence[int], win: Windows) -> np.ndarr
 
 def check_conv(
     x: np.ndarray, w: np.ndarray, stride: Any, padding: Any, dilation: Any = (1, 1),
-    groups: Any = 1,
+    groups: Any = 1, op: str = "conv2d", operands: list | None = None,
 ) -> Windows:
-    operands = [x, w]
+    """The windows of a convolution of x by w, or a KernelError naming `op` (the
+    forward or the backward kernel the caller called) and its `operands`."""
+    operands = [x, w] if operands is None else operands
     if x.ndim != 4 or w.ndim != 4:
         raise KernelError(
-            "conv2d", operands,
+            op, operands,
             "expected 4-D input (N, C, H, W) and weight (O, C / groups, kh, kw)",
         )
-    for array in operands:
+    for array in (x, w):
         if array.dtype.kind != "f":
-            raise KernelError("conv2d", operands, "expected a floating dtype")
+            raise KernelError(op, operands, "expected a floating dtype")
     if x.dtype != w.dtype:
-        raise KernelError("conv2d", operands, "input and weight dtypes differ")
-    check_float("conv2d", operands)
-    check_groups("conv2d", operands, x.shape[1], w.shape, groups)
-    return check_windows("conv2d", x, w.shape[2:], stride, padding, operands, dilation)
+        raise KernelError(op, operands, "input and weight dtypes differ")
+    check_float(op, [x, w])
+    check_groups(op, operands, x.shape[1], w.shape, groups)
+    return check_windows(op, x, w.shape[2:], stride, padding, operands, dilation)
 
 
 def check_groups(op: str, operands: Sequence[Any], channels: int, weight_shape: Sequence[int],
@@ -232,6 +234,9 @@ def conv2d(x: np.ndarray, w: np.ndarray, stride: Any, padding: Any, dilation: An
     pixels = win.out_hw[0] * win.out_hw[1]
     weight = w.reshape(groups, o // groups, -1)
     out = _result("conv2d", [x, w], (n, o, *win.out_hw), x.dtype, out)
+    if out.size == 0 or x.size == 0 or w.size == 0:
+        out[...] = 0  # an empty batch (or no channels): a sum over nothing, as PyTorch
+        return out
     rows = out.reshape(n, groups, o // groups, pixels)
     x = np.ascontiguousarray(x)
     if _pointwise(win):
@@ -292,7 +297,8 @@ def conv2d_input_backward(
     """Gradient wrt x: w^T @ upstream per sample and group, as windows folded back
     (col2im), chunk by chunk (into `out` when given)."""
     probe = _probe("conv2d_input_backward", input_shape, w.dtype, [upstream, w])
-    win = check_conv(probe, w, stride, padding, dilation, groups)
+    win = check_conv(probe, w, stride, padding, dilation, groups, "conv2d_input_backward",
+                     [upstream, w])
     _check_upstream("conv2d_input_backward", upstream, (input_shape[0], w.shape[0]), win, w)
     n, c = input_shape[:2]
     o = w.shape[0]
@@ -300,6 +306,9 @@ def conv2d_input_backward(
     weight_t = w.reshape(groups, o // groups, -1).transpose(0, 2, 1)
     up = np.ascontiguousarray(upstream).reshape(n, groups, o // groups, pixels)
     grad = _result("conv2d_input_backward", [upstream, w], tuple(input_shape), w.dtype, out)
+    if grad.size == 0 or upstream.size == 0 or w.size == 0:
+        grad[...] = 0  # an empty batch, or nothing reaches the input
+        return grad
     if _pointwise(win):
         np.matmul(weight_t, up, out=grad.reshape(n, groups, -1, pixels))
         return grad
@@ -321,8 +330,11 @@ def conv2d_weight_backward(
     chunk, im2col recomputed per chunk while in cache (cheaper than keeping the
     forward's: it would be the whole batch's windows, written to memory and kept)."""
     probe = _probe("conv2d_weight_backward", weight_shape, x.dtype, [upstream, x])
-    win = check_conv(x, probe, stride, padding, dilation, groups)
+    win = check_conv(x, probe, stride, padding, dilation, groups, "conv2d_weight_backward",
+                     [upstream, x])
     _check_upstream("conv2d_weight_backward", upstream, (x.shape[0], weight_shape[0]), win, x)
+    if upstream.size == 0 or x.size == 0:
+        return np.zeros(tuple(weight_shape), x.dtype)  # an empty batch adds nothing
     n, c = x.shape[:2]
     o = weight_shape[0]
     pixels = win.out_hw[0] * win.out_hw[1]

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from pullback.backend import conv, gemm
-from pullback.backend.backward_ops import BackwardOps, Grads, Needed
+from pullback.backend.backward_ops import BackwardOps, Grads, Needed, check_matmul_backward
 from pullback.backend.base import Backend, Pair, Shape
 from pullback.backend.errors import KernelError
 from pullback.backend.fused import FusedOps, check_act, check_labels, check_rows
@@ -782,6 +782,7 @@ class CpuBackend(BackwardOps, FusedOps, Backend):
         self, upstream: np.ndarray, lhs: np.ndarray, rhs: np.ndarray,
         needed: Needed = (True, True),
     ) -> Grads:
+        check_matmul_backward(upstream, lhs, rhs)
         a = lhs if lhs.ndim > 1 else lhs[None, :]
         b = rhs if rhs.ndim > 1 else rhs[:, None]
         u = upstream if rhs.ndim > 1 else upstream[..., None]
@@ -794,7 +795,9 @@ class CpuBackend(BackwardOps, FusedOps, Backend):
         if needed[1]:
             if b.ndim == 2 and a.shape[:-2] == u.shape[:-2]:
                 # A shared weight: one GEMM over all batch rows instead of a batch then a sum.
-                a2, u2 = a.reshape(-1, a.shape[-1]), u.reshape(-1, u.shape[-1])
+                # Row counts spelled out: reshape(-1, 0) of an empty operand is ambiguous.
+                rows = math.prod(a.shape[:-1])
+                a2, u2 = a.reshape(rows, a.shape[-1]), u.reshape(rows, u.shape[-1])
                 if rhs.ndim == 2 and rhs.flags.f_contiguous and not rhs.flags.c_contiguous:
                     # The weight is a transposed view (x @ w.T): give its gradient the same
                     # layout, so that transposing it back yields a C-ordered array and no

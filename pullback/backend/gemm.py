@@ -44,6 +44,8 @@ def bias_sums(x: np.ndarray, shape: tuple) -> np.ndarray | None:
     a block, x is not contiguous, or there are too many rows for BLAS's summation
     order to stay within a few ulps of NumPy's."""
     dims = x.shape
+    if x.size == 0:
+        return None  # an empty batch: NumPy's reduction gives the zeros
     if x.ndim == 2 and shape == (dims[1],):  # the commonest: a dense layer's bias
         first, last = 1, 2
     else:

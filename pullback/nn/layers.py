@@ -30,6 +30,14 @@ def uniform(shape: tuple, bound: float, dtype: Any) -> Tensor:
     return Parameter((rand(*shape, dtype=dtype) * 2.0 - 1.0) * bound)
 
 
+def check_sizes(layer: str, **sizes: Any) -> None:
+    """Each size a non-negative int, or a ValueError naming the layer and the argument
+    (not a math domain error from the initializer's square root)."""
+    for name, value in sizes.items():
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+            raise ValueError(f"{layer}: {name} must be a non-negative int, got {value!r}")
+
+
 class LayerTrace:
     """What a layer's own backprop needs: the module and the saved values."""
 
@@ -51,6 +59,7 @@ class Dense(Module):
     def __init__(self, in_features: int, out_features: int, bias: bool = True,
                  dtype: Any = np.float32):
         super().__init__()
+        check_sizes(type(self).__name__, in_features=in_features, out_features=out_features)
         self.in_features, self.out_features = in_features, out_features
         bound = 1.0 / math.sqrt(in_features) if in_features else 0.0
         self.weight = uniform((out_features, in_features), bound, dtype)
@@ -102,6 +111,7 @@ class Conv2d(Module):
                  padding: Any = 0, bias: bool = True, dtype: Any = np.float32,
                  dilation: Any = 1, groups: int = 1):
         super().__init__()
+        check_sizes("Conv2d", in_channels=in_channels, out_channels=out_channels)
         kh, kw = ops.conv.pair("Conv2d", kernel_size, "kernel_size")
         self.stride = ops.conv.pair("Conv2d", stride, "stride")
         self.padding = ops.conv.pair("Conv2d", padding, "padding")

@@ -7,6 +7,7 @@ from typing import Any
 import numpy as np
 
 from .. import ops
+from ..backend.errors import KernelError
 from ..tensor import Tensor
 
 
@@ -17,16 +18,18 @@ def cross_entropy(logits: Any, labels: Any) -> Tensor:
     """
     labels = np.asarray(labels._data if isinstance(labels, Tensor) else labels)
     shape = tuple(logits.shape)
+    # KernelError names the op, both shapes and both dtypes: "cross_entropy: (2, 4) and (2,):
+    # labels must be integers (dtypes float32 and float64)".
     if len(shape) != 2:
-        raise ValueError(f"cross_entropy: logits must have shape (N, C), got {shape}")
+        raise KernelError("cross_entropy", (logits, labels), "logits must have shape (N, C)")
     if labels.dtype.kind not in "iu":
-        raise TypeError(f"cross_entropy: labels must be integers, got {labels.dtype}")
+        raise KernelError("cross_entropy", (logits, labels), "labels must be integers")
     if labels.shape != (shape[0],):
-        raise ValueError(f"cross_entropy: logits {shape} need labels of shape ({shape[0]},), "
-                         f"got {labels.shape}")
+        raise KernelError("cross_entropy", (logits, labels),
+                          f"the logits need labels of shape ({shape[0]},)")
     if labels.size and (labels.min() < 0 or labels.max() >= shape[1]):
-        raise ValueError(f"cross_entropy: labels must lie in [0, {shape[1]}), got values from "
-                         f"{labels.min()} to {labels.max()}")
+        raise KernelError("cross_entropy", (logits, labels), f"labels must lie in "
+                          f"[0, {shape[1]}), got values from {labels.min()} to {labels.max()}")
     # The labels stay an operand of the primitive: a lowered plan replays it on new labels.
     return ops.cross_entropy(logits, labels)
 

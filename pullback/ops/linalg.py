@@ -32,6 +32,8 @@ def _matmul_shape(a: Any, b: Any) -> tuple:
 
 
 def _matmul_impl(backend: Any, a: Any, b: Any) -> Any:
+    if not hasattr(a, "dtype") or not hasattr(b, "dtype"):  # a Python number
+        raise KernelError("matmul", (a, b), "operands must have at least one dimension")
     if a.dtype is not b.dtype and a.dtype != b.dtype:
         dtype = result_dtype("matmul", a, b)  # raises for two floating dtypes
         # An integer operand takes the floating operand's dtype.

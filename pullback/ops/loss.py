@@ -7,6 +7,7 @@ lowered plan replays them correctly on new data.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from ..ad import defjvp, defvjp
@@ -50,7 +51,12 @@ def _cross_entropy_impl(backend: Any, logits: Any, labels: Any) -> Any:
     n = logits.shape[0]
     # One pass per row on the CPU backends (FusedOps); labels out of range raise.
     per_row = fused_ops(backend).cross_entropy(logits, labels)
-    return backend.mul(backend.reduce_sum(per_row, (0,), False), 1.0 / n)
+    return backend.mul(backend.reduce_sum(per_row, (0,), False), _mean_scale(n))
+
+
+def _mean_scale(n: int) -> float:
+    # The mean of an empty batch is 0 / 0: NaN, as PyTorch gives it (the gradient is empty).
+    return 1.0 / n if n else math.nan
 
 
 cross_entropy_p = declare("cross_entropy", _cross_entropy_impl, _cross_entropy_shape,
@@ -61,7 +67,7 @@ cross_entropy_p.exact_inputs = True  # labels stay integers for the fused backwa
 def _softmax_minus_target(logits: Any, labels: Any) -> Any:
     n, c = shape_of(logits)
     target = one_hot(labels, c, dtype_of(logits))
-    return mul(sub(exp(log_softmax(logits, -1)), target), 1.0 / n)
+    return mul(sub(exp(log_softmax(logits, -1)), target), _mean_scale(n))
 
 
 # d loss / d logits = (softmax(logits) - one_hot(labels)) / N; labels have no derivative.
@@ -72,7 +78,7 @@ defjvp(cross_entropy_p,
 
 def _cross_entropy_vjp(be: Any, g: Any, node: Any) -> tuple:
     logits, labels = node.inputs
-    upstream = be.mul(g, 1.0 / logits.shape[0])
+    upstream = be.mul(g, _mean_scale(logits.shape[0]))
     return fused_ops(be).cross_entropy_backward(upstream, logits, labels), None
 
 

@@ -42,9 +42,12 @@ defvjp(reshape_p, lambda be, g, n: (be.reshape(g, n.in_shapes[0]),))
 
 def reshape(x: Any, *shape: Any) -> Any:
     """Reshape to `shape` (a tuple or separate ints; one entry may be -1)."""
-    if len(shape) == 1 and not isinstance(shape[0], int):
+    if len(shape) == 1 and hasattr(shape[0], "__len__"):  # one sequence of dims
         shape = tuple(shape[0])
-    shape = tuple(operator.index(d) for d in shape)
+    try:
+        shape = tuple(operator.index(d) for d in shape)
+    except TypeError:
+        raise KernelError("reshape", (x,), f"the shape must be ints, got {shape}") from None
     if -1 in shape:
         known = 1
         for d in shape:

@@ -21,11 +21,13 @@ from ..backend.current import THREAD as _THREAD_BACKEND
 from ..backend.current import get_backend
 from ..backend.errors import KernelError
 from ..ops.elementwise import add_p, div_p, mul_p, sub_p
+from ..ops.registry import PRIMITIVES
 from .protect import TensorNode, protect, saved_by, writeable_if_free
 from .state import GRAD_MODE
 
 _new = object.__new__
 _FLOATS = frozenset([np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.float16)])
+_GRAD_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
 
 def _wrap(data: Any, node: Any) -> Tensor:
@@ -47,7 +49,7 @@ def evaluate(prim: Any, args: tuple, params: dict) -> Tensor:
             parents = (a._node,)
             active = parents[0] is not None
         else:
-            x, parents, active = a, (None,), False
+            x, parents, active = _plain_operand(prim, a, args), (None,), False
         arrays = (x,)
         out = prim.impl(backend, x, **params) if params else prim.impl(backend, x)
     elif n_args == 2:
@@ -55,16 +57,17 @@ def evaluate(prim: Any, args: tuple, params: dict) -> Tensor:
         if type(a) is Tensor:
             x, pa = a._data, a._node
         else:
-            x, pa = a, None
+            x, pa = _plain_operand(prim, a, args), None
         if type(b) is Tensor:
             y, pb_ = b._data, b._node
         else:
-            y, pb_ = b, None
+            y, pb_ = _plain_operand(prim, b, args), None
         arrays, parents = (x, y), (pa, pb_)
         active = pa is not None or pb_ is not None
         out = prim.impl(backend, x, y, **params) if params else prim.impl(backend, x, y)
     else:
-        arrays = tuple([a._data if type(a) is Tensor else a for a in args])
+        arrays = tuple([a._data if type(a) is Tensor else _plain_operand(prim, a, args)
+                        for a in args])
         parents = tuple([a._node if type(a) is Tensor else None for a in args])
         active = any(p is not None for p in parents)
         out = prim.impl(backend, *arrays, **params)
@@ -109,6 +112,30 @@ def evaluate(prim: Any, args: tuple, params: dict) -> Tensor:
         node.output = None
     result._node = node
     return result
+
+
+def _plain_operand(prim: Any, value: Any, args: tuple) -> Any:
+    """An operand that is not a tensor: an array or a number. Data a user passed by
+    mistake is refused here, naming the op, before a backend meets it (None.dtype, a
+    list silently made float64, an object array's None read as NaN). None passes where
+    it stands for something internal: an optional operand (layer_norm's weight), a
+    custom op's absent tangent."""
+    if isinstance(value, (np.ndarray, np.generic)):
+        if value.dtype.kind in "fiub":
+            return value
+    elif value is None:
+        if PRIMITIVES.get(prim.name) is not prim or len(args) > 2:
+            return value
+    elif not isinstance(value, (str, bytes, list, tuple, dict, set)):
+        return value  # a number, or an operand of the autodiff core's own
+    raise KernelError(prim.name, args, f"operands must be tensors, arrays or numbers, not "
+                      f"{_kind(value)}")
+
+
+def _kind(value: Any) -> str:
+    dtype = getattr(value, "dtype", None)
+    return f"{type(value).__name__} of dtype {dtype}" if dtype is not None else \
+        type(value).__name__
 
 
 def _saved_as_float(arrays: tuple, dtype: np.dtype) -> tuple:
@@ -270,10 +297,10 @@ class Tensor(_Operators):
         if value:
             if self._node is not None:
                 return
-            if self._data.dtype.kind != "f":
+            if self._data.dtype not in _GRAD_DTYPES:
                 raise TypeError(
-                    f"requires_grad: only floating tensors can require grad; this one is "
-                    f"{self._data.dtype} with shape {self.shape}"
+                    f"requires_grad: only float32 and float64 tensors can require grad; this "
+                    f"one is {self._data.dtype} with shape {self.shape}"
                 )
             self._node = Leaf(self.shape, self.dtype, weakref.ref(self))
         else:
