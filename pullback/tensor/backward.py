@@ -137,10 +137,12 @@ class EagerExecutor(BackwardExecutor):
         return tuple(c._data if type(c) is Tensor else c for c in cts)
 
     def add_operands(self, a: Any, b: Any) -> Any:
-        if self.create_graph or type(a) is not np.ndarray or type(b) is not np.ndarray:
-            with grad_mode(self.create_graph):
-                return a + b
-        return self.backend.add(a, b)
+        if type(a) is np.ndarray and type(b) is np.ndarray:
+            # Two constants (even under create_graph: nothing to record), through the
+            # backend: NumPy's `+` turns a 0-d sum into a NumPy scalar.
+            return self.backend.add(a, b)
+        with grad_mode(self.create_graph):
+            return a + b
 
     def derivative_error(self, node: Any, err: DerivativeError) -> Exception:
         return DerivativeError(

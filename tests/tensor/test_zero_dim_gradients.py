@@ -111,3 +111,17 @@ def test_max_of_zero_dim_tensor_in_a_training_plan(keepdims: bool) -> None:
     _assert_zero_dim_array(w.grad, first)
     step(_scalar(1.0))
     _assert_zero_dim_array(w.grad, 2 * first)
+
+
+def test_zero_dim_grad_inside_grad_stays_an_array_where_cotangents_meet() -> None:
+    """Under an outer transform the inner backward records; two constant cotangents meeting
+    at one node (y + y) were added with NumPy's `+` and gave a NumPy scalar."""
+    seen = []
+
+    def outer(z: pb.Tensor) -> pb.Tensor:
+        inner = pb.grad(lambda y: y + y)(z)
+        seen.append(inner)
+        return inner * z * z
+
+    _assert_zero_dim_array(pb.grad(outer)(_scalar(0.5)), 2.0 * 2 * 0.5)
+    _assert_zero_dim_array(seen[0], 2.0)
