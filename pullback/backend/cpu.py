@@ -18,7 +18,7 @@ import numpy as np
 from pullback.backend import conv, gemm
 from pullback.backend.backward_ops import BackwardOps, Grads, Needed, check_matmul_backward
 from pullback.backend.base import Backend, Pair, Shape
-from pullback.backend.errors import KernelError
+from pullback.backend.errors import KernelError, index_error
 from pullback.backend.fused import FusedOps, check_act, check_labels, check_rows
 from pullback.kernels import activations as compiled
 from pullback.kernels import bias_act as compiled_bias
@@ -530,7 +530,7 @@ class CpuBackend(BackwardOps, FusedOps, Backend):
             result = x[index]
         except (IndexError, ValueError, TypeError) as exc:
             reason = f"invalid index {describe_index(index)}: {exc}"
-            raise KernelError("getitem", [x], reason) from None
+            raise index_error("getitem", [x], reason, exc) from None
         if not isinstance(result, np.ndarray):
             return np.array(result)
         return result.copy() if np.may_share_memory(result, x) else result

@@ -34,3 +34,14 @@ class KernelError(ValueError):
         head = f"{op}: {shapes}: " if described else f"{op}: "
         tail = f" (dtype{'s' if len(self.dtypes) > 1 else ''} {dtypes})" if described else ""
         super().__init__(f"{head}{reason}{tail}")
+
+
+class KernelIndexError(KernelError, IndexError):
+    """An index out of range: a KernelError that is also the IndexError Python's
+    sequence protocols (and `except IndexError`) expect, as NumPy and PyTorch raise."""
+
+
+def index_error(op: str, operands: tuple | list, reason: str, cause: Exception) -> KernelError:
+    """The KernelError for a failed indexing: a KernelIndexError when `cause` is one."""
+    cls = KernelIndexError if isinstance(cause, IndexError) else KernelError
+    return cls(op, operands, reason)

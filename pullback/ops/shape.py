@@ -11,7 +11,7 @@ import operator
 from typing import Any
 
 from ..ad import ALL_ARGS, LinearVar, Zero, add_tangents, defjvp, defjvp_full, deflinear, defvjp
-from ..backend.errors import KernelError
+from ..backend.errors import KernelError, index_error
 from .registry import broadcast_shapes, declare, dtype_of, shape_of
 
 
@@ -175,7 +175,7 @@ def _index_shape(x: Any, index: Any) -> tuple:
     try:
         probe = np.broadcast_to(np.empty((), dtype=np.int8), shape_of(x))[index]
     except (IndexError, ValueError, TypeError) as err:
-        raise KernelError("getitem", (x,), f"invalid index {index!r}: {err}") from None
+        raise index_error("getitem", (x,), f"invalid index {index!r}: {err}", err) from None
     return tuple(probe.shape), dtype_of(x)
 
 

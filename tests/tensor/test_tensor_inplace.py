@@ -173,3 +173,11 @@ def test_pytorch_reads_a_tensor_through_dlpack() -> None:
     assert t.numpy()[0, 0] == 9.0
     back = pb.from_dlpack(torch.arange(3.0))
     np.testing.assert_array_equal(back.numpy(), [0.0, 1.0, 2.0])
+
+
+def test_an_index_out_of_range_is_an_index_error_and_a_kernel_error() -> None:
+    t = pb.ones(3, 2)
+    for index in (3, (0, 5), -4):
+        with pytest.raises(IndexError, match=r"^getitem: \(3, 2\)") as info:
+            t[index]
+        assert isinstance(info.value, pb.KernelError)
