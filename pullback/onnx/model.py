@@ -291,15 +291,15 @@ def _public(value: Any) -> Any:
     if isinstance(value, list):
         return [_public(v) for v in value]
     if isinstance(value, np.ndarray) and value.dtype.kind not in "OUS":
-        return _as_tensor(np.array(value))
+        return _wrap(np.array(value), None)  # a fresh copy, so callers cannot change ours
     return value
 
 
 def _as_tensor(value: Any) -> Any:
-    from ..tensor import tensor
-
+    # A copy (as pb.tensor makes), so no view of the caller's array can change a value a
+    # recorded backward saved; wrapped directly, in whatever dtype the graph declares.
     if isinstance(value, np.ndarray) and value.dtype.kind not in "OUS":
-        return tensor(value)
+        return _wrap(np.array(value), None)
     if isinstance(value, list):
         return [_as_tensor(v) for v in value]
     return value
