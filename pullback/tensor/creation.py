@@ -143,12 +143,16 @@ def full(shape: Any, value: Any, dtype: Any = None, requires_grad: bool = False)
     int64 and a bool bool unless `dtype` says otherwise (as in PyTorch)."""
     shape = _shape(tuple(shape) if isinstance(shape, (list, tuple)) else (shape,), "full")
     dtype = _dtype(dtype, "full") or _fill_dtype(value)
+    value = value._data if isinstance(value, Tensor) else value
     if dtype.kind in "iu":
         _cast(np.asarray(value), dtype, "full")  # a fill that would wrap is refused
     return _finish(np.full(shape, value, dtype), requires_grad)
 
 
 def _fill_dtype(value: Any) -> np.dtype:
+    if isinstance(value, (Tensor, np.ndarray)) and value.ndim == 0:
+        _check_dtype(value.dtype, "full", "a fill value of dtype")
+        return value.dtype  # a 0-d tensor or array fills with its own dtype
     if isinstance(value, (bool, np.bool_)):
         return bool_
     if isinstance(value, (int, np.integer)):

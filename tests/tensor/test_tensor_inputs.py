@@ -66,6 +66,14 @@ def test_full_takes_its_dtype_from_the_fill_as_pytorch_does(value, dtype) -> Non
     assert pb.full((2,), value).dtype == dtype == torch.full((2,), value).numpy().dtype
 
 
+def test_full_takes_a_zero_dim_tensor_with_its_dtype() -> None:
+    t = pb.full((2,), pb.tensor(1.5, dtype=pb.float64))
+    assert t.dtype == np.float64
+    np.testing.assert_array_equal(t.numpy(), [1.5, 1.5])
+    with pytest.raises(TypeError, match=r"^full: the fill value"):
+        pb.full((2,), pb.ones(2))
+
+
 @pytest.mark.parametrize("make, op", [(lambda: pb.ones(2.5), "ones"),
                                       (lambda: pb.zeros(-1), "zeros"),
                                       (lambda: pb.full(2.5, 1.0), "full"),
