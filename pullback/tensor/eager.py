@@ -120,7 +120,10 @@ def _plain_operand(prim: Any, value: Any, args: tuple) -> Any:
     list silently made float64, an object array's None read as NaN). None passes where
     it stands for something internal: an optional operand (layer_norm's weight), a
     custom op's absent tangent."""
-    if isinstance(value, (np.ndarray, np.generic)):
+    kind = type(value)
+    if kind is float or kind is int or kind is bool:  # the common case first: x * 2.0
+        return value
+    if kind is np.ndarray or isinstance(value, (np.ndarray, np.generic)):
         if value.dtype.kind in "fiub":
             return value
     elif value is None:
