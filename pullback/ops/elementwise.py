@@ -421,7 +421,9 @@ where_p = declare("where", _where_impl, _where_shape)
 
 def where(cond: Any, a: Any, b: Any) -> Any:
     cond = getattr(cond, "_data", cond)
-    if dtype_of(cond) is not None and str(dtype_of(cond)) != "bool":
+    if isinstance(cond, (list, tuple)):
+        cond = np.asarray(cond)
+    if not isinstance(cond, bool) and str(getattr(cond, "dtype", type(cond).__name__)) != "bool":
         # NumPy would read any nonzero value as true; PyTorch refuses, and so do we.
         raise KernelError("where", (cond, a, b), "the condition must be a bool tensor "
                           "(a comparison such as x > 0 makes one)")

@@ -90,6 +90,11 @@ def test_where_refuses_a_condition_that_is_not_bool() -> None:
         pb.where(pb.tensor([1.0, 0.0]), a, b)
     with pytest.raises(pb.KernelError, match=r"^where: .*condition.*int64"):
         pb.where(pb.tensor([1, 0]), a, b)
+    for cond in (np.float64(1.0), 1.0, [1.0, 0.0], np.array([1, 0])):
+        with pytest.raises(pb.KernelError, match=r"^where: .*condition"):
+            pb.where(cond, a, b)
+    np.testing.assert_array_equal(pb.where([True, False], a, b).numpy(), [1.0, 4.0])
+    np.testing.assert_array_equal(pb.where(np.bool_(True), a, b).numpy(), [1.0, 2.0])
     np.testing.assert_array_equal(pb.where(a > 1.5, a, b).numpy(), [3.0, 2.0])
 
 
