@@ -182,7 +182,13 @@ def arange(start: Any, stop: Any = None, step: Any = 1, dtype: Any = None,
     """As NumPy's arange; integer arguments give int64, any float gives float32."""
     if stop is None:
         start, stop = 0, start
-    floats = any(isinstance(v, float) for v in (start, stop, step))
+    bounds = (start, stop, step)
+    if not all(isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool)
+               for v in bounds):
+        raise TypeError(f"arange: start, stop and step must be numbers, got {bounds}")
+    if step == 0:
+        raise ValueError("arange: step must not be zero")
+    floats = any(isinstance(v, (float, np.floating)) for v in bounds)
     dtype = _dtype(dtype, "arange") or (float32 if floats else int64)
     return _finish(np.arange(start, stop, step, dtype=dtype), requires_grad)
 

@@ -84,6 +84,15 @@ def test_bad_shapes_are_refused_naming_the_function(make, op) -> None:
         make()
 
 
+def test_arange_refuses_bad_bounds_by_name() -> None:
+    with pytest.raises(ValueError, match=r"^arange: step must not be zero"):
+        pb.arange(0, 5, 0)
+    with pytest.raises(TypeError, match=r"^arange: start, stop and step must be numbers"):
+        pb.arange("a")
+    assert pb.arange(np.float64(2.0)).dtype == np.float32  # a NumPy float acts as a float
+    np.testing.assert_array_equal(pb.arange(1, 7, 2).numpy(), [1, 3, 5])
+
+
 def test_where_refuses_a_condition_that_is_not_bool() -> None:
     a, b = pb.tensor([1.0, 2.0]), pb.tensor([3.0, 4.0])
     with pytest.raises(pb.KernelError, match=r"^where: .*condition.*float32"):
