@@ -432,34 +432,45 @@ class Tensor(_Operators):
     # ------------------------------------------------------------ in place (PyTorch's rules)
 
     def __iadd__(self, other: Any) -> Tensor:
-        return self._in_place("add_", lambda: add_p.bind(self, other))
+        return self._arithmetic_in_place("add_", add_p, other)
 
     def __isub__(self, other: Any) -> Tensor:
-        return self._in_place("sub_", lambda: sub_p.bind(self, other))
+        return self._arithmetic_in_place("sub_", sub_p, other)
 
     def __imul__(self, other: Any) -> Tensor:
-        return self._in_place("mul_", lambda: mul_p.bind(self, other))
+        return self._arithmetic_in_place("mul_", mul_p, other)
 
     def __itruediv__(self, other: Any) -> Tensor:
-        return self._in_place("div_", lambda: div_p.bind(self, other))
+        return self._arithmetic_in_place("div_", div_p, other)
 
     def add_(self, other: Any, alpha: Any = 1) -> Tensor:
         """self += alpha * other, in place."""
-        if alpha == 1:
-            return self._in_place("add_", lambda: add_p.bind(self, other))
-        return self._in_place("add_", lambda: add_p.bind(self, mul_p.bind(other, alpha)))
+        return self._arithmetic_in_place("add_", add_p, other, alpha)
 
     def sub_(self, other: Any, alpha: Any = 1) -> Tensor:
         """self -= alpha * other, in place."""
-        if alpha == 1:
-            return self._in_place("sub_", lambda: sub_p.bind(self, other))
-        return self._in_place("sub_", lambda: sub_p.bind(self, mul_p.bind(other, alpha)))
+        return self._arithmetic_in_place("sub_", sub_p, other, alpha)
 
     def mul_(self, other: Any) -> Tensor:
-        return self._in_place("mul_", lambda: mul_p.bind(self, other))
+        return self._arithmetic_in_place("mul_", mul_p, other)
 
     def div_(self, other: Any) -> Tensor:
-        return self._in_place("div_", lambda: div_p.bind(self, other))
+        return self._arithmetic_in_place("div_", div_p, other)
+
+    def _arithmetic_in_place(self, op: str, prim: Any, other: Any, alpha: Any = 1) -> Tensor:
+        def compute() -> Any:
+            operand = other
+            dtype = getattr(other, "dtype", None)
+            if dtype is not None and not isinstance(other, np.generic) and dtype != self.dtype \
+                    and dtype.kind == "f" and self._data.dtype.kind == "f":
+                # As PyTorch: an operand of the other float dtype is cast to this tensor's
+                # (f32 += f64 stays f32), where out-of-place ops refuse the mix.
+                operand = ops.astype(other, self.dtype)
+            if alpha != 1:
+                operand = mul_p.bind(operand, alpha)
+            return prim.bind(self, operand)
+
+        return self._in_place(op, compute, other)
 
     def fill_(self, value: Any) -> Tensor:
         """Every element set to the number (or 0-d tensor) `value`, in place."""
@@ -467,7 +478,7 @@ class Tensor(_Operators):
                 type(value) is Tensor and value.ndim == 0):
             raise TypeError(f"fill_: the fill value must be a number or a 0-d tensor, got "
                             f"{type(value).__name__}")
-        return self._in_place("fill_", lambda: self._overwritten(value), casting="unsafe")
+        return self._in_place("fill_", lambda: self._overwritten(value), value, "unsafe")
 
     def zero_(self) -> Tensor:
         return self.fill_(0)
@@ -477,7 +488,7 @@ class Tensor(_Operators):
         while recording, gradients flow to `src` as PyTorch's copy_ sends them."""
         if not isinstance(src, (Tensor, np.ndarray, bool, int, float, np.number, np.bool_)):
             raise TypeError(f"copy_: expected a tensor or an array, got {type(src).__name__}")
-        return self._in_place("copy_", lambda: self._overwritten(src), casting="unsafe")
+        return self._in_place("copy_", lambda: self._overwritten(src), src, "unsafe")
 
     def _overwritten(self, value: Any) -> Any:
         """This tensor's values replaced by `value`: a recorded `where` when gradients
@@ -495,7 +506,8 @@ class Tensor(_Operators):
             raise KernelError("copy_", (self._data, data),
                               f"cannot broadcast the source to {self.shape}") from None
 
-    def _in_place(self, op: str, compute: Any, casting: str = "same_kind") -> Tensor:
+    def _in_place(self, op: str, compute: Any, other: Any, casting: str = "same_kind"
+                  ) -> Tensor:
         """Write `compute()` into this tensor, as PyTorch's in-place ops do: allowed under
         no_grad or on a tensor that does not require grad; on a leaf that requires grad
         only under no_grad; on a recorded result it is recorded (the tensor takes the
@@ -511,7 +523,11 @@ class Tensor(_Operators):
             raise RuntimeError(f"{op}: in-place ops cannot be traced or compiled; write "
                                "x = x + y instead")
         self._check_writeable(op)
-        result = compute()
+        try:
+            result = compute()
+        except KernelError as err:  # named for the in-place op the user called
+            other = other._data if type(other) is Tensor else other
+            raise KernelError(op, (self._data, other), err.reason) from None
         node = result._node if type(result) is Tensor else None
         out = result._data if type(result) is Tensor else result
         if out.shape != self.shape:

@@ -78,6 +78,8 @@ def test_in_place_refuses_a_dtype_or_shape_it_cannot_hold() -> None:
         x *= pb.ones(2, 3)
     with pytest.raises(pb.KernelError, match=r"^copy_"):
         x.copy_(pb.ones(2))
+    with pytest.raises(pb.KernelError, match=r"^add_: \(3,\) and \(2,\): .*broadcast"):
+        x += pb.ones(2)  # named for the op called, not the add it runs
     with pytest.raises(TypeError, match=r"^fill_"):
         x.fill_("a")
 
@@ -181,3 +183,17 @@ def test_an_index_out_of_range_is_an_index_error_and_a_kernel_error() -> None:
         with pytest.raises(IndexError, match=r"^getitem: \(3, 2\)") as info:
             t[index]
         assert isinstance(info.value, pb.KernelError)
+
+
+def test_in_place_casts_another_float_dtype_as_pytorch_does() -> None:
+    x, tx = pb.ones(3), torch.ones(3)
+    x += pb.tensor([0.5, 1.5, 2.5], dtype=pb.float64)
+    tx += torch.tensor([0.5, 1.5, 2.5], dtype=torch.float64)
+    assert x.dtype == np.float32
+    np.testing.assert_array_equal(x.numpy(), tx.numpy())
+    w = pb.tensor([1.0, 2.0], dtype=pb.float64, requires_grad=True)
+    h = pb.ones(2) * 2.0
+    h.mul_(w)  # recorded through the cast: w's gradient keeps w's dtype
+    h.sum().backward()
+    assert w.grad.dtype == np.float64
+    np.testing.assert_array_equal(w.grad.numpy(), [2.0, 2.0])
