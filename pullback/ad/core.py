@@ -11,8 +11,8 @@ NumPy.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
+from contextvars import ContextVar
 from typing import Any
 
 
@@ -134,13 +134,13 @@ class Primitive:
         for arg in args:
             if type(arg) is LinearVar:
                 return arg.graph.record(self, args, params)
-        return EVALUATION.evaluator(self, args, params)
+        return EVALUATOR.get(_default_evaluator)(self, args, params)
 
     def bind1(self, x: Any) -> Any:
         """`bind` for one operand and no parameters: the hot path of unary ops."""
         if type(x) is LinearVar:
             return x.graph.record(self, (x,), _NO_PARAMS)
-        return EVALUATION.evaluator(self, (x,), _NO_PARAMS)
+        return EVALUATOR.get(_default_evaluator)(self, (x,), _NO_PARAMS)
 
 
 _NO_PARAMS: dict = {}  # shared by parameterless applications; nothing writes into it
@@ -150,36 +150,33 @@ def _no_evaluator(prim: Primitive, args: tuple, params: dict) -> Any:
     raise RuntimeError(f"{prim.name}: no evaluator is installed for concrete operands")
 
 
-class _Evaluation(threading.local):
-    """Which evaluator computes on concrete operands, per thread: a tracer that one
-    thread installs (`pb.compile`) must not capture the ops of another thread. The class
-    attribute is the process default (`set_default_evaluator`), what a thread sees until
-    it installs its own; hot code reads `EVALUATION.evaluator` directly."""
-
-    # A static method: a plain function here would be bound to the instance on reads.
-    evaluator = staticmethod(_no_evaluator)
-
-
-EVALUATION = _Evaluation()
+# The evaluator of every thread that has not installed its own (`set_default_evaluator`).
+_default_evaluator: Callable[[Primitive, tuple, dict], Any] = _no_evaluator
+# This thread's own evaluator (a tracer that `pb.compile` installs), unset otherwise: one
+# thread's tracer must not capture another thread's ops. A ContextVar, as each thread has
+# its own context and `get` is one C call on the per-op hot path.
+EVALUATOR: ContextVar[Callable[[Primitive, tuple, dict], Any]] = ContextVar(
+    "pullback_evaluator")
 
 
 def set_default_evaluator(evaluator: Callable[[Primitive, tuple, dict], Any]) -> None:
     """Install the evaluator of every thread that has not installed its own (the eager
     one, at import)."""
-    _Evaluation.evaluator = staticmethod(evaluator)
+    global _default_evaluator
+    _default_evaluator = evaluator
 
 
 def set_evaluator(evaluator: Callable[[Primitive, tuple, dict], Any]) -> Callable:
     """Install how concrete operands are computed on in this thread; returns the
     previous evaluator, to be installed again when done."""
-    previous = EVALUATION.evaluator
-    EVALUATION.evaluator = evaluator
+    previous = EVALUATOR.get(_default_evaluator)
+    EVALUATOR.set(evaluator)
     return previous
 
 
 def current_evaluator() -> Callable[[Primitive, tuple, dict], Any]:
     """The evaluator this thread computes with now."""
-    return EVALUATION.evaluator
+    return EVALUATOR.get(_default_evaluator)
 
 
 # The primitive that sums two tangents; the layer that declares primitives names it.

@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 # The process-wide backend (`set_backend`), made on first use.
@@ -13,21 +14,17 @@ _default: list[Any] = []
 _default_lock = threading.Lock()
 
 
-class _ThreadBackend(threading.local):
-    """This thread's innermost `use_backend` backend, None outside every block: a block
-    in one thread never changes what another thread runs on (as PyTorch's per-thread
-    modes). Hot code reads `active` directly."""
-
-    active: Any = None
-
-
-THREAD = _ThreadBackend()
+# This thread's innermost `use_backend` backend, None outside every block: a block in
+# one thread never changes what another thread runs on (as PyTorch's per-thread modes).
+# A ContextVar: each thread has its own context, and `get` is one C call, cheap enough
+# for the per-op hot path.
+ACTIVE: ContextVar[Any] = ContextVar("pullback_backend", default=None)
 
 
 def get_backend() -> Any:
     """The backend ops run on in this thread: the innermost `use_backend` block's, else
     the process-wide one (a `CpuBackend` until `set_backend` sets another)."""
-    active = THREAD.active
+    active = ACTIVE.get()
     if active is not None:
         return active
     if not _default:
@@ -58,9 +55,9 @@ def use_backend(backend: Any) -> Iterator[Any]:
 
     if not isinstance(backend, Backend):
         raise TypeError(f"use_backend: expected a pullback Backend, got {type(backend).__name__}")
-    previous = THREAD.active
-    THREAD.active = backend
+    previous = ACTIVE.get()
+    ACTIVE.set(backend)
     try:
         yield backend
     finally:
-        THREAD.active = previous
+        ACTIVE.set(previous)

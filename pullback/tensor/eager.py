@@ -17,13 +17,13 @@ import numpy as np
 from .. import ops
 from ..ad import Leaf, LinearVar, set_default_evaluator
 from ..ad import core as _core
-from ..backend.current import THREAD as _THREAD_BACKEND
+from ..backend.current import ACTIVE as _ACTIVE_BACKEND
 from ..backend.current import get_backend
 from ..backend.errors import KernelError
 from ..ops.elementwise import add_p, div_p, mul_p, sub_p
 from ..ops.registry import PRIMITIVES
 from .protect import TensorNode, protect, saved_by, writeable_if_free
-from .state import GRAD_MODE
+from .state import grad_enabled
 
 _new = object.__new__
 _FLOATS = frozenset([np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.float16)])
@@ -40,7 +40,7 @@ def _wrap(data: Any, node: Any) -> Tensor:
 
 def evaluate(prim: Any, args: tuple, params: dict) -> Tensor:
     """Run `prim` on concrete operands (tensors, arrays, scalars); record if active."""
-    backend = _THREAD_BACKEND.active or get_backend()
+    backend = _active_backend() or get_backend()
     n_args = len(args)
     if n_args == 1:  # the common cases, without building lists
         a = args[0]
@@ -74,7 +74,7 @@ def evaluate(prim: Any, args: tuple, params: dict) -> Tensor:
     result = _new(Tensor)
     result._data = out
     result.grad = None
-    if not active or not GRAD_MODE.enabled or not prim.differentiable or out.dtype not in _FLOATS:
+    if not active or not grad_enabled() or not prim.differentiable or out.dtype not in _FLOATS:
         result._node = None  # integer and bool results carry no gradient
         return result
     # Record: the node keeps exactly what the primitive's rules read.
@@ -153,7 +153,10 @@ set_default_evaluator(evaluate)
 
 
 _NO_PARAMS: dict = {}  # shared by parameterless ops; nothing writes into it
-_EVALUATION = _core.EVALUATION  # this thread's evaluator: eager, or a tracer's
+# This thread's evaluator (eager's `evaluate`, every thread's default, or a tracer's) and
+# its `use_backend` backend, read through bound methods: one C call each on the hot path.
+_evaluator_now = _core.EVALUATOR.get
+_active_backend = _ACTIVE_BACKEND.get
 
 
 def _binary_operator(prim: Any, reflected: bool) -> Any:
@@ -163,12 +166,12 @@ def _binary_operator(prim: Any, reflected: bool) -> Any:
         def operator(self: Any, other: Any) -> Any:
             if type(self) is LinearVar or type(other) is LinearVar:
                 return prim.bind(other, self)
-            return _EVALUATION.evaluator(prim, (other, self), _NO_PARAMS)
+            return _evaluator_now(evaluate)(prim, (other, self), _NO_PARAMS)
     else:
         def operator(self: Any, other: Any) -> Any:
             if type(self) is LinearVar or type(other) is LinearVar:
                 return prim.bind(self, other)
-            return _EVALUATION.evaluator(prim, (self, other), _NO_PARAMS)
+            return _evaluator_now(evaluate)(prim, (self, other), _NO_PARAMS)
     return operator
 
 
@@ -406,7 +409,7 @@ class Tensor(_Operators):
     def __setitem__(self, index: Any, value: Any) -> None:
         """Write in place; not recorded, so not allowed on a tensor that requires grad
         while recording, nor on one whose values a pending backward needs."""
-        if self._node is not None and GRAD_MODE.enabled:
+        if self._node is not None and grad_enabled():
             raise RuntimeError(
                 f"setitem: in-place writes are not recorded; this tensor (shape {self.shape}, "
                 f"{self.dtype}) requires grad: write under pullback.no_grad() or into .detach()"
@@ -494,7 +497,7 @@ class Tensor(_Operators):
         """This tensor's values replaced by `value`: a recorded `where` when gradients
         flow (to `value`, none to the old values), plain data otherwise."""
         active = type(value) is Tensor and value._node is not None
-        if GRAD_MODE.enabled and (active or self._node is not None) and \
+        if grad_enabled() and (active or self._node is not None) and \
                 self._data.dtype.kind == "f":
             if type(value) is Tensor and value.dtype != self.dtype:
                 value = ops.astype(value, self.dtype)
@@ -512,13 +515,13 @@ class Tensor(_Operators):
         no_grad or on a tensor that does not require grad; on a leaf that requires grad
         only under no_grad; on a recorded result it is recorded (the tensor takes the
         new node). Values a pending backward saved are never overwritten."""
-        if GRAD_MODE.enabled and self._node is not None and self._node.primitive is None:
+        if grad_enabled() and self._node is not None and self._node.primitive is None:
             raise RuntimeError(
                 f"{op}: a leaf tensor that requires grad (shape {self.shape}, {self.dtype}) "
                 "cannot be changed in place while gradients are recorded; update it under "
                 "pullback.no_grad(), as an optimizer step does"
             )
-        if _EVALUATION.evaluator is not evaluate:
+        if _evaluator_now(evaluate) is not evaluate:
             # A tracer sees the op, not the write: the plan would not repeat it.
             raise RuntimeError(f"{op}: in-place ops cannot be traced or compiled; write "
                                "x = x + y instead")
