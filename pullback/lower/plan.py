@@ -42,6 +42,11 @@ def _accumulate(param: Any, ct: Any, taken: set[int]) -> None:
     accumulate_grad(param, ct, False)
 
 
+class PlanDerivativeError(LoweringError, DerivativeError):
+    """A derivative that failed while a training plan ran its backward (a custom op's
+    backward that returned no gradient for a parameter's input): caught as either."""
+
+
 class LoweringMode(enum.Enum):
     """INFERENCE (the default): forward only. TRAINING: the loss and its gradients."""
 
@@ -439,7 +444,7 @@ class TrainingPlan(Plan):
                         lin = executor.linearize_recorded_graph(node)
                         in_cts = executor.run_transposed_linear(lin, ct)
                 except DerivativeError as err:
-                    raise LoweringError(f"plan: {err}") from None
+                    raise PlanDerivativeError(f"plan: {err}") from None
                 finally:
                     node.inputs = node.output = None
                 node.params = eqn.params
