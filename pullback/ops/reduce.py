@@ -101,14 +101,18 @@ defjvp(log_softmax_p, lambda t, y, x, axis: sub(t, sum(mul(exp(y), t), axis, Tru
 defvjp(log_softmax_p, lambda be, g, n: (be.log_softmax_backward(g, n.output, n.params["axis"]),))
 
 
-def _one_axis(op: str, x: Any, axis: int) -> int:
-    (axis,) = normalize_axes(op, x, axis)
-    return axis
+def _along_one_axis(prim: Any, x: Any, axis: int) -> Any:
+    """`prim` along one axis; a 0-d operand is taken as a one-element row (PyTorch's
+    softmax of a 0-d tensor is 1), so its derivatives need no 0-d case of their own."""
+    axes = normalize_axes(prim.name, x, axis)
+    if not axes:
+        return reshape(prim.bind(reshape(x, (1,)), axis=0), ())
+    return prim.bind(x, axis=axes[0])
 
 
 def softmax(x: Any, axis: int = -1) -> Any:
-    return softmax_p.bind(x, axis=_one_axis("softmax", x, axis))
+    return _along_one_axis(softmax_p, x, axis)
 
 
 def log_softmax(x: Any, axis: int = -1) -> Any:
-    return log_softmax_p.bind(x, axis=_one_axis("log_softmax", x, axis))
+    return _along_one_axis(log_softmax_p, x, axis)

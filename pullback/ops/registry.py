@@ -107,9 +107,10 @@ def normalize_axes(op: str, x: Any, axis: Any) -> tuple[int, ...]:
     axes = (axis,) if isinstance(axis, int) else tuple(axis)
     normalized = []
     for a in axes:
-        if not isinstance(a, int) or not -ndim <= a < max(ndim, 1):
+        if not isinstance(a, int) or not -max(ndim, 1) <= a < max(ndim, 1):
             raise KernelError(op, (x,), f"axis {a} is out of range for {ndim} dimensions")
-        normalized.append(a % ndim if ndim else 0)
+        if ndim:  # a 0-d tensor's axis 0 (or -1), as PyTorch allows, reduces over nothing
+            normalized.append(a % ndim)
     if len(set(normalized)) != len(normalized):
         raise KernelError(op, (x,), f"axis {axis} repeats an axis")
     return tuple(sorted(normalized))

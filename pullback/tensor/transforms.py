@@ -29,7 +29,7 @@ from ..ops.shape import identity
 from .backward import EagerExecutor, initial_cotangent, owned
 from .creation import as_array
 from .eager import Tensor, _wrap
-from .state import GRAD_MODE, grad_mode
+from .state import grad_enabled, grad_mode
 
 
 def _trace_inputs(op: str, primals: Sequence[Any]) -> tuple[list[Tensor], bool]:
@@ -42,7 +42,7 @@ def _trace_inputs(op: str, primals: Sequence[Any]) -> tuple[list[Tensor], bool]:
                 f"{op}: argument {index} has dtype {t.dtype} (shape {t.shape}); "
                 "only floating inputs can be differentiated"
             )
-        if t._node is not None and GRAD_MODE.enabled:
+        if t._node is not None and grad_enabled():
             nested = True
             with grad_mode(True):
                 inputs.append(identity(t))
@@ -64,7 +64,7 @@ def _outputs(op: str, out: Any) -> tuple[tuple, bool]:
 
 def _records_outside(outs: Sequence[Tensor], inputs: Sequence[Tensor]) -> bool:
     """Whether the outputs depend on tensors an outer computation differentiates."""
-    if not GRAD_MODE.enabled:
+    if not grad_enabled():
         return False
     ours = {id(i._node) for i in inputs}
     roots = [o._node for o in outs if o._node is not None]
@@ -172,7 +172,11 @@ def linearize(f: Callable, *primals: Any) -> tuple[Any, Callable]:
         active = create or any(isinstance(t, Tensor) and t._node is not None for t in ts)
         with grad_mode(active):
             results = evaluate_linear(graph, ts)
-        results = [_result(None, o) if type(r) is Zero else r for r, o in zip(results, outs)]
+        # A tangent that reaches an output unchanged (f adds a constant) is the caller's
+        # array: it comes back as a tensor of its own, as every other result.
+        results = [_result(None, o) if type(r) is Zero else
+                   _wrap(np.array(r), None) if isinstance(r, np.ndarray) else r
+                   for r, o in zip(results, outs)]
         return results[0] if single else tuple(results)
 
     return (out if create else _detached(out)), f_jvp

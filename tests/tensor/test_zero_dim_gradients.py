@@ -125,3 +125,36 @@ def test_zero_dim_grad_inside_grad_stays_an_array_where_cotangents_meet() -> Non
 
     _assert_zero_dim_array(pb.grad(outer)(_scalar(0.5)), 2.0 * 2 * 0.5)
     _assert_zero_dim_array(seen[0], 2.0)
+
+
+# ---------------------------------------------------------------- axis 0 of a 0-d tensor
+
+AXIS_OPS = {
+    "sum": (pb.sum, torch.sum),
+    "mean": (pb.mean, torch.mean),
+    "max": (pb.max, lambda x, dim: torch.amax(x, dim)),
+    "softmax": (pb.softmax, torch.softmax),
+    "log_softmax": (pb.log_softmax, torch.log_softmax),
+}
+
+
+@pytest.mark.parametrize("axis", [0, -1])
+@pytest.mark.parametrize("name", AXIS_OPS)
+def test_a_zero_dim_tensor_takes_axis_0_and_minus_1_as_torch_does(name: str, axis: int) -> None:
+    # PyTorch reads dim 0 (or -1) of a 0-d tensor as the tensor itself; pullback raised
+    # "axes (0,) are out of range" (sum, max) or "axis -1 is out of range" (softmax).
+    pb_fn, torch_fn = AXIS_OPS[name]
+    x = _scalar(0.7, requires_grad=True)
+    xt = torch.tensor(0.7, dtype=torch.float64, requires_grad=True)
+    y, yt = pb_fn(x, axis), torch_fn(xt, axis)
+    assert y.shape == tuple(yt.shape)
+    np.testing.assert_allclose(y.numpy(), yt.detach().numpy(), rtol=1e-12)
+    (y * 3.0).backward()
+    (yt * 3.0).backward()
+    _assert_zero_dim_array(x.grad, float(xt.grad))
+
+
+@pytest.mark.parametrize("name", AXIS_OPS)
+def test_a_zero_dim_tensor_refuses_axis_1_naming_the_op(name: str) -> None:
+    with pytest.raises(pb.KernelError, match=rf"^{name}: .*axis 1 is out of range for 0 dim"):
+        AXIS_OPS[name][0](_scalar(0.7), 1)
