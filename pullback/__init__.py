@@ -5,9 +5,10 @@ linearize, linear_transpose), gradient checking and the backends.
 """
 
 from . import nn, optim
-from .backend import Backend, BackwardOps, CpuBackend, KernelError, ThreadedCpuBackend
+from .backend import Backend, BackwardOps, CpuBackend, ThreadedCpuBackend
 from .backend.current import get_backend, set_backend, use_backend
 from .check import GradcheckError, gradcheck
+from .errors import KernelError
 from .io import load, save
 from .lower import LoweringMode, compile
 from .ops import (

@@ -10,7 +10,7 @@ import math
 from typing import Any
 
 from pullback.backend.base import Array, Pair, Shape
-from pullback.backend.errors import KernelError
+from pullback.errors import KernelError
 
 Needed = tuple[bool, bool]
 Grads = tuple[Any, Any]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, NoReturn
 
-from pullback.backend.errors import KernelError
+from pullback.errors import KernelError
 
 # A backend-native array: np.ndarray for the NumPy backends.
 Array = Any

@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from pullback.backend.errors import KernelError
+from pullback.errors import KernelError
 from pullback.kernels import conv as kernels
 
 Pair = tuple[int, int]

@@ -18,8 +18,8 @@ import numpy as np
 from pullback.backend import conv, gemm
 from pullback.backend.backward_ops import BackwardOps, Grads, Needed, check_matmul_backward
 from pullback.backend.base import Backend, Pair, Shape
-from pullback.backend.errors import KernelError, index_error
 from pullback.backend.fused import FusedOps, check_act, check_labels, check_rows
+from pullback.errors import KernelError, index_error
 from pullback.kernels import activations as compiled
 from pullback.kernels import bias_act as compiled_bias
 from pullback.kernels import rows as compiled_rows

@@ -12,7 +12,7 @@ import math
 from typing import Any
 
 from pullback.backend.base import Array
-from pullback.backend.errors import KernelError
+from pullback.errors import KernelError
 
 ACTIVATIONS = ("relu", "gelu", "tanh", "sigmoid")
 _SQRT1_2 = math.sqrt(0.5)

@@ -18,7 +18,7 @@ import numpy as np
 from pullback.backend import cpu
 from pullback.backend.base import Backend, Shape
 from pullback.backend.cpu import CpuBackend
-from pullback.backend.errors import KernelError
+from pullback.errors import KernelError
 from pullback.kernels.elementwise import fortran_call, transpose_all
 
 

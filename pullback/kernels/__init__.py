@@ -1,7 +1,7 @@
 """Kernels: plain-Python bodies declared with `@kernel` (in pairs, forward naming its
 backward), compiled with Numba per dtype, and pullback's own fused kernels:
 activations, row ops (softmax, cross-entropy, layer norm), bias plus activation, and
-one-pass optimizer updates. Imports nothing of pullback but `backend.errors` (lazily).
+one-pass optimizer updates. Imports nothing of pullback but `errors`.
 """
 
 from pullback.kernels import activations, bias_act, rows, scalar_math, updates

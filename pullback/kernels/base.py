@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from pullback.errors import KernelError
 from pullback.kernels import jit
 
 SUPPORTED_DTYPES: tuple[np.dtype, ...] = (np.dtype(np.float32), np.dtype(np.float64))
@@ -22,15 +23,6 @@ _SUPPORTED = "supported: " + ", ".join(d.name for d in SUPPORTED_DTYPES)
 # cores, and a measured MLP step went from 1.0 ms to 8.3 ms (bench/mlp_step.py).
 # ThreadedCpuBackend splits large ops over its own pool and runs serial kernels.
 PARALLEL_THRESHOLD = int(os.environ.get("PULLBACK_KERNEL_PARALLEL_THRESHOLD", 2**62))
-
-
-def _error(op: str, operands: Sequence[Any], reason: str) -> Exception:
-    """A pullback.backend KernelError, imported on the first error: the backend imports
-    the kernels (cpu.py), so a top-level import here would make `import pullback.kernels`
-    before `pullback.backend` a cycle."""
-    from pullback.backend.errors import KernelError
-
-    return KernelError(op, operands, reason)
 
 
 class Kernel:
@@ -101,9 +93,9 @@ class Kernel:
         for a in arrays:
             if a.dtype != dtype:
                 names = " and ".join(sorted({x.dtype.name for x in arrays}))
-                raise _error(self.name, list(shown), f"mixed dtypes {names}; {_SUPPORTED}")
+                raise KernelError(self.name, list(shown), f"mixed dtypes {names}; {_SUPPORTED}")
         if dtype not in SUPPORTED_DTYPES:
-            raise _error(self.name, list(shown), f"unsupported dtype {dtype}; {_SUPPORTED}")
+            raise KernelError(self.name, list(shown), f"unsupported dtype {dtype}; {_SUPPORTED}")
         return dtype
 
 

@@ -19,8 +19,9 @@ from typing import Any
 
 import numpy as np
 
+from pullback.errors import KernelError
 from pullback.kernels import jit
-from pullback.kernels.base import _SUPPORTED, SUPPORTED_DTYPES, _error
+from pullback.kernels.base import _SUPPORTED, SUPPORTED_DTYPES
 
 # kernel, stride, padding and dilation pairs, the output size (OH, OW), then, for the
 # window array (blocks, OH, OW) of unfold and fold, the strides of its (n, c, i, j)
@@ -571,9 +572,9 @@ def check_dtype(op: str, arrays: Sequence[np.ndarray]) -> np.dtype:
     dtype = arrays[0].dtype
     if any(a.dtype != dtype for a in arrays):
         names = " and ".join(sorted({a.dtype.name for a in arrays}))
-        raise _error(op, list(arrays), f"mixed dtypes {names}; {_SUPPORTED}")
+        raise KernelError(op, list(arrays), f"mixed dtypes {names}; {_SUPPORTED}")
     if dtype not in SUPPORTED_DTYPES:
-        raise _error(op, list(arrays), f"unsupported dtype {dtype.name}; {_SUPPORTED}")
+        raise KernelError(op, list(arrays), f"unsupported dtype {dtype.name}; {_SUPPORTED}")
     return dtype
 
 
@@ -591,7 +592,7 @@ def unfold(x: np.ndarray, buffer: np.ndarray, geo: np.ndarray, pad_value: Any) -
     strides `geo` names), padding reading as pad_value; returns buffer."""
     dtype = check_dtype("unfold2d", [x, buffer])
     if not buffer.flags.c_contiguous:
-        raise _error("unfold2d", [buffer], "the window buffer must be C-contiguous")
+        raise KernelError("unfold2d", [buffer], "the window buffer must be C-contiguous")
     compiled(unfold_body, dtype)(np.ascontiguousarray(x), _blocks(buffer, geo), geo,
                                  dtype.type(pad_value))
     return buffer

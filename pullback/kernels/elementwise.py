@@ -13,8 +13,9 @@ from typing import Any
 
 import numpy as np
 
+from pullback.errors import KernelError
 from pullback.kernels import jit
-from pullback.kernels.base import _COMPILED, Kernel, _error
+from pullback.kernels.base import _COMPILED, Kernel
 from pullback.kernels.drivers import elementwise_source
 
 
@@ -324,20 +325,20 @@ class ElementwiseKernel(Kernel):
         try:
             return np.broadcast_shapes(*(a.shape for a in arrays))
         except ValueError:
-            raise _error(self.name, arrays, "shapes cannot be broadcast together") from None
+            raise KernelError(self.name, arrays, "shapes cannot be broadcast together") from None
 
     def _outputs(self, out: Any, shape: tuple, dtype: np.dtype, arrays: list) -> list:
         if out is None:
             return [np.empty(shape, dtype) for _ in range(self.nout)]
         outs = list(out) if isinstance(out, (tuple, list)) else [out]
         if len(outs) != self.nout:
-            raise _error(self.name, arrays, f"out= needs {self.nout} arrays, got {len(outs)}")
+            raise KernelError(self.name, arrays, f"out= needs {self.nout} arrays, got {len(outs)}")
         for o in outs:
             if type(o) is not np.ndarray or o.shape != shape or o.dtype != dtype:
-                raise _error(self.name, [*arrays, o],
+                raise KernelError(self.name, [*arrays, o],
                              f"out= must be a {dtype} array of shape {shape}")
             if not o.flags.writeable:
-                raise _error(self.name, [*arrays, o], "out= is read-only")
+                raise KernelError(self.name, [*arrays, o], "out= is read-only")
         return outs
 
     def _flat(self, values: list, outs: list, dtype: np.dtype, masks: tuple[int, int],

@@ -11,8 +11,9 @@ from typing import Any
 
 import numpy as np
 
+from pullback.errors import KernelError
 from pullback.kernels import jit
-from pullback.kernels.base import _INTP, Kernel, _error, _is_python_scalar
+from pullback.kernels.base import _INTP, Kernel, _is_python_scalar
 from pullback.kernels.drivers import rows_source
 
 ROW_INPUTS = ("row", "shared", "value", "index", "scalar")
@@ -201,7 +202,7 @@ class RowKernel(Kernel):
         dtype = self._common_dtype(floats, arrays)
         first = values[self._first_row]
         if first.ndim == 0:
-            raise _error(self.name, arrays, "rows need at least one dimension")
+            raise KernelError(self.name, arrays, "rows need at least one dimension")
         grid, width = first.shape[:-1], first.shape[-1]
         rows = math.prod(grid)
         for i, kind in enumerate(self.inputs):
@@ -230,17 +231,17 @@ class RowKernel(Kernel):
         """One input as the driver takes it: rows (R, D), shared (D,), values (R,)."""
         if kind == "scalar":
             if not _is_python_scalar(value) and np.ndim(value) != 0:
-                raise _error(self.name, arrays, "a scalar input must be a number")
+                raise KernelError(self.name, arrays, "a scalar input must be a number")
             return float(value)  # the driver casts it to the kernel's dtype
         if type(value) is not np.ndarray:
             value = np.asarray(value)
         expected = {"row": (*grid, width), "shared": (width,)}.get(kind, grid)
         if value.shape != expected:
-            raise _error(self.name, arrays,
+            raise KernelError(self.name, arrays,
                          f"a {kind} input must have shape {expected}, got {value.shape}")
         if kind == "index":
             if value.dtype.kind not in "iu":
-                raise _error(self.name, arrays, f"indices must be integers, got {value.dtype}")
+                raise KernelError(self.name, arrays, f"indices must be integers, got {value.dtype}")
             return np.ascontiguousarray(value, dtype=np.intp).reshape(rows)
         if kind == "shared" or not value.flags.c_contiguous:
             value = np.ascontiguousarray(value)
@@ -253,14 +254,14 @@ class RowKernel(Kernel):
             return None
         outs = list(out) if isinstance(out, (tuple, list)) else [out]
         if len(outs) != len(self.outputs):
-            raise _error(self.name, arrays,
+            raise KernelError(self.name, arrays,
                          f"out= needs {len(self.outputs)} arrays, got {len(outs)}")
         for o, kind in zip(outs, self.outputs):
             expected = {"row": (*grid, width), "sum": (width,)}.get(kind, grid)
             if o is None:
                 continue
             if not isinstance(o, np.ndarray) or o.shape != expected or o.dtype != dtype:
-                raise _error(self.name, [*arrays, o],
+                raise KernelError(self.name, [*arrays, o],
                              f"out= for a {kind} output must be a {dtype} array of "
                                   f"shape {expected}")
         return outs

@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 
 from .. import ops
-from ..backend.errors import KernelError
+from ..errors import KernelError
 from ..tensor import Tensor
 
 

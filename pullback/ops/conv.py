@@ -14,7 +14,7 @@ from typing import Any
 
 from ..ad import defbilinear, defjvp, deflinear, defvjp
 from ..backend.current import get_backend
-from ..backend.errors import KernelError
+from ..errors import KernelError
 from .elementwise import add, astype, equal, mul
 from .linalg import matmul
 from .reduce import max as reduce_max

@@ -24,7 +24,7 @@ from ..ad import (
     defvjp,
     leaves_above,
 )
-from ..backend.errors import KernelError
+from ..errors import KernelError
 from .registry import declare
 
 

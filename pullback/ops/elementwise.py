@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from ..ad import LinearVar, Zero, defbilinear, defjvp, defjvp_full, deflinear, defvjp
-from ..backend.errors import KernelError
+from ..errors import KernelError
 from .registry import (
     broadcast_shapes,
     declare,

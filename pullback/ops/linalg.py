@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..ad import defbilinear, defvjp
-from ..backend.errors import KernelError
+from ..errors import KernelError
 from .registry import broadcast_shapes, declare, result_dtype, shape_of
 from .shape import _Shape, reshape, sum_to_shape, swap_last
 

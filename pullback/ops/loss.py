@@ -11,8 +11,8 @@ import math
 from typing import Any
 
 from ..ad import defjvp, defvjp
-from ..backend.errors import KernelError
 from ..backend.fused import fused_ops
+from ..errors import KernelError
 from .elementwise import exp, mul, sub
 from .reduce import log_softmax
 from .reduce import sum as reduce_sum

@@ -11,8 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 from ..ad import defjvp, defvjp
-from ..backend.errors import KernelError
 from ..backend.fused import fused_ops
+from ..errors import KernelError
 from .elementwise import add, div, mul, sqrt, sub
 from .reduce import mean
 from .registry import declare, dtype_of, is_float, shape_of

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..ad import defjvp, deflinear, defvjp
-from ..backend.errors import KernelError
+from ..errors import KernelError
 from .elementwise import astype, div, equal, exp, mul, sub
 from .registry import declare, dtype_of, normalize_axes, reduced_shape, shape_of
 from .shape import broadcast_to, reshape

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from ..ad import Primitive
-from ..backend.errors import KernelError
+from ..errors import KernelError
 
 #: Every primitive pullback declares, by its public name.
 PRIMITIVES: dict[str, Primitive] = {}

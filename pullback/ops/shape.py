@@ -11,7 +11,7 @@ import operator
 from typing import Any
 
 from ..ad import ALL_ARGS, LinearVar, Zero, add_tangents, defjvp, defjvp_full, deflinear, defvjp
-from ..backend.errors import KernelError, index_error
+from ..errors import KernelError, index_error
 from .registry import broadcast_shapes, declare, dtype_of, shape_of
 
 

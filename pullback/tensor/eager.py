@@ -19,7 +19,7 @@ from ..ad import Leaf, LinearVar, set_default_evaluator
 from ..ad import core as _core
 from ..backend.current import ACTIVE as _ACTIVE_BACKEND
 from ..backend.current import get_backend
-from ..backend.errors import KernelError
+from ..errors import KernelError
 from ..ops.elementwise import add_p, div_p, mul_p, sub_p
 from ..ops.registry import PRIMITIVES
 from .protect import TensorNode, protect, saved_by, writeable_if_free

@@ -1,6 +1,6 @@
-"""The one error type for invalid op calls.
+"""The errors layer: the exception types every layer raises, importing nothing.
 
-Every invalid call, from a backend kernel or from an op's shape rule, raises
+Every invalid op call, from a backend kernel or from an op's shape rule, raises
 `KernelError` naming the op as the public API spells it, the shapes as Python
 prints them, and the dtypes: "matmul: (3, 4) and (5, 2): inner dimensions 4
 and 5 differ (dtypes float32 and float32)".
