@@ -1,15 +1,11 @@
 """Tensors, eager recording, and the transforms over them."""
 
+from .arrays import bool_, float32, float64, int32, int64
 from .creation import (
     arange,
-    bool_,
-    float32,
-    float64,
     from_dlpack,
     from_numpy,
     full,
-    int32,
-    int64,
     manual_seed,
     ones,
     ones_like,

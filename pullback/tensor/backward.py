@@ -242,3 +242,18 @@ def accumulate_grad(tensor: Tensor, ct: Any, create_graph: bool) -> None:
         # Through the backend, not `+`: NumPy's operators turn a 0-d sum into a NumPy
         # scalar, and a tensor's data is always an array.
         tensor.grad = _wrap(get_backend().add(tensor.grad._data, ct), None)
+
+
+def backward(self: Tensor, grad: Any = None, retain_graph: bool | None = None,
+             create_graph: bool = False) -> None:
+    """Accumulate d(self)/d(leaf) into each leaf's `.grad` (as PyTorch does).
+
+    `grad` defaults to one for a one-element tensor. The graph's saved
+    values are freed afterwards unless `retain_graph` (which
+    `create_graph` implies); `create_graph` records the backward itself,
+    for higher derivatives.
+    """
+    run_backward(self, grad, retain_graph, create_graph)
+
+
+Tensor.backward = backward  # see the end of eager.py

@@ -10,82 +10,14 @@ from typing import Any
 
 import numpy as np
 
+from .arrays import as_array, bool_, cast, check_dtype, float32, int64, resolve_dtype
 from .eager import Tensor, _wrap
-
-float32 = np.dtype(np.float32)
-float64 = np.dtype(np.float64)
-int32 = np.dtype(np.int32)
-int64 = np.dtype(np.int64)
-bool_ = np.dtype(np.bool_)
-
-_SUPPORTED = "float32, float64, int32, int64, bool (and other NumPy integer dtypes)"
-
-
-def _dtype(dtype: Any, op: str = "tensor") -> np.dtype | None:
-    if dtype is None:
-        return None
-    try:
-        resolved = np.dtype(dtype)
-    except TypeError:
-        raise TypeError(f"{op}: unknown dtype {dtype!r}; supported: {_SUPPORTED}") from None
-    _check_dtype(resolved, op, "dtype")
-    return resolved
-
-
-def _check_dtype(dtype: np.dtype, op: str, what: str) -> None:
-    """Refuse what no op computes with: complex, object, string, datetime, structured
-    data, and floats other than float32 and float64 (float16, longdouble)."""
-    if dtype.kind in "iub" or dtype in (float32, float64):
-        return
-    raise TypeError(f"{op}: {what} {dtype} is not supported; supported: {_SUPPORTED}")
-
-
-def as_array(data: Any, dtype: Any = None, *, copy: bool = False, op: str = "tensor"
-             ) -> np.ndarray:
-    """Data as an array: Python floats to float32, arrays keep their dtype; every source
-    passes the same dtype check. `copy` makes sure the result shares no memory with
-    `data`."""
-    dtype = _dtype(dtype, op)
-    if isinstance(data, Tensor):
-        data = data._data
-    if isinstance(data, np.ndarray):
-        array, fresh = data, False
-    else:
-        try:
-            array = np.asarray(data)
-        except (ValueError, TypeError, OverflowError) as err:
-            raise TypeError(f"{op}: cannot make a tensor from {type(data).__name__} data: "
-                            f"{err}") from None
-        # Lists and Python scalars make a fresh array; other objects may lend theirs.
-        fresh = isinstance(data, (list, tuple, int, float, bool, np.generic))
-        if array.dtype == np.uint64 and fresh and not isinstance(data, np.generic):
-            # Python ints: NumPy picks uint64 for values past int64's range.
-            raise OverflowError(f"{op}: integer data out of range for int64 (max "
-                                f"{np.iinfo(np.int64).max})")
-        if dtype is None and array.dtype.kind == "f" and not isinstance(data, np.generic):
-            dtype = float32  # Python floats are float32 by default, as in PyTorch
-    _check_dtype(array.dtype, op, f"{type(data).__name__} data of dtype")
-    if dtype is not None and array.dtype != dtype:
-        return _cast(array, dtype, op)
-    return array.copy() if copy and not fresh else array
-
-
-def _cast(array: np.ndarray, dtype: np.dtype, op: str) -> np.ndarray:
-    """`array.astype(dtype)`, refusing integer results that would wrap around."""
-    if dtype.kind in "iu" and array.size and not np.can_cast(array.dtype, dtype):
-        info = np.iinfo(dtype)
-        if array.dtype.kind == "f" and not np.isfinite(array).all():
-            raise ValueError(f"{op}: cannot convert non-finite {array.dtype} values to {dtype}")
-        low, high = array.min(), array.max()
-        if low < info.min or high > info.max:
-            raise OverflowError(f"{op}: values from {low} to {high} are out of range for "
-                                f"{dtype} [{info.min}, {info.max}]")
-    return array.astype(dtype)
 
 
 def tensor(data: Any, dtype: Any = None, requires_grad: bool = False) -> Tensor:
     """A tensor from nested lists, scalars, NumPy arrays or another tensor; it copies
     the data (as `torch.tensor` does), so later writes to `data` do not reach it."""
+    data = data._data if isinstance(data, Tensor) else data
     return _finish(as_array(data, dtype, copy=True), requires_grad)
 
 
@@ -95,7 +27,7 @@ def from_numpy(array: np.ndarray) -> Tensor:
     is read-only. The dtype rules of `tensor` apply."""
     if not isinstance(array, np.ndarray):
         raise TypeError(f"from_numpy: expected a np.ndarray, got {type(array).__name__}")
-    _check_dtype(array.dtype, "from_numpy", "dtype")
+    check_dtype(array.dtype, "from_numpy", "dtype")
     return _wrap(array, None)
 
 
@@ -106,7 +38,7 @@ def from_dlpack(obj: Any) -> Tensor:
         array = np.from_dlpack(obj)
     except (TypeError, AttributeError, BufferError, RuntimeError) as err:
         raise TypeError(f"from_dlpack: cannot read a {type(obj).__name__}: {err}") from None
-    _check_dtype(array.dtype, "from_dlpack", "dtype")
+    check_dtype(array.dtype, "from_dlpack", "dtype")
     return _wrap(array, None)
 
 
@@ -129,12 +61,12 @@ def _shape(shape: tuple, op: str) -> tuple:
 
 
 def zeros(*shape: Any, dtype: Any = None, requires_grad: bool = False) -> Tensor:
-    return _finish(np.zeros(_shape(shape, "zeros"), _dtype(dtype, "zeros") or float32),
+    return _finish(np.zeros(_shape(shape, "zeros"), resolve_dtype(dtype, "zeros") or float32),
                    requires_grad)
 
 
 def ones(*shape: Any, dtype: Any = None, requires_grad: bool = False) -> Tensor:
-    return _finish(np.ones(_shape(shape, "ones"), _dtype(dtype, "ones") or float32),
+    return _finish(np.ones(_shape(shape, "ones"), resolve_dtype(dtype, "ones") or float32),
                    requires_grad)
 
 
@@ -142,16 +74,16 @@ def full(shape: Any, value: Any, dtype: Any = None, requires_grad: bool = False)
     """A tensor of `shape` filled with the number `value`; a float fills float32, an int
     int64 and a bool bool unless `dtype` says otherwise (as in PyTorch)."""
     shape = _shape(tuple(shape) if isinstance(shape, (list, tuple)) else (shape,), "full")
-    dtype = _dtype(dtype, "full") or _fill_dtype(value)
+    dtype = resolve_dtype(dtype, "full") or _fill_dtype(value)
     value = value._data if isinstance(value, Tensor) else value
     if dtype.kind in "iu":
-        _cast(np.asarray(value), dtype, "full")  # a fill that would wrap is refused
+        cast(np.asarray(value), dtype, "full")  # a fill that would wrap is refused
     return _finish(np.full(shape, value, dtype), requires_grad)
 
 
 def _fill_dtype(value: Any) -> np.dtype:
     if isinstance(value, (Tensor, np.ndarray)) and value.ndim == 0:
-        _check_dtype(value.dtype, "full", "a fill value of dtype")
+        check_dtype(value.dtype, "full", "a fill value of dtype")
         return value.dtype  # a 0-d tensor or array fills with its own dtype
     if isinstance(value, (bool, np.bool_)):
         return bool_
@@ -164,12 +96,12 @@ def _fill_dtype(value: Any) -> np.dtype:
 
 
 def zeros_like(t: Any, dtype: Any = None, requires_grad: bool = False) -> Tensor:
-    dtype = _dtype(dtype, "zeros_like") or _dtype_of(t)
+    dtype = resolve_dtype(dtype, "zeros_like") or _dtype_of(t)
     return _finish(np.zeros(np.shape(t), dtype), requires_grad)
 
 
 def ones_like(t: Any, dtype: Any = None, requires_grad: bool = False) -> Tensor:
-    dtype = _dtype(dtype, "ones_like") or _dtype_of(t)
+    dtype = resolve_dtype(dtype, "ones_like") or _dtype_of(t)
     return _finish(np.ones(np.shape(t), dtype), requires_grad)
 
 
@@ -189,7 +121,7 @@ def arange(start: Any, stop: Any = None, step: Any = 1, dtype: Any = None,
     if step == 0:
         raise ValueError("arange: step must not be zero")
     floats = any(isinstance(v, (float, np.floating)) for v in bounds)
-    dtype = _dtype(dtype, "arange") or (float32 if floats else int64)
+    dtype = resolve_dtype(dtype, "arange") or (float32 if floats else int64)
     return _finish(np.arange(start, stop, step, dtype=dtype), requires_grad)
 
 
@@ -220,11 +152,11 @@ def _rng(seed: Any) -> np.random.Generator:
 
 def randn(*shape: Any, seed: Any = None, dtype: Any = None, requires_grad: bool = False) -> Tensor:
     """Standard normal samples; the same `seed` gives the same values."""
-    dtype = _dtype(dtype, "randn") or float32
+    dtype = resolve_dtype(dtype, "randn") or float32
     return _finish(_rng(seed).standard_normal(_shape(shape, "randn")).astype(dtype), requires_grad)
 
 
 def rand(*shape: Any, seed: Any = None, dtype: Any = None, requires_grad: bool = False) -> Tensor:
     """Uniform samples in [0, 1); the same `seed` gives the same values."""
-    dtype = _dtype(dtype, "rand") or float32
+    dtype = resolve_dtype(dtype, "rand") or float32
     return _finish(_rng(seed).random(_shape(shape, "rand")).astype(dtype), requires_grad)

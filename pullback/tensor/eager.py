@@ -22,6 +22,7 @@ from ..backend.current import get_backend
 from ..errors import KernelError
 from ..ops.elementwise import add_p, div_p, mul_p, sub_p
 from ..ops.registry import PRIMITIVES
+from .arrays import as_array
 from .protect import TensorNode, protect, saved_by, writeable_if_free
 from .state import grad_enabled
 
@@ -257,9 +258,7 @@ class Tensor(_Operators):
     __slots__ = ("__weakref__", "_data", "_node", "grad")
 
     def __init__(self, data: Any, dtype: Any = None, requires_grad: bool = False):
-        from .creation import as_array
-
-        self._data = as_array(data, dtype)
+        self._data = as_array(data._data if isinstance(data, Tensor) else data, dtype)
         self._node = None
         self.grad = None
         if requires_grad:
@@ -553,17 +552,5 @@ class Tensor(_Operators):
         self._node = node
         return self
 
-    # ------------------------------------------------------------ autograd
-
-    def backward(self, grad: Any = None, retain_graph: bool | None = None,
-                 create_graph: bool = False) -> None:
-        """Accumulate d(self)/d(leaf) into each leaf's `.grad` (as PyTorch does).
-
-        `grad` defaults to one for a one-element tensor. The graph's saved
-        values are freed afterwards unless `retain_graph` (which
-        `create_graph` implies); `create_graph` records the backward itself,
-        for higher derivatives.
-        """
-        from .backward import run_backward
-
-        run_backward(self, grad, retain_graph, create_graph)
+    # `backward` is attached by backward.py, beside the engine it runs: that module
+    # imports this one, so the method cannot be defined here without an import cycle.

@@ -26,8 +26,8 @@ from ..ad import (
     transpose_linear,
 )
 from ..ops.shape import identity
+from .arrays import as_array
 from .backward import EagerExecutor, initial_cotangent, owned
-from .creation import as_array
 from .eager import Tensor, _wrap
 from .state import grad_enabled, grad_mode
 
