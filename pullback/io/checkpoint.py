@@ -20,7 +20,7 @@ import safetensors.numpy
 from safetensors import SafetensorError, safe_open
 
 from ..tensor import Tensor
-from ..tensor.eager import _wrap
+from ..tensor.eager import wrap
 from .atomic import atomic_write
 from .errors import CheckpointError
 from .header import CODE_OF_DTYPE, DTYPE_OF_CODE, TensorEntry, read_header, strict_json
@@ -201,4 +201,4 @@ def load(path: PathLike) -> dict[str, Tensor]:
     arrays, _ = read_arrays(path)
     # The arrays are fresh from the file and ours: wrapped, not copied, and in any
     # stored dtype (a float16 checkpoint loads as float16, to be cast).
-    return {key: _wrap(array, None) for key, array in arrays.items()}
+    return {key: wrap(array, None) for key, array in arrays.items()}

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from ..tensor.eager import _wrap
+from ..tensor.eager import wrap
 from .checkpoint import PathLike, read_arrays, to_arrays, write_arrays
 from .errors import CheckpointError
 from .header import strict_json
@@ -195,7 +195,7 @@ def load_training(path: PathLike, *, model: Any, optimizer: Any) -> dict[str, An
     arrays, info = _read(path)
     # Wrapped as pb.load wraps them: fresh arrays, in any stored dtype (pb.tensor
     # refuses float16, which a checkpoint may hold).
-    model_state = {k.removeprefix(MODEL_PREFIX): _wrap(a, None)
+    model_state = {k.removeprefix(MODEL_PREFIX): wrap(a, None)
                    for k, a in arrays.items() if k.startswith(MODEL_PREFIX)}
     optim_state = {k.removeprefix(OPTIM_PREFIX): a
                    for k, a in arrays.items() if k.startswith(OPTIM_PREFIX)}

@@ -21,7 +21,7 @@ from ..backend import conv as window_ops
 from ..backend.gemm import result_order
 from ..kernels.core import SUPPORTED_DTYPES
 from ..ops.conv import avg_pool2d_p, conv2d_p, max_pool2d_p
-from ..ops.linalg import _matmul_impl
+from ..ops.linalg import matmul_p
 from .fuse import NUMPY_BACKENDS, Step
 from .graph import Var
 
@@ -46,7 +46,7 @@ def matmul_into(backend: Any, a: Any, b: Any, out: Any = None) -> Any:
     another dtype, run the backend's own matmul."""
     if out is not None and type(backend) in NUMPY_BACKENDS and a.dtype == b.dtype == out.dtype:
         return np.matmul(a, b, out=out)
-    return _matmul_impl(backend, a, b)
+    return matmul_p.impl(backend, a, b)
 
 
 def _window_into(fn: Any, prim: Any) -> Any:

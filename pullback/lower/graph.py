@@ -18,7 +18,7 @@ import numpy as np
 from ..ad import Primitive, set_evaluator
 from ..ops.shape import stop_gradient_p
 from ..tensor import Tensor, no_grad
-from ..tensor.eager import _wrap, evaluate
+from ..tensor.eager import evaluate, wrap
 
 
 class LoweringError(ValueError):
@@ -213,7 +213,7 @@ def trace(fn: Any, example_inputs: tuple) -> tuple[StaticGraph, Any]:
     args = []
     for x in example_inputs:
         if isinstance(x, (Tensor, np.ndarray)):
-            t = _wrap(np.asarray(x._data if isinstance(x, Tensor) else x), None)
+            t = wrap(np.asarray(x._data if isinstance(x, Tensor) else x), None)
             tracer.bind_input(t)
             args.append(t)
         else:

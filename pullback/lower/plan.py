@@ -19,7 +19,7 @@ import numpy as np
 from ..ad import DerivativeError, Node
 from ..backend.current import get_backend
 from ..tensor.backward import EagerExecutor, accumulate_grad
-from ..tensor.eager import _saved_as_float, _wrap
+from ..tensor.eager import saved_as_float, wrap
 from . import buffers, cotangents
 from .fuse import Step, schedule
 from .graph import Eqn, LoweringError, StaticGraph, Var, resolve_params, trace
@@ -37,7 +37,7 @@ def _accumulate(param: Any, ct: Any, taken: set[int]) -> None:
         if type(owner) is np.ndarray and owner.base is None and owner.nbytes == ct.nbytes \
                 and id(owner) not in taken:
             taken.add(id(owner))
-            param.grad = _wrap(ct, None)
+            param.grad = wrap(ct, None)
             return
     accumulate_grad(param, ct, False)
 
@@ -178,7 +178,7 @@ class Plan:
         with self._lock:
             env = self._start(inputs)
             self._forward(env)
-            outs = tuple(_wrap(env[v.index], None) for v in self.graph.outputs)
+            outs = tuple(wrap(env[v.index], None) for v in self.graph.outputs)
         return outs[0] if self.single else outs
 
     # ------------------------------------------------------------ explaining
@@ -463,8 +463,8 @@ class TrainingPlan(Plan):
             if ct is not None:
                 _accumulate(p, ct, taken)
         if self.single:
-            return _wrap(loss, None)
-        return (_wrap(loss, None),) + tuple(_wrap(env[v.index], None)
+            return wrap(loss, None)
+        return (wrap(loss, None),) + tuple(wrap(env[v.index], None)
                                             for v in self.graph.outputs[1:])
 
     @staticmethod
@@ -477,7 +477,7 @@ class TrainingPlan(Plan):
                 values[i] = env[slot]
             inputs = tuple(values)
             if convert:
-                inputs = _saved_as_float(inputs, out.dtype)
+                inputs = saved_as_float(inputs, out.dtype)
         node.inputs = inputs
         node.output = env[out.index] if saves_output else None
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from .. import ops, optim
 from ..tensor import Tensor
-from ..tensor.eager import _wrap
+from ..tensor.eager import wrap
 from .layers import LayerTrace, _data, _own_trace
 from .module import Module
 
@@ -71,13 +71,13 @@ class Residual(Module):
 
     def traced_forward(self, x: Any) -> tuple[Tensor, Any]:
         y, trace = self.module.traced_forward(x)
-        return _wrap(ops.add(_data(x), _data(y))._data, None), LayerTrace(self, trace)
+        return wrap(ops.add(_data(x), _data(y))._data, None), LayerTrace(self, trace)
 
     def backprop(self, trace: Any, grad_output: Any) -> tuple[Tensor, dict]:
         (inner,) = _own_trace(self, trace)
         grad_inner, grads = self.module.backprop(inner, grad_output)
         grad_x = ops.add(_data(grad_output), _data(grad_inner))
-        return _wrap(grad_x._data, None), ({"module": grads} if grads else {})
+        return wrap(grad_x._data, None), ({"module": grads} if grads else {})
 
 
 class LR(Module):

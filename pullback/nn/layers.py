@@ -17,7 +17,7 @@ from .. import ops
 from ..backend import BackwardOps
 from ..backend.current import get_backend
 from ..tensor import Tensor, no_grad, ones, rand, zeros
-from ..tensor.eager import _wrap
+from ..tensor.eager import wrap
 from .module import Module, Parameter
 
 
@@ -79,11 +79,11 @@ class Dense(Module):
         be = get_backend()
         g = _data(grad_output)
         g2 = be.reshape(g, (-1, self.out_features))
-        grads = {"weight": _wrap(be.matmul(be.transpose(g2, (1, 0)),
+        grads = {"weight": wrap(be.matmul(be.transpose(g2, (1, 0)),
                                            be.reshape(x, (-1, self.in_features))), None)}
         if self.bias is not None:
-            grads["bias"] = _wrap(be.reduce_sum(g2, (0,), False), None)
-        return _wrap(be.matmul(g, self.weight._data), None), grads
+            grads["bias"] = wrap(be.reduce_sum(g2, (0,), False), None)
+        return wrap(be.matmul(g, self.weight._data), None), grads
 
     def extra_repr(self) -> str:
         return f"{self.in_features}, {self.out_features}, bias={self.bias is not None}"
@@ -147,12 +147,12 @@ class Conv2d(Module):
         be = get_backend()
         g = _data(grad_output)
         w = self.weight._data
-        grads = {"weight": _wrap(be.conv2d_weight_backward(g, x, w.shape, *self._geometry()),
+        grads = {"weight": wrap(be.conv2d_weight_backward(g, x, w.shape, *self._geometry()),
                                  None)}
         if self.bias is not None:
-            grads["bias"] = _wrap(be.conv2d_bias_backward(g), None)
+            grads["bias"] = wrap(be.conv2d_bias_backward(g), None)
         gx = be.conv2d_input_backward(g, w, x.shape, *self._geometry())
-        return _wrap(gx, None), grads
+        return wrap(gx, None), grads
 
     def extra_repr(self) -> str:
         o, i, kh, kw = self.weight.shape

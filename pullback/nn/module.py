@@ -18,7 +18,7 @@ from .. import optim
 from ..ad import Leaf, backward_pass
 from ..tensor import Tensor, enable_grad
 from ..tensor.backward import EagerExecutor, initial_cotangent, owned
-from ..tensor.eager import _wrap
+from ..tensor.eager import wrap
 from .snapshot import own_saved_parameters
 from .state import state_dict_mismatch
 
@@ -143,9 +143,9 @@ class Module:
         if data.dtype.kind != "f":
             # An integer input (token ids, indices) gets no gradient; the parameters do.
             with enable_grad():
-                y = self(_wrap(data, None))
+                y = self(wrap(data, None))
             return y, GraphTrace(self, None, y)
-        traced = _wrap(data, None)
+        traced = wrap(data, None)
         traced._node = Leaf(data.shape, data.dtype, None, "input")
         with enable_grad():
             y = self(traced)
@@ -251,11 +251,11 @@ class GraphTrace:
         given = (grad_output._data if isinstance(grad_output, Tensor) else grad_output,)
         arrays = owned([results[p._node] for _, p in params] + [
             results.get(self.input._node) if self.input is not None else None], given)
-        grads = unflatten_tree({n: _wrap(a, None) for (n, _), a in zip(params, arrays)})
+        grads = unflatten_tree({n: wrap(a, None) for (n, _), a in zip(params, arrays)})
         grad_input = None
         if self.input is not None:
             g = arrays[-1]
-            grad_input = _wrap(g if g is not None else np.zeros_like(self.input._data), None)
+            grad_input = wrap(g if g is not None else np.zeros_like(self.input._data), None)
         return grad_input, grads
 
 

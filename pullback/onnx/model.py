@@ -28,7 +28,7 @@ from ..lower import compile as compile_plan
 from ..nn import Module, Parameter
 from ..nn.module import GraphTrace
 from ..tensor import Tensor, enable_grad, is_grad_enabled, no_grad
-from ..tensor.eager import _wrap, evaluate
+from ..tensor.eager import evaluate, wrap
 from .errors import OnnxImportError
 from .interpreter import RunContext, check_size, last_uses, run_graph
 from .loader import GraphSpec, ValueSpec
@@ -141,7 +141,7 @@ class OnnxModel(Module):
                             f"{len(self.spec.outputs)} outputs, not one of each; call the model "
                             "and use loss.backward() instead")
         data = x.numpy() if isinstance(x, Tensor) else np.asarray(x)
-        traced = _wrap(data, None)
+        traced = wrap(data, None)
         if data.dtype.kind == "f":
             traced._node = Leaf(data.shape, data.dtype, None, "input")
         with enable_grad():
@@ -291,7 +291,7 @@ def _public(value: Any) -> Any:
     if isinstance(value, list):
         return [_public(v) for v in value]
     if isinstance(value, np.ndarray) and value.dtype.kind not in "OUS":
-        return _wrap(np.array(value), None)  # a fresh copy, so callers cannot change ours
+        return wrap(np.array(value), None)  # a fresh copy, so callers cannot change ours
     return value
 
 
@@ -299,7 +299,7 @@ def _as_tensor(value: Any) -> Any:
     # A copy (as pb.tensor makes), so no view of the caller's array can change a value a
     # recorded backward saved; wrapped directly, in whatever dtype the graph declares.
     if isinstance(value, np.ndarray) and value.dtype.kind not in "OUS":
-        return _wrap(np.array(value), None)
+        return wrap(np.array(value), None)
     if isinstance(value, list):
         return [_as_tensor(v) for v in value]
     return value

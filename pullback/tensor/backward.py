@@ -28,7 +28,7 @@ from ..ad import (
 )
 from ..backend.backward_ops import BackwardOps
 from ..backend.current import get_backend
-from .eager import Tensor, _wrap
+from .eager import Tensor, wrap
 from .state import grad_mode
 
 # Whether eager backward may use backends' fused kernels; off, every node goes through
@@ -75,9 +75,9 @@ class EagerExecutor(BackwardExecutor):
         inputs = node.inputs
         if inputs is not None:
             inputs = tuple(
-                _wrap(v, p) if type(v) is np.ndarray else v for v, p in zip(inputs, node.parents)
+                wrap(v, p) if type(v) is np.ndarray else v for v, p in zip(inputs, node.parents)
             )
-        output = _wrap(node.output, node) if node.output is not None else None
+        output = wrap(node.output, node) if node.output is not None else None
         return inputs, output
 
     def linearize_recorded_graph(self, node: Any) -> Any:
@@ -182,7 +182,7 @@ def run_backward(output: Tensor, grad: Any, retain_graph: bool | None,
         )
     ct = initial_cotangent("backward", output, grad)
     if create_graph:
-        ct = ct if isinstance(ct, Tensor) else _wrap(ct, None)
+        ct = ct if isinstance(ct, Tensor) else wrap(ct, None)
     elif isinstance(ct, Tensor):
         ct = ct._data
     retain = create_graph if retain_graph is None else retain_graph
@@ -228,7 +228,7 @@ def initial_cotangent(op: str, output: Tensor, grad: Any) -> Any:
 def accumulate_grad(tensor: Tensor, ct: Any, create_graph: bool) -> None:
     """Add a cotangent to a leaf's `.grad`, as PyTorch accumulates."""
     if create_graph:
-        value = ct if isinstance(ct, Tensor) else _wrap(ct, None)
+        value = ct if isinstance(ct, Tensor) else wrap(ct, None)
         tensor.grad = value if tensor.grad is None else tensor.grad + value
         return
     if isinstance(ct, Tensor):
@@ -237,11 +237,11 @@ def accumulate_grad(tensor: Tensor, ct: Any, create_graph: bool) -> None:
         # Own the buffer (a cotangent may be a view or shared with another leaf), in C
         # order like the parameter: a transposed gradient would make every optimizer
         # pass over it strided.
-        tensor.grad = _wrap(np.array(ct, dtype=tensor.dtype, copy=True, order="C"), None)
+        tensor.grad = wrap(np.array(ct, dtype=tensor.dtype, copy=True, order="C"), None)
     else:
         # Through the backend, not `+`: NumPy's operators turn a 0-d sum into a NumPy
         # scalar, and a tensor's data is always an array.
-        tensor.grad = _wrap(get_backend().add(tensor.grad._data, ct), None)
+        tensor.grad = wrap(get_backend().add(tensor.grad._data, ct), None)
 
 
 def backward(self: Tensor, grad: Any = None, retain_graph: bool | None = None,

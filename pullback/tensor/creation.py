@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from .arrays import as_array, bool_, cast, check_dtype, float32, int64, resolve_dtype
-from .eager import Tensor, _wrap
+from .eager import Tensor, wrap
 
 
 def tensor(data: Any, dtype: Any = None, requires_grad: bool = False) -> Tensor:
@@ -28,7 +28,7 @@ def from_numpy(array: np.ndarray) -> Tensor:
     if not isinstance(array, np.ndarray):
         raise TypeError(f"from_numpy: expected a np.ndarray, got {type(array).__name__}")
     check_dtype(array.dtype, "from_numpy", "dtype")
-    return _wrap(array, None)
+    return wrap(array, None)
 
 
 def from_dlpack(obj: Any) -> Tensor:
@@ -39,11 +39,11 @@ def from_dlpack(obj: Any) -> Tensor:
     except (TypeError, AttributeError, BufferError, RuntimeError) as err:
         raise TypeError(f"from_dlpack: cannot read a {type(obj).__name__}: {err}") from None
     check_dtype(array.dtype, "from_dlpack", "dtype")
-    return _wrap(array, None)
+    return wrap(array, None)
 
 
 def _finish(array: np.ndarray, requires_grad: bool) -> Tensor:
-    t = _wrap(array, None)
+    t = wrap(array, None)
     if requires_grad:
         t.requires_grad = True
     return t

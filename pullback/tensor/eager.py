@@ -31,7 +31,10 @@ _FLOATS = frozenset([np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.flo
 _GRAD_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
 
-def _wrap(data: Any, node: Any) -> Tensor:
+def wrap(data: Any, node: Any) -> Tensor:
+    """A tensor around `data` (an array, neither copied nor checked): the output of the
+    recorded `node`, or a constant when `node` is None. Every layer above builds its
+    tensors from arrays it already owns this way."""
     t = _new(Tensor)
     t._data = data
     t._node = node
@@ -95,7 +98,7 @@ def evaluate(prim: Any, args: tuple, params: dict) -> Tensor:
         for v in arrays:
             if type(v) is np.ndarray and v.dtype is not out.dtype and v.dtype.kind in "iub" \
                     and not prim.exact_inputs:
-                arrays = _saved_as_float(arrays, out.dtype)
+                arrays = saved_as_float(arrays, out.dtype)
                 break
         if prim.bilinear and (parents[0] is None or parents[1] is None):
             # One operand is active: its derivative needs only the other one.
@@ -142,7 +145,7 @@ def _kind(value: Any) -> str:
         type(value).__name__
 
 
-def _saved_as_float(arrays: tuple, dtype: np.dtype) -> tuple:
+def saved_as_float(arrays: tuple, dtype: np.dtype) -> tuple:
     """Integer operands saved as the result's float dtype, so that backward kernels
     (g * other) give gradients in their input's dtype."""
     return tuple(
@@ -370,10 +373,10 @@ class Tensor(_Operators):
 
     def detach(self) -> Tensor:
         """The same data, cut from the graph."""
-        return _wrap(self._data, None)
+        return wrap(self._data, None)
 
     def clone(self) -> Tensor:
-        return ops.mul(self, 1) if self._node is not None else _wrap(self._data.copy(), None)
+        return ops.mul(self, 1) if self._node is not None else wrap(self._data.copy(), None)
 
     def __repr__(self) -> str:
         body = np.array2string(self._data, separator=", ", prefix="tensor(")

@@ -28,7 +28,7 @@ from ..ad import (
 from ..ops.shape import identity
 from .arrays import as_array
 from .backward import EagerExecutor, initial_cotangent, owned
-from .eager import Tensor, _wrap
+from .eager import Tensor, wrap
 from .state import grad_enabled, grad_mode
 
 
@@ -36,7 +36,7 @@ def _trace_inputs(op: str, primals: Sequence[Any]) -> tuple[list[Tensor], bool]:
     """Fresh differentiation inputs for `primals`; True if any is already being traced."""
     inputs, nested = [], False
     for index, p in enumerate(primals):
-        t = p if isinstance(p, Tensor) else _wrap(as_array(p), None)
+        t = p if isinstance(p, Tensor) else wrap(as_array(p), None)
         if t.dtype.kind != "f":
             raise TypeError(
                 f"{op}: argument {index} has dtype {t.dtype} (shape {t.shape}); "
@@ -47,7 +47,7 @@ def _trace_inputs(op: str, primals: Sequence[Any]) -> tuple[list[Tensor], bool]:
             with grad_mode(True):
                 inputs.append(identity(t))
         else:
-            fresh = _wrap(t._data, None)
+            fresh = wrap(t._data, None)
             fresh._node = Leaf(t.shape, t.dtype)
             inputs.append(fresh)
     return inputs, nested
@@ -73,8 +73,8 @@ def _records_outside(outs: Sequence[Tensor], inputs: Sequence[Tensor]) -> bool:
 
 def _result(ct: Any, like: Tensor) -> Tensor:
     if ct is None:
-        return _wrap(np.zeros(like.shape, like.dtype), None)  # the output does not depend on it
-    return ct if isinstance(ct, Tensor) else _wrap(ct, None)
+        return wrap(np.zeros(like.shape, like.dtype), None)  # the output does not depend on it
+    return ct if isinstance(ct, Tensor) else wrap(ct, None)
 
 
 def vjp(f: Callable, *primals: Any) -> tuple[Any, Callable]:
@@ -107,8 +107,8 @@ def vjp(f: Callable, *primals: Any) -> tuple[Any, Callable]:
 def _detached(out: Any) -> Any:
     """Outputs cut from the transform's private graph (nothing outside can use it)."""
     if isinstance(out, Tensor):
-        return _wrap(out._data, None)
-    return type(out)(_wrap(o._data, None) for o in out)
+        return wrap(out._data, None)
+    return type(out)(wrap(o._data, None) for o in out)
 
 
 def _data(x: Any) -> Any:
@@ -175,7 +175,7 @@ def linearize(f: Callable, *primals: Any) -> tuple[Any, Callable]:
         # A tangent that reaches an output unchanged (f adds a constant) is the caller's
         # array: it comes back as a tensor of its own, as every other result.
         results = [_result(None, o) if type(r) is Zero else
-                   _wrap(np.array(r), None) if isinstance(r, np.ndarray) else r
+                   wrap(np.array(r), None) if isinstance(r, np.ndarray) else r
                    for r, o in zip(results, outs)]
         return results[0] if single else tuple(results)
 
@@ -207,7 +207,7 @@ def linear_transpose(f_lin: Callable, *primals: Any) -> Callable:
     The result, called with one output cotangent (a tuple for several outputs),
     returns a tuple with one cotangent per input.
     """
-    likes = [p if isinstance(p, Tensor) else _wrap(as_array(p), None) for p in primals]
+    likes = [p if isinstance(p, Tensor) else wrap(as_array(p), None) for p in primals]
     graph = LinearGraph()
     variables = [graph.new_input(p.shape, p.dtype) for p in likes]
     out = f_lin(*variables)
@@ -225,7 +225,7 @@ def linear_transpose(f_lin: Callable, *primals: Any) -> Callable:
             raise ValueError(f"linear_transpose: expected {len(outs)} cotangents, got {len(cts)}")
         values = []
         for c, o in zip(cts, outs):
-            data = c if isinstance(c, Tensor) else _wrap(np.asarray(c, dtype=o.dtype), None)
+            data = c if isinstance(c, Tensor) else wrap(np.asarray(c, dtype=o.dtype), None)
             if data.shape != o.shape:
                 raise ValueError(f"linear_transpose: cotangent has shape {data.shape}, "
                                  f"the output has shape {o.shape}")
