@@ -68,7 +68,6 @@ class TrainResult:
     test_accuracy: float
     history: list[dict] = field(default_factory=list)
     model: Any = None
-    steps_per_second: float = 0.0
 
 
 def build_model(name: str) -> nn.Module:
@@ -169,7 +168,7 @@ def train(config: TrainConfig, *, resume: bool = False, overwrite: bool = False,
     rate = trained_steps / elapsed if elapsed > 0 else 0.0
     log(f"{trained_steps} steps in {elapsed:.1f} s ({rate:.0f} steps/s); "
         f"checkpoint and weights in {out}/")
-    return TrainResult(accuracy, history, model, rate)
+    return TrainResult(accuracy, history, model)
 
 
 def _first_existing(path: Path) -> Path:

@@ -3,7 +3,7 @@ float64): im2col (`unfold`) into any window layout whose last two axes are (OH, 
 its adjoint col2im (`fold`), and max and average pooling with their backward passes.
 
 Each kernel is a serial loop that releases the GIL. The windows are described by one
-int64 array, `geometry` (GEOMETRY names its entries); loops skip padding by computing
+int64 array, `geometry` (see `geometry()`); loops skip padding by computing
 each kernel column's valid output range once, which keeps the inner loops branch-free
 and contiguous. Results are bit for bit those of NumPy loops over kernel offsets.
 
@@ -23,17 +23,14 @@ from pullback.errors import KernelError
 from pullback.kernels import jit
 from pullback.kernels.base import _SUPPORTED, SUPPORTED_DTYPES
 
-# kernel, stride, padding and dilation pairs, the output size (OH, OW), then, for the
-# window array (blocks, OH, OW) of unfold and fold, the strides of its (n, c, i, j)
-# axes in blocks and the block of the first window.
-GEOMETRY = ("kh", "kw", "sh", "sw", "ph", "pw", "dh", "dw", "oh", "ow",
-            "s_n", "s_c", "s_i", "s_j", "base")
-
 
 def geometry(kernel: Sequence[int], stride: Sequence[int], padding: Sequence[int],
              dilation: Sequence[int], out_hw: Sequence[int], windows: np.ndarray | None = None,
              base: int = 0) -> np.ndarray:
-    """The `geometry` array the kernels read (see GEOMETRY). `windows` is the window
+    """The `geometry` array the kernels read: kernel, stride, padding and dilation pairs
+    (kh kw sh sw ph pw dh dw), the output size (oh ow), then, for the window array
+    (blocks, OH, OW) of unfold and fold, the strides of its (n, c, i, j) axes in blocks
+    and the block of the first window (s_n s_c s_i s_j base). `windows` is the window
     array as (N, C, kh, kw, OH, OW), any view of a C-contiguous buffer whose last two
     axes are contiguous (N first or C first); pooling needs none."""
     strides = (0,) * 4

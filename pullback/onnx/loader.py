@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import stat
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -68,7 +68,6 @@ class GraphSpec:
     # Why this graph must run eagerly rather than as a plan, if it must.
     eager_reason: str | None = None
     name: str = ""
-    value_infos: dict[str, ValueSpec] = field(default_factory=dict)
 
 
 def read_model(source: Any, max_tensor_bytes: int) -> Any:
@@ -334,5 +333,4 @@ def parse(model: Any, max_tensor_bytes: int) -> GraphSpec:
     if eager is None and any(i.kind != "tensor" or (i.dtype is not None and i.dtype.kind == "O")
                              for i in inputs):
         eager = "an input is a sequence or a string tensor"
-    return GraphSpec(inputs, outputs, initializers, nodes, opsets, eager, graph.name,
-                     {v.name: _value_spec(v) for v in graph.value_info})
+    return GraphSpec(inputs, outputs, initializers, nodes, opsets, eager, graph.name)

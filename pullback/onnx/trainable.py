@@ -11,7 +11,6 @@ and string initializers are never trainable; neither are `Constant` nodes.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
 
 from .errors import OnnxImportError
 from .loader import GraphSpec
@@ -72,9 +71,3 @@ def choose_trainable(spec: GraphSpec, trainable: bool | Iterable[str]) -> list[s
                               "\n  ".join(problems))
     chosen = set(names)
     return [name for name in spec.initializers if name in chosen]
-
-
-def describe_frozen(spec: GraphSpec) -> dict[str, Any]:
-    """Every initializer's status, for `OnnxModel.initializer_report()`."""
-    reasons = frozen_reasons(spec)
-    return {name: reasons.get(name, "trainable") for name in spec.initializers}

@@ -65,10 +65,6 @@ def _mixed_dtypes(backend: Any, name: str, a: Any, b: Any, out: Any) -> Any:
     return getattr(backend, name)(*cast)
 
 
-def _unbroadcast(x: Any) -> Any:
-    return lambda ct: sum_to_shape(ct, shape_of(x))
-
-
 add_p = declare("add", _binary_impl("add"), elementwise_rule("add"))
 
 

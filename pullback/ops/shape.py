@@ -14,11 +14,6 @@ from ..ad import ALL_ARGS, LinearVar, Zero, add_tangents, defjvp, defjvp_full, d
 from ..errors import KernelError, index_error
 from .registry import broadcast_shapes, declare, dtype_of, shape_of
 
-
-def _with_shape(shape_param: str) -> Any:
-    return lambda x, **params: (tuple(params[shape_param]), dtype_of(x))
-
-
 # ---------------------------------------------------------------- reshape / transpose
 
 
@@ -348,8 +343,3 @@ def identity(x: Any) -> Any:
 stop_gradient_p = declare("stop_gradient", lambda backend, x: x,
                           lambda x: (shape_of(x), dtype_of(x)), differentiable=False,
                           register=False)
-
-
-def stop_gradient(x: Any) -> Any:
-    """x's values, with no gradient: what `Tensor.detach()` is inside a traced graph."""
-    return stop_gradient_p.bind(x)
