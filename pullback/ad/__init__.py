@@ -1,4 +1,5 @@
-"""The autodiff core: primitives and rules, linearize, transpose, backward traversal.
+"""The autodiff core: primitives and rules, linearize, transpose, backward traversal,
+checkpointed regions.
 
 Abstract over operands: it computes nothing itself and imports no NumPy; the
 `BackwardExecutor` it is handed, and the evaluator installed with
@@ -37,6 +38,7 @@ from .graph import (
     toposort,
 )
 from .linear import Equation, LinearGraph, NotLinearError, evaluate_linear, transpose_linear
+from .remat import Region, RegionEquation, Slot, replay_jvp, run_region
 
 __all__ = [
     "ALL_ARGS",
@@ -51,6 +53,9 @@ __all__ = [
     "Node",
     "NotLinearError",
     "Primitive",
+    "Region",
+    "RegionEquation",
+    "Slot",
     "Zero",
     "add_tangents",
     "backward_pass",
@@ -66,6 +71,8 @@ __all__ = [
     "linearize_graph",
     "linearize_node",
     "relevant_to",
+    "replay_jvp",
+    "run_region",
     "set_default_evaluator",
     "set_evaluator",
     "set_tangent_add",

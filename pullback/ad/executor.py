@@ -18,7 +18,8 @@ class BackwardExecutor:
     """Executes what the core plans: forward replays, transposed linear graphs, sums."""
 
     def execute_forward(self, prim: Primitive, args: tuple, params: dict) -> Any:
-        """Apply a primitive to concrete operands."""
+        """Apply a primitive to concrete operands: how a checkpointed region's forward
+        is replayed during backward (`replay_jvp`)."""
         return prim.bind(*args, **params)
 
     def saved_operands(self, node: Node) -> tuple[Any, Any]:

@@ -1,5 +1,6 @@
 """Tensors, eager recording, and the transforms over them."""
 
+from .checkpoint import checkpoint
 from .creation import (
     arange,
     bool_,
@@ -27,6 +28,7 @@ __all__ = [
     "Tensor",
     "arange",
     "bool_",
+    "checkpoint",
     "enable_grad",
     "float32",
     "float64",

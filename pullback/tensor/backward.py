@@ -60,7 +60,9 @@ class EagerExecutor(BackwardExecutor):
 
     def execute_forward(self, prim: Any, args: tuple, params: dict) -> Any:
         with grad_mode(self.create_graph):
-            return prim.bind(*args, **params)
+            out = prim.bind(*args, **params)
+        # Recorded for create_graph; otherwise an array, as the rules see saved values.
+        return out if self.create_graph or type(out) is not Tensor else out._data
 
     def saved_operands(self, node: Any) -> tuple[Any, Any]:
         if node.released:
