@@ -1,5 +1,5 @@
-"""The autodiff core: primitives and rules, linearize, transpose, backward traversal,
-checkpointed regions.
+"""The autodiff core: primitives and rules, linearize, transpose, the backward
+schedule, checkpointed regions.
 
 Abstract over operands: it computes nothing itself and imports no NumPy; the
 `BackwardExecutor` it is handed, and the evaluator installed with
@@ -30,7 +30,6 @@ from .graph import (
     GraphReleasedError,
     Leaf,
     Node,
-    backward_pass,
     leaves_above,
     linearize_graph,
     linearize_node,
@@ -39,10 +38,12 @@ from .graph import (
 )
 from .linear import Equation, LinearGraph, NotLinearError, evaluate_linear, transpose_linear
 from .remat import Region, RegionEquation, Slot, replay_jvp, run_region
+from .schedule import BackwardSchedule, backward_pass, run_schedule
 
 __all__ = [
     "ALL_ARGS",
     "BackwardExecutor",
+    "BackwardSchedule",
     "DerivativeError",
     "Equation",
     "ForwardModeError",
@@ -73,6 +74,7 @@ __all__ = [
     "relevant_to",
     "replay_jvp",
     "run_region",
+    "run_schedule",
     "set_default_evaluator",
     "set_evaluator",
     "set_tangent_add",

@@ -1,4 +1,4 @@
-"""The recorded graph of eager ops and the backward traversal over it.
+"""The recorded graph of eager ops, its traversals and its linearization.
 
 Each eager op that involves an active operand records a `Node` holding exactly
 what its rules need (see `Primitive.saves_inputs` / `saves_output`). A tensor
@@ -156,58 +156,6 @@ def linearize_node(node: Node, inputs: tuple, output: Any) -> LinearGraph:
     out = jvp_of(prim, tangents, output, inputs, node.params)
     graph.outputs = [out if out is not None else Zero(node.out_shape, node.dtype)]
     return graph
-
-
-def backward_pass(
-    roots: Sequence[tuple[Any, Any]],
-    executor: Any,
-    targets: Sequence[Any] | None = None,
-    release: bool = False,
-) -> dict:
-    """Push cotangents from `roots` (pairs of node and cotangent) back through the graph.
-
-    Returns the cotangent reaching each leaf, or, with `targets`, each target
-    node (the traversal then stops at the targets and skips everything that
-    does not lead to one). Cotangents are accumulated with the executor's
-    `add_operands` and dropped as soon as they are consumed. With `release`,
-    each node's saved values are freed once it has been processed.
-    """
-    order = toposort(node for node, _ in roots)
-    stops = None
-    if targets is not None:
-        order = relevant_to(order, targets)
-        stops = {id(t) for t in targets}
-    cts: dict = {}
-    add = executor.add_operands
-    for node, ct in roots:
-        previous = cts.get(node)
-        cts[node] = ct if previous is None else add(previous, ct)
-    results: dict = {}
-    linearize = executor.linearize_recorded_graph
-    transpose = executor.run_transposed_linear
-    for node in reversed(order):
-        ct = cts.pop(node, None)
-        if node.primitive is None or (stops is not None and id(node) in stops):
-            if ct is not None:
-                results[node] = ct
-            continue
-        if ct is None:
-            if release:
-                node.release()
-            continue
-        try:
-            lin = linearize(node)
-        except DerivativeError as err:
-            raise executor.derivative_error(node, err) from None
-        in_cts = transpose(lin, ct)
-        if release:
-            node.release()
-        for parent, in_ct in zip(node.parents, in_cts):
-            if parent is None or in_ct is None:
-                continue
-            previous = cts.get(parent)
-            cts[parent] = in_ct if previous is None else add(previous, in_ct)
-    return results
 
 
 def linearize_graph(
