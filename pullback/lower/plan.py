@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from ..ad import DerivativeError, Node
+from ..ad import BackwardSchedule, DerivativeError, Leaf, Node
 from ..backend.current import get_backend
 from ..tensor.backward import EagerExecutor, accumulate_grad
 from ..tensor.eager import _saved_as_float, _wrap
@@ -332,9 +332,7 @@ class TrainingPlan(Plan):
         param_views = self._views = {
             e.out.index for e in self.graph.eqns if e.primitive.name in ("transpose", "reshape")
             and isinstance(e.args[0], Var) and e.args[0].kind == "param"}
-        for eqn in reversed(self.graph.eqns):
-            if eqn.out.index not in self._active:
-                continue
+        for eqn in self._backward_order():
             prim = eqn.primitive
             if not (prim.has_derivative or prim.transpose is not None or prim.vjp is not None):
                 params = [self._param_name(v, p) for v, p in self.graph.params
@@ -368,6 +366,25 @@ class TrainingPlan(Plan):
                 frees[i].append(s)
         return [(eqn, node, saved, self._reads(eqn, needed_in), tuple(f))
                 for (eqn, node, saved, needed_in), f in zip(steps, frees)]
+
+    def _backward_order(self) -> list[Eqn]:
+        """The active equations in the order the core's backward schedule visits them:
+        the order eager backward takes through the same graph, computed once here."""
+        nodes: dict[int, Any] = {}
+        leaves = []
+        for var, _ in self.graph.params:
+            leaf = nodes[var.index] = Leaf(var.shape, var.dtype)
+            leaves.append(leaf)
+        eqn_of: dict[int, Eqn] = {}
+        for eqn in self.graph.eqns:
+            if eqn.out.index in self._active:
+                parents = tuple(nodes.get(a.index) if isinstance(a, Var) else None
+                                for a in eqn.args)
+                node = nodes[eqn.out.index] = Node(eqn.primitive, eqn.params, parents, None,
+                                                   None, (), eqn.out.shape, eqn.out.dtype)
+                eqn_of[id(node)] = eqn
+        schedule = BackwardSchedule([nodes[self.graph.outputs[0].index]], leaves)
+        return [eqn_of[id(n)] for n, end in zip(schedule.nodes, schedule.ends) if not end]
 
     @staticmethod
     def _reads(eqn: Eqn, needed_in: tuple) -> tuple:
