@@ -36,6 +36,10 @@ class BackwardExecutor:
         graph: LinearGraph = linearization
         return transpose_linear(graph, (ct,), self.add_operands)
 
+    def release_saved(self, node: Node) -> None:
+        """Free what a node saved once backward is done with it (`release`)."""
+        node.release()
+
     def add_operands(self, a: Any, b: Any) -> Any:
         """Sum two cotangents reaching the same node."""
         return a + b

@@ -50,7 +50,7 @@ def run_schedule(schedule: BackwardSchedule, roots: Sequence[tuple[Any, Any]], e
     Returns the cotangent reaching each end (leaf or target). Cotangents are
     accumulated with the executor's `add_operands`; each node is linearized and
     transposed by the executor. With `release`, each node's saved values are freed
-    once it has been processed.
+    (`release_saved`) once it has been processed, or skipped for want of a cotangent.
     """
     cts: list[Any] = [None] * len(schedule.nodes)
     add = executor.add_operands
@@ -61,6 +61,7 @@ def run_schedule(schedule: BackwardSchedule, roots: Sequence[tuple[Any, Any]], e
     results: dict = {}
     linearize = executor.linearize_recorded_graph
     transpose = executor.run_transposed_linear
+    release_saved = executor.release_saved
     for i, (node, parents, end) in enumerate(zip(schedule.nodes, schedule.parents,
                                                  schedule.ends)):
         ct = cts[i]
@@ -71,7 +72,7 @@ def run_schedule(schedule: BackwardSchedule, roots: Sequence[tuple[Any, Any]], e
             continue
         if ct is None:
             if release:
-                node.release()
+                release_saved(node)
             continue
         try:
             lin = linearize(node)
@@ -79,7 +80,7 @@ def run_schedule(schedule: BackwardSchedule, roots: Sequence[tuple[Any, Any]], e
             raise executor.derivative_error(node, err) from None
         in_cts = transpose(lin, ct)
         if release:
-            node.release()
+            release_saved(node)
         for j, in_ct in zip(parents, in_cts):
             if j is None or in_ct is None:
                 continue
