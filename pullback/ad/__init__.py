@@ -35,6 +35,8 @@ from .graph import (
     linearize_node,
     relevant_to,
     toposort,
+    transpose_node,
+    transposes_directly,
 )
 from .linear import Equation, LinearGraph, NotLinearError, evaluate_linear, transpose_linear
 from .remat import Region, RegionEquation, Slot, replay_jvp, run_region
@@ -80,4 +82,6 @@ __all__ = [
     "set_tangent_add",
     "toposort",
     "transpose_linear",
+    "transpose_node",
+    "transposes_directly",
 ]

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from .core import DerivativeError, Primitive, Zero, jvp_of
+from .core import DerivativeError, LinearVar, Primitive, Zero, jvp_of
 from .linear import LinearGraph
 
 
@@ -156,6 +156,44 @@ def linearize_node(node: Node, inputs: tuple, output: Any) -> LinearGraph:
     out = jvp_of(prim, tangents, output, inputs, node.params)
     graph.outputs = [out if out is not None else Zero(node.out_shape, node.dtype)]
     return graph
+
+
+def transposes_directly(node: Node) -> bool:
+    """Whether the node's own transpose rule gives every needed cotangent: the
+    primitive is linear in each active operand with the others held constant."""
+    prim = node.primitive
+    if prim.transpose is None:
+        return False
+    linear = prim.linear_args
+    return all(p is None or i in linear for i, p in enumerate(node.parents))
+
+
+def transpose_node(node: Node, inputs: tuple | None, ct: Any) -> list:
+    """Cotangents of the operands of a node that `transposes_directly` (None where
+    inactive), from its transpose rule alone: a linear primitive is its own
+    linearization, so no JVP is traced. `inputs` are its saved operands."""
+    prim = node.primitive
+    n = len(node.parents)
+    if inputs is None:
+        inputs = (None,) * n
+    if prim.bilinear:
+        # Bilinear: transpose in each active operand with the other held constant.
+        return [
+            None if parent is None else prim.transpose(ct, *(
+                LinearVar(None, node.in_shapes[i], node.dtype) if i == index else inputs[i]
+                for i in range(n)), **node.params)[index]
+            for index, parent in enumerate(node.parents)
+        ]
+    # Jointly linear: one transpose; an inactive operand that was not saved is passed
+    # as a symbolic zero, which carries its shape.
+    args = tuple(
+        LinearVar(None, node.in_shapes[i], node.dtype) if node.parents[i] is not None
+        else inputs[i] if inputs[i] is not None
+        else Zero(node.in_shapes[i], node.dtype)
+        for i in range(n)
+    )
+    return [c if p is not None else None
+            for c, p in zip(prim.transpose(ct, *args, **node.params), node.parents)]
 
 
 def linearize_graph(
