@@ -13,6 +13,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from .core import DerivativeError
+from .executor import BackwardExecutor
 from .graph import relevant_to, toposort
 
 
@@ -36,11 +37,22 @@ class BackwardSchedule:
             stops = {id(t) for t in targets}
         order.reverse()
         index = {id(node): i for i, node in enumerate(order)}
+        get = index.get
+        parents: list[tuple] = []
+        ends: list[bool] = []
+        # Computed per eager backward call: plain loops, no generator per node.
+        for node in order:
+            ps = node.parents
+            if len(ps) == 1:
+                p = ps[0]
+                parents.append((None if p is None else get(id(p)),))
+            else:
+                parents.append(tuple([None if p is None else get(id(p)) for p in ps]))
+            ends.append(node.primitive is None or (stops and id(node) in stops))
         self.nodes = order
         self.index = index
-        self.parents = [tuple(None if p is None else index.get(id(p)) for p in node.parents)
-                        for node in order]
-        self.ends = [node.primitive is None or id(node) in stops for node in order]
+        self.parents = parents
+        self.ends = ends
 
 
 def run_schedule(schedule: BackwardSchedule, roots: Sequence[tuple[Any, Any]], executor: Any,
@@ -61,7 +73,9 @@ def run_schedule(schedule: BackwardSchedule, roots: Sequence[tuple[Any, Any]], e
     results: dict = {}
     linearize = executor.linearize_recorded_graph
     transpose = executor.run_transposed_linear
-    release_saved = executor.release_saved
+    # The default frees through the node itself, without a call through the executor.
+    free = None if type(executor).release_saved is BackwardExecutor.release_saved \
+        else executor.release_saved
     for i, (node, parents, end) in enumerate(zip(schedule.nodes, schedule.parents,
                                                  schedule.ends)):
         ct = cts[i]
@@ -72,7 +86,7 @@ def run_schedule(schedule: BackwardSchedule, roots: Sequence[tuple[Any, Any]], e
             continue
         if ct is None:
             if release:
-                release_saved(node)
+                node.release() if free is None else free(node)
             continue
         try:
             lin = linearize(node)
@@ -80,7 +94,7 @@ def run_schedule(schedule: BackwardSchedule, roots: Sequence[tuple[Any, Any]], e
             raise executor.derivative_error(node, err) from None
         in_cts = transpose(lin, ct)
         if release:
-            release_saved(node)
+            node.release() if free is None else free(node)
         for j, in_ct in zip(parents, in_cts):
             if j is None or in_ct is None:
                 continue
