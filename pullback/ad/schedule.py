@@ -48,7 +48,7 @@ class BackwardSchedule:
                 parents.append((None if p is None else get(id(p)),))
             else:
                 parents.append(tuple([None if p is None else get(id(p)) for p in ps]))
-            ends.append(node.primitive is None or (stops and id(node) in stops))
+            ends.append(node.primitive is None or id(node) in stops)
         self.nodes = order
         self.index = index
         self.parents = parents
