@@ -1,7 +1,7 @@
 """pullback: a deep-learning engine built around the backward pass.
 
 `import pullback as pb` gives tensors, ops, transforms (grad, vjp, jvp,
-linearize, linear_transpose), gradient checking and the backends.
+linearize, linear_transpose, checkpoint), gradient checking and the backends.
 """
 
 from . import nn, optim
@@ -59,6 +59,7 @@ from .tensor import (
     Tensor,
     arange,
     bool_,
+    checkpoint,
     enable_grad,
     float32,
     float64,
@@ -104,6 +105,7 @@ __all__ = [
     "avg_pool2d",
     "bool_",
     "broadcast_to",
+    "checkpoint",
     "clip",
     "compile",
     "concatenate",

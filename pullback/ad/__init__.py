@@ -1,4 +1,5 @@
-"""The autodiff core: primitives and rules, linearize, transpose, backward traversal.
+"""The autodiff core: primitives and rules, linearize, transpose, the backward
+schedule, checkpointed regions.
 
 Abstract over operands: it computes nothing itself and imports no NumPy; the
 `BackwardExecutor` it is handed, and the evaluator installed with
@@ -29,18 +30,22 @@ from .graph import (
     GraphReleasedError,
     Leaf,
     Node,
-    backward_pass,
     leaves_above,
     linearize_graph,
     linearize_node,
     relevant_to,
     toposort,
+    transpose_node,
+    transposes_directly,
 )
 from .linear import Equation, LinearGraph, NotLinearError, evaluate_linear, transpose_linear
+from .remat import Region, RegionEquation, Slot, replay_jvp, run_region
+from .schedule import BackwardSchedule, backward_pass, run_schedule
 
 __all__ = [
     "ALL_ARGS",
     "BackwardExecutor",
+    "BackwardSchedule",
     "DerivativeError",
     "Equation",
     "ForwardModeError",
@@ -51,6 +56,9 @@ __all__ = [
     "Node",
     "NotLinearError",
     "Primitive",
+    "Region",
+    "RegionEquation",
+    "Slot",
     "Zero",
     "add_tangents",
     "backward_pass",
@@ -66,9 +74,14 @@ __all__ = [
     "linearize_graph",
     "linearize_node",
     "relevant_to",
+    "replay_jvp",
+    "run_region",
+    "run_schedule",
     "set_default_evaluator",
     "set_evaluator",
     "set_tangent_add",
     "toposort",
     "transpose_linear",
+    "transpose_node",
+    "transposes_directly",
 ]

@@ -18,7 +18,8 @@ class BackwardExecutor:
     """Executes what the core plans: forward replays, transposed linear graphs, sums."""
 
     def execute_forward(self, prim: Primitive, args: tuple, params: dict) -> Any:
-        """Apply a primitive to concrete operands."""
+        """Apply a primitive to concrete operands: how a checkpointed region's forward
+        is replayed during backward (`replay_jvp`)."""
         return prim.bind(*args, **params)
 
     def saved_operands(self, node: Node) -> tuple[Any, Any]:
@@ -34,6 +35,10 @@ class BackwardExecutor:
         """Cotangents of a node's operands (None where inactive) from its output's."""
         graph: LinearGraph = linearization
         return transpose_linear(graph, (ct,), self.add_operands)
+
+    def release_saved(self, node: Node) -> None:
+        """Free what a node saved once backward is done with it (`release`)."""
+        node.release()
 
     def add_operands(self, a: Any, b: Any) -> Any:
         """Sum two cotangents reaching the same node."""

@@ -1,4 +1,4 @@
-"""The recorded graph of eager ops and the backward traversal over it.
+"""The recorded graph of eager ops, its traversals and its linearization.
 
 Each eager op that involves an active operand records a `Node` holding exactly
 what its rules need (see `Primitive.saves_inputs` / `saves_output`). A tensor
@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from .core import DerivativeError, Primitive, Zero, jvp_of
+from .core import DerivativeError, LinearVar, Primitive, Zero, jvp_of
 from .linear import LinearGraph
 
 
@@ -158,56 +158,42 @@ def linearize_node(node: Node, inputs: tuple, output: Any) -> LinearGraph:
     return graph
 
 
-def backward_pass(
-    roots: Sequence[tuple[Any, Any]],
-    executor: Any,
-    targets: Sequence[Any] | None = None,
-    release: bool = False,
-) -> dict:
-    """Push cotangents from `roots` (pairs of node and cotangent) back through the graph.
+def transposes_directly(node: Node) -> bool:
+    """Whether the node's own transpose rule gives every needed cotangent: the
+    primitive is linear in each active operand with the others held constant."""
+    prim = node.primitive
+    if prim.transpose is None:
+        return False
+    linear = prim.linear_args
+    return all(p is None or i in linear for i, p in enumerate(node.parents))
 
-    Returns the cotangent reaching each leaf, or, with `targets`, each target
-    node (the traversal then stops at the targets and skips everything that
-    does not lead to one). Cotangents are accumulated with the executor's
-    `add_operands` and dropped as soon as they are consumed. With `release`,
-    each node's saved values are freed once it has been processed.
-    """
-    order = toposort(node for node, _ in roots)
-    stops = None
-    if targets is not None:
-        order = relevant_to(order, targets)
-        stops = {id(t) for t in targets}
-    cts: dict = {}
-    add = executor.add_operands
-    for node, ct in roots:
-        previous = cts.get(node)
-        cts[node] = ct if previous is None else add(previous, ct)
-    results: dict = {}
-    linearize = executor.linearize_recorded_graph
-    transpose = executor.run_transposed_linear
-    for node in reversed(order):
-        ct = cts.pop(node, None)
-        if node.primitive is None or (stops is not None and id(node) in stops):
-            if ct is not None:
-                results[node] = ct
-            continue
-        if ct is None:
-            if release:
-                node.release()
-            continue
-        try:
-            lin = linearize(node)
-        except DerivativeError as err:
-            raise executor.derivative_error(node, err) from None
-        in_cts = transpose(lin, ct)
-        if release:
-            node.release()
-        for parent, in_ct in zip(node.parents, in_cts):
-            if parent is None or in_ct is None:
-                continue
-            previous = cts.get(parent)
-            cts[parent] = in_ct if previous is None else add(previous, in_ct)
-    return results
+
+def transpose_node(node: Node, inputs: tuple | None, ct: Any) -> list:
+    """Cotangents of the operands of a node that `transposes_directly` (None where
+    inactive), from its transpose rule alone: a linear primitive is its own
+    linearization, so no JVP is traced. `inputs` are its saved operands."""
+    prim = node.primitive
+    n = len(node.parents)
+    if inputs is None:
+        inputs = (None,) * n
+    if prim.bilinear:
+        # Bilinear: transpose in each active operand with the other held constant.
+        return [
+            None if parent is None else prim.transpose(ct, *(
+                LinearVar(None, node.in_shapes[i], node.dtype) if i == index else inputs[i]
+                for i in range(n)), **node.params)[index]
+            for index, parent in enumerate(node.parents)
+        ]
+    # Jointly linear: one transpose; an inactive operand that was not saved is passed
+    # as a symbolic zero, which carries its shape.
+    args = tuple(
+        LinearVar(None, node.in_shapes[i], node.dtype) if node.parents[i] is not None
+        else inputs[i] if inputs[i] is not None
+        else Zero(node.in_shapes[i], node.dtype)
+        for i in range(n)
+    )
+    return [c if p is not None else None
+            for c, p in zip(prim.transpose(ct, *args, **node.params), node.parents)]
 
 
 def linearize_graph(

@@ -10,13 +10,14 @@ parameter's gradient in its `.grad`, accumulated as `loss.backward()` would.
 
 from __future__ import annotations
 
+import copy
 import enum
 import threading
 from typing import Any
 
 import numpy as np
 
-from ..ad import DerivativeError, Node
+from ..ad import BackwardSchedule, DerivativeError, Leaf, Node, run_schedule
 from ..backend.current import get_backend
 from ..tensor.backward import EagerExecutor, accumulate_grad
 from ..tensor.eager import saved_as_float, wrap
@@ -276,6 +277,8 @@ class TrainingPlan(Plan):
         # The relus those pools fold in: their own backward steps receive no cotangent.
         self._folded_relus = {eqn.args[0].index for eqn, *_ in self._backward
                               if eqn.out.index in self._pool_relu}
+        # Per call, by whether the backend's fused kernels run (only they fold).
+        self._schedules = {False: self._schedule_plain, True: self._folded_schedule()}
         return {s for step in self._backward for s in step[2]}
 
     def _relu_into_pool(self) -> dict[int, Var]:
@@ -332,9 +335,7 @@ class TrainingPlan(Plan):
         param_views = self._views = {
             e.out.index for e in self.graph.eqns if e.primitive.name in ("transpose", "reshape")
             and isinstance(e.args[0], Var) and e.args[0].kind == "param"}
-        for eqn in reversed(self.graph.eqns):
-            if eqn.out.index not in self._active:
-                continue
+        for eqn in self._backward_order():
             prim = eqn.primitive
             if not (prim.has_derivative or prim.transpose is not None or prim.vjp is not None):
                 params = [self._param_name(v, p) for v, p in self.graph.params
@@ -368,6 +369,41 @@ class TrainingPlan(Plan):
                 frees[i].append(s)
         return [(eqn, node, saved, self._reads(eqn, needed_in), tuple(f))
                 for (eqn, node, saved, needed_in), f in zip(steps, frees)]
+
+    def _backward_order(self) -> list[Eqn]:
+        """The active equations in the order the core's backward schedule visits them:
+        the schedule eager backward runs over the same graph, computed once here over
+        the core's nodes (a Leaf per parameter) and replayed at each call."""
+        nodes = self._node_of = {}  # var index -> its node in the schedule
+        self._leaves = []
+        for var, _ in self.graph.params:
+            leaf = nodes[var.index] = Leaf(var.shape, var.dtype)
+            self._leaves.append(leaf)
+        eqn_of: dict[int, Eqn] = {}
+        for eqn in self.graph.eqns:
+            if eqn.out.index in self._active:
+                parents = tuple(nodes.get(a.index) if isinstance(a, Var) else None
+                                for a in eqn.args)
+                node = nodes[eqn.out.index] = Node(eqn.primitive, eqn.params, parents, None,
+                                                   None, (), eqn.out.shape, eqn.out.dtype)
+                eqn_of[id(node)] = eqn
+        self._loss_node = nodes[self.graph.outputs[0].index]
+        schedule = self._schedule_plain = BackwardSchedule([self._loss_node], self._leaves)
+        steps = [n for n, end in zip(schedule.nodes, schedule.ends) if not end]
+        self._step_of = {id(n): k for k, n in enumerate(steps)}
+        return [eqn_of[id(n)] for n in steps]
+
+    def _folded_schedule(self) -> BackwardSchedule:
+        """The schedule with each relu folded into the max-pool after it: the pool's
+        step hands its cotangent straight to the relu's input, so the relu's step
+        receives none."""
+        plain = self._schedule_plain
+        folded = copy.copy(plain)
+        folded.parents = list(plain.parents)
+        for out, relu_input in self._pool_relu.items():
+            i = plain.index[id(self._node_of[out])]
+            folded.parents[i] = (plain.index.get(id(self._node_of[relu_input.index])),)
+        return folded
 
     @staticmethod
     def _reads(eqn: Eqn, needed_in: tuple) -> tuple:
@@ -413,53 +449,17 @@ class TrainingPlan(Plan):
         env = self._start(inputs)
         self._forward(env)
         loss = env[self.graph.outputs[0].index]
-        executor = EagerExecutor()
-        backend, fused = executor.backend, executor.fused
-        cts: dict[int, Any] = {self.graph.outputs[0].index: np.ones_like(loss)}
-        add = executor.add_operands
         arena = self._ct_arena
         if arena is None:
             arena = self._ct_arena = [b.allocate() for b in self._ct_buffers]
-        for (eqn, node, _, reads, frees), b, writer in zip(self._backward, self._ct_owner,
-                                                            self._ct_writers):
-            ct = cts.pop(eqn.out.index, None)  # a cotangent is freed once consumed
-            if ct is not None:
-                if eqn.param_vars:  # parameters computed from this call's inputs
-                    node.params = resolve_params(eqn.params, env)
-                parents = node.parents
-                relu_input = self._pool_relu.get(eqn.out.index) if fused else None
-                if relu_input is not None:  # relu's backward folded into the pool's
-                    # relu's own backward on the pooled maxima: one pass, its NaN rule.
-                    ct = backend.relu_backward(ct, env[eqn.out.index])
-                    parents = (relu_input,)
-                self._load(node, reads, env, eqn.out)
-                try:
-                    if writer is not None and fused and type(backend) in writer[1]:
-                        # The same kernel, its first operand's gradient into a buffer.
-                        in_cts = writer[0](backend, ct, node, arena[b])
-                    elif fused and eqn.primitive.vjp is not None:
-                        # The backend's kernel, straight from the cache: no linearization.
-                        in_cts = eqn.primitive.vjp(backend, ct, node)
-                    else:
-                        lin = executor.linearize_recorded_graph(node)
-                        in_cts = executor.run_transposed_linear(lin, ct)
-                except DerivativeError as err:
-                    raise PlanDerivativeError(f"plan: {err}") from None
-                finally:
-                    node.inputs = node.output = None
-                node.params = eqn.params
-                for parent, in_ct in zip(parents, in_cts):
-                    if parent is None or in_ct is None:
-                        continue
-                    previous = cts.get(parent.index)
-                    cts[parent.index] = in_ct if previous is None else add(previous, in_ct)
-            for s in frees:
-                env[s] = None  # the activation cache lets go as soon as it can
+        executor = _PlanExecutor(self, env, arena)
+        results = run_schedule(self._schedules[executor.fused],
+                               [(self._loss_node, np.ones_like(loss))], executor, release=True)
         taken = {id(a) for a in env if type(a) is np.ndarray}
         taken.update(id(a) for a in self._arena)
         taken.update(id(a) for a in arena)
-        for var, p in self.graph.params:
-            ct = cts.get(var.index)
+        for (_, p), leaf in zip(self.graph.params, self._leaves):
+            ct = results.get(leaf)
             if ct is not None:
                 _accumulate(p, ct, taken)
         if self.single:
@@ -517,3 +517,48 @@ class TrainingPlan(Plan):
             peak = max(peak, live + grads)
             live -= sum(self._bytes(s) for s in frees)
         return peak
+
+
+class _PlanExecutor(EagerExecutor):
+    """How a training plan runs the core's backward schedule on one call: each step
+    reads its values from the activation cache, writes its first operand's gradient
+    into a buffer or runs the backend's fused kernel where it can (the core's
+    linearize-then-transpose otherwise), and the cache lets go of each value as soon
+    as the last step that reads it is done."""
+
+    def __init__(self, plan: TrainingPlan, env: list, arena: list):
+        super().__init__()
+        self.plan, self.env, self.arena = plan, env, arena
+
+    def linearize_recorded_graph(self, node: Any) -> int:
+        return self.plan._step_of[id(node)]  # the step does its own work, from the cache
+
+    def run_transposed_linear(self, linearization: Any, ct: Any) -> tuple:
+        plan, env, backend, fused = self.plan, self.env, self.backend, self.fused
+        k = linearization
+        eqn, node, _, reads, _ = plan._backward[k]
+        if eqn.param_vars:  # parameters computed from this call's inputs
+            node.params = resolve_params(eqn.params, env)
+        if fused and eqn.out.index in plan._pool_relu:  # relu's backward folded in:
+            # relu's own backward on the pooled maxima, one pass, its NaN rule.
+            ct = backend.relu_backward(ct, env[eqn.out.index])
+        plan._load(node, reads, env, eqn.out)
+        writer = plan._ct_writers[k]
+        try:
+            if writer is not None and fused and type(backend) in writer[1]:
+                # The same kernel, its first operand's gradient into a buffer.
+                return writer[0](backend, ct, node, self.arena[plan._ct_owner[k]])
+            if fused and eqn.primitive.vjp is not None:
+                # The backend's kernel, straight from the cache: no linearization.
+                return eqn.primitive.vjp(backend, ct, node)
+            return super().run_transposed_linear(super().linearize_recorded_graph(node), ct)
+        except DerivativeError as err:
+            raise PlanDerivativeError(f"plan: {err}") from None
+        finally:
+            node.inputs = node.output = None
+            node.params = eqn.params
+
+    def release_saved(self, node: Any) -> None:
+        env = self.env
+        for s in self.plan._backward[self.plan._step_of[id(node)]][4]:
+            env[s] = None  # the activation cache lets go as soon as it can

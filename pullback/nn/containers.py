@@ -7,11 +7,31 @@ import math
 import numbers
 from typing import Any
 
+import numpy as np
+
 from .. import ops, optim
 from ..tensor import Tensor
 from ..tensor.eager import wrap
-from .layers import LayerTrace, _data, _own_trace
 from .module import Module
+
+
+def _data(x: Any) -> np.ndarray:
+    return x._data if isinstance(x, Tensor) else np.asarray(x)
+
+
+class LayerTrace:
+    """A container's trace: the module and its children's traces."""
+
+    def __init__(self, module: Module, *saved: Any):
+        self.module = module
+        self.saved = saved
+
+
+def _own_trace(module: Module, trace: Any) -> tuple:
+    if not isinstance(trace, LayerTrace) or trace.module is not module:
+        raise TypeError(f"backprop: the trace was not made by this {type(module).__name__}'s "
+                        "traced_forward")
+    return trace.saved
 
 
 class Sequential(Module):

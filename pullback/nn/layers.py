@@ -1,9 +1,9 @@
 """Layers with parameters: Dense, Bias1d, Conv2d, GLU, LayerNorm.
 
-Dense, Conv2d and GLU (with its default sigmoid gate) trace and backprop by
-themselves (from the backend's backward kernels, with no graph recorded); Bias1d
-and LayerNorm (one fused primitive) use the default path through the autodiff core.
-Initializations are PyTorch's.
+Each traces and backprops by the default path: the graph the autodiff core records,
+run backwards from the ops' rules (and the backend's fused backward kernels where
+it has them), so no layer writes a derivative of its own. Initializations are
+PyTorch's.
 """
 
 from __future__ import annotations
@@ -14,15 +14,8 @@ from typing import Any
 import numpy as np
 
 from .. import ops
-from ..backend import BackwardOps
-from ..backend.current import get_backend
-from ..tensor import Tensor, no_grad, ones, rand, zeros
-from ..tensor.eager import wrap
+from ..tensor import Tensor, ones, rand, zeros
 from .module import Module, Parameter
-
-
-def _data(x: Any) -> np.ndarray:
-    return x._data if isinstance(x, Tensor) else np.asarray(x)
 
 
 def uniform(shape: tuple, bound: float, dtype: Any) -> Tensor:
@@ -36,21 +29,6 @@ def check_sizes(layer: str, **sizes: Any) -> None:
     for name, value in sizes.items():
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
             raise ValueError(f"{layer}: {name} must be a non-negative int, got {value!r}")
-
-
-class LayerTrace:
-    """What a layer's own backprop needs: the module and the saved values."""
-
-    def __init__(self, module: Module, *saved: Any):
-        self.module = module
-        self.saved = saved
-
-
-def _own_trace(module: Module, trace: Any) -> tuple:
-    if not isinstance(trace, LayerTrace) or trace.module is not module:
-        raise TypeError(f"backprop: the trace was not made by this {type(module).__name__}'s "
-                        "traced_forward")
-    return trace.saved
 
 
 class Dense(Module):
@@ -68,22 +46,6 @@ class Dense(Module):
     def forward(self, x: Any) -> Tensor:
         y = ops.matmul(x, ops.transpose(self.weight))
         return ops.add(y, self.bias) if self.bias is not None else y
-
-    def traced_forward(self, x: Any) -> tuple[Tensor, Any]:
-        with no_grad():
-            y = self.forward(x)
-        return y, LayerTrace(self, _data(x))
-
-    def backprop(self, trace: Any, grad_output: Any) -> tuple[Tensor, dict]:
-        (x,) = _own_trace(self, trace)
-        be = get_backend()
-        g = _data(grad_output)
-        g2 = be.reshape(g, (-1, self.out_features))
-        grads = {"weight": wrap(be.matmul(be.transpose(g2, (1, 0)),
-                                           be.reshape(x, (-1, self.in_features))), None)}
-        if self.bias is not None:
-            grads["bias"] = wrap(be.reduce_sum(g2, (0,), False), None)
-        return wrap(be.matmul(g, self.weight._data), None), grads
 
     def extra_repr(self) -> str:
         return f"{self.in_features}, {self.out_features}, bias={self.bias is not None}"
@@ -133,27 +95,6 @@ class Conv2d(Module):
     def forward(self, x: Any) -> Tensor:
         return ops.conv2d(x, self.weight, self.bias, *self._geometry())
 
-    def traced_forward(self, x: Any) -> tuple[Tensor, Any]:
-        if not isinstance(get_backend(), BackwardOps):
-            return super().traced_forward(x)  # a forward-only backend: the rules' path
-        with no_grad():
-            y = self.forward(x)
-        return y, LayerTrace(self, _data(x))
-
-    def backprop(self, trace: Any, grad_output: Any) -> tuple[Tensor, dict]:
-        if not isinstance(trace, LayerTrace):
-            return super().backprop(trace, grad_output)
-        (x,) = _own_trace(self, trace)
-        be = get_backend()
-        g = _data(grad_output)
-        w = self.weight._data
-        grads = {"weight": wrap(be.conv2d_weight_backward(g, x, w.shape, *self._geometry()),
-                                 None)}
-        if self.bias is not None:
-            grads["bias"] = wrap(be.conv2d_bias_backward(g), None)
-        gx = be.conv2d_input_backward(g, w, x.shape, *self._geometry())
-        return wrap(gx, None), grads
-
     def extra_repr(self) -> str:
         o, i, kh, kw = self.weight.shape
         text = (f"{i * self.groups}, {o}, kernel_size={(kh, kw)}, stride={self.stride}, "
@@ -181,41 +122,14 @@ class GLU(Module):
         self.proj = Dense(in_features, 2 * out_features, dtype=dtype)
         self.activation = activation
 
-    def _sigmoid_gate(self) -> bool:
-        # Only sigmoid's derivative is written out below; any other gate traces through
-        # the autodiff core, whose rules know its derivative.
-        return self.activation is ops.sigmoid
-
     def forward(self, x: Any) -> Tensor:
         h = self.proj(x)
         n = self.out_features
         return ops.mul(h[..., :n], self.activation(h[..., n:]))
 
-    def traced_forward(self, x: Any) -> tuple[Tensor, Any]:
-        if not self._sigmoid_gate():
-            return super().traced_forward(x)
-        h, proj_trace = self.proj.traced_forward(x)
-        n = self.out_features
-        with no_grad():
-            a, gate = h[..., :n], ops.sigmoid(h[..., n:])
-            y = ops.mul(a, gate)
-        return y, LayerTrace(self, proj_trace, a._data, gate._data)
-
-    def backprop(self, trace: Any, grad_output: Any) -> tuple[Tensor, dict]:
-        if not isinstance(trace, LayerTrace):
-            return super().backprop(trace, grad_output)
-        proj_trace, a, gate = _own_trace(self, trace)
-        be = get_backend()
-        g = _data(grad_output)
-        grad_a = be.mul(g, gate)
-        grad_b = be.mul(be.mul(g, a), be.mul(gate, be.sub(1.0, gate)))
-        grad_h = be.concatenate((grad_a, grad_b), grad_a.ndim - 1)
-        grad_x, proj_grads = self.proj.backprop(proj_trace, grad_h)
-        return grad_x, {"proj": proj_grads}
-
     def extra_repr(self) -> str:
-        if self._sigmoid_gate() or isinstance(self.activation, Module):
-            return ""  # a module gate shows as a child
+        if self.activation is ops.sigmoid or isinstance(self.activation, Module):
+            return ""  # the default gate, or a module gate, which shows as a child
         return f"activation={getattr(self.activation, '__name__', self.activation)}"
 
 

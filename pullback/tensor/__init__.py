@@ -1,6 +1,7 @@
 """Tensors, eager recording, and the transforms over them."""
 
 from .arrays import bool_, float32, float64, int32, int64
+from .checkpoint import checkpoint
 from .creation import (
     arange,
     from_dlpack,
@@ -23,6 +24,7 @@ __all__ = [
     "Tensor",
     "arange",
     "bool_",
+    "checkpoint",
     "enable_grad",
     "float32",
     "float64",

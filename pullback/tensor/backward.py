@@ -19,12 +19,12 @@ from ..ad import (
     DerivativeError,
     GraphReleasedError,
     LinearGraph,
-    LinearVar,
-    Zero,
     backward_pass,
     leaves_above,
     linearize_node,
     transpose_linear,
+    transpose_node,
+    transposes_directly,
 )
 from ..backend.backward_ops import BackwardOps
 from ..backend.current import get_backend
@@ -60,7 +60,9 @@ class EagerExecutor(BackwardExecutor):
 
     def execute_forward(self, prim: Any, args: tuple, params: dict) -> Any:
         with grad_mode(self.create_graph):
-            return prim.bind(*args, **params)
+            out = prim.bind(*args, **params)
+        # Recorded for create_graph; otherwise an array, as the rules see saved values.
+        return out if self.create_graph or type(out) is not Tensor else out._data
 
     def saved_operands(self, node: Any) -> tuple[Any, Any]:
         if node.released:
@@ -82,7 +84,7 @@ class EagerExecutor(BackwardExecutor):
 
     def linearize_recorded_graph(self, node: Any) -> Any:
         prim = node.primitive
-        if (self.fused and prim.vjp is not None) or _transposes_directly(node):
+        if (self.fused and prim.vjp is not None) or transposes_directly(node):
             if node.released:
                 self.saved_operands(node)  # raises the clear error
             return node
@@ -106,30 +108,8 @@ class EagerExecutor(BackwardExecutor):
         if self.fused and prim.vjp is not None:
             return prim.vjp(self.backend, ct, node)
         inputs, _ = self.saved_operands(node)
-        if inputs is None:
-            inputs = (None,) * len(node.parents)
-        n = len(node.parents)
         with grad_mode(self.create_graph):
-            if prim.bilinear:
-                # Bilinear: transpose in each active operand with the other held constant.
-                cts = [
-                    None if parent is None else prim.transpose(ct, *(
-                        LinearVar(None, node.in_shapes[i], node.dtype) if i == index else inputs[i]
-                        for i in range(n)), **node.params)[index]
-                    for index, parent in enumerate(node.parents)
-                ]
-            else:
-                # Jointly linear: one transpose; an inactive operand that was not saved
-                # is passed as a symbolic zero, which carries its shape.
-                args = tuple(
-                    LinearVar(None, node.in_shapes[i], node.dtype) if node.parents[i] is not None
-                    else inputs[i] if inputs[i] is not None
-                    else Zero(node.in_shapes[i], node.dtype)
-                    for i in range(n)
-                )
-                cts = [c if p is not None else None
-                       for c, p in zip(prim.transpose(ct, *args, **node.params), node.parents)]
-        return self._unwrap(cts)
+            return self._unwrap(transpose_node(node, inputs, ct))
 
     def _unwrap(self, cts: Any) -> tuple:
         if self.create_graph:
@@ -150,16 +130,6 @@ class EagerExecutor(BackwardExecutor):
             "give the op a derivative rule, or keep it off the path to the loss "
             "(detach its input)"
         )
-
-
-def _transposes_directly(node: Any) -> bool:
-    """Whether the node's own transpose rule gives every needed cotangent: the
-    primitive is linear in each active operand with the others held constant."""
-    prim = node.primitive
-    if prim.transpose is None:
-        return False
-    linear = prim.linear_args
-    return all(p is None or i in linear for i, p in enumerate(node.parents))
 
 
 def describe_leaves(node: Any) -> str:
