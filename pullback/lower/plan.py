@@ -263,7 +263,7 @@ class TrainingPlan(Plan):
         # Buffers for the large cotangents, once the forward's layouts are known.
         self._ct_owner, self._ct_buffers = cotangents.assign(
             self._backward, self._pool_relu, self._folded_relus, self._fortran)
-        self._ct_writers = [None if b < 0 else self._writer(eqn.primitive.name)
+        self._ct_writers = [None if b < 0 else cotangents.writer(eqn.primitive)
                             for (eqn, *_), b in zip(self._backward, self._ct_owner)]
         self._ct_arena: list[np.ndarray] | None = None
 
@@ -294,8 +294,8 @@ class TrainingPlan(Plan):
         for eqn in self.graph.eqns:
             y = eqn.args[0] if eqn.args else None
             relu = getattr(y, "producer", None)
-            if (eqn.primitive.name == "max_pool2d" and relu is not None
-                    and relu.primitive.name == "relu" and readers.get(y.index) == 1
+            if (eqn.primitive.absorbs is not None and relu is not None
+                    and relu.primitive is eqn.primitive.absorbs and readers.get(y.index) == 1
                     and y.index not in results and y.index in self._active
                     and isinstance(relu.args[0], Var) and relu.args[0].index in self._active):
                 folded[eqn.out.index] = relu.args[0]
@@ -330,7 +330,7 @@ class TrainingPlan(Plan):
         # Views of parameters (w.T in a dense layer) cost no memory to keep; a backward
         # kernel given one can lay the parameter's gradient out like the parameter.
         param_views = self._views = {
-            e.out.index for e in self.graph.eqns if e.primitive.name in ("transpose", "reshape")
+            e.out.index for e in self.graph.eqns if e.primitive.aliasing == "view"
             and isinstance(e.args[0], Var) and e.args[0].kind == "param"}
         for eqn in reversed(self.graph.eqns):
             if eqn.out.index not in self._active:
@@ -404,11 +404,6 @@ class TrainingPlan(Plan):
         with self._lock:
             return self._step_once(inputs)
 
-    @staticmethod
-    def _writer(name: str) -> tuple:
-        make, backends = cotangents.WRITERS[name]
-        return make(), backends
-
     def _step_once(self, inputs: tuple) -> Any:
         env = self._start(inputs)
         self._forward(env)
@@ -434,9 +429,9 @@ class TrainingPlan(Plan):
                     parents = (relu_input,)
                 self._load(node, reads, env, eqn.out)
                 try:
-                    if writer is not None and fused and type(backend) in writer[1]:
+                    if writer is not None and fused and backend.runs_plan_kernels():
                         # The same kernel, its first operand's gradient into a buffer.
-                        in_cts = writer[0](backend, ct, node, arena[b])
+                        in_cts = writer(backend, ct, node, arena[b])
                     elif fused and eqn.primitive.vjp is not None:
                         # The backend's kernel, straight from the cache: no linearization.
                         in_cts = eqn.primitive.vjp(backend, ct, node)

@@ -2,9 +2,10 @@
 
 The model is traced once on the example with the static-graph tracer
 (`pullback.lower.trace`, what `pb.compile` uses), in eval mode (Dropout is the
-identity), and each recorded primitive becomes ONNX nodes through the table
-`EXPORTERS` below: primitives, not layers, so any model composed of pullback
-ops exports, whatever its layers. Parameters, buffers and constants become
+identity), and each recorded primitive becomes ONNX nodes through the exporter
+registered on it below (on the primitive object: the ops layer knows nothing of
+ONNX): primitives, not layers, so any model composed of pullback ops exports,
+whatever its layers. Parameters, buffers and constants become
 initializers (parameters under their `named_parameters()` names). The graph has
 the example's shapes (no symbolic batch dimension), opset 17. A primitive
 without an ONNX mapping is an `ExportError` listing every such primitive at once.
@@ -14,15 +15,61 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from ..lower import trace
 from ..lower.graph import Eqn, StaticGraph, Var
 from ..nn import Module
-from ..ops.registry import PRIMITIVES
-from ..ops.shape import identity_p, stop_gradient_p
+from ..ops.conv import avg_pool2d_p, conv2d_p, fold2d_p, max_pool2d_p, unfold2d_p
+from ..ops.elementwise import (
+    abs_p,
+    add_p,
+    astype_p,
+    clip_p,
+    div_p,
+    equal_p,
+    erf_p,
+    exp_p,
+    gelu_p,
+    greater_equal_p,
+    greater_p,
+    less_equal_p,
+    less_p,
+    log_p,
+    maximum_p,
+    minimum_p,
+    mul_p,
+    neg_p,
+    not_equal_p,
+    pow_p,
+    relu_p,
+    sigmoid_p,
+    sign_p,
+    silu_p,
+    softplus_p,
+    sqrt_p,
+    sub_p,
+    tanh_p,
+    where_p,
+)
+from ..ops.linalg import matmul_p
+from ..ops.loss import cross_entropy_p, dropout_mask_p, one_hot_p
+from ..ops.norm import layer_norm_p
+from ..ops.reduce import log_softmax_p, reduce_max_p, reduce_sum_p, softmax_p
+from ..ops.shape import (
+    broadcast_to_p,
+    concatenate_p,
+    getitem_p,
+    identity_p,
+    pad2d_p,
+    reshape_p,
+    scatter_add_p,
+    stop_gradient_p,
+    sum_to_shape_p,
+    transpose_p,
+)
 from ..tensor import Tensor
 from .loader import import_onnx
 
@@ -98,7 +145,7 @@ class _Context:
 
 Exporter = Callable[[_Context], str]
 
-# ---------------------------------------------------------------- the table
+# ---------------------------------------------------------------- the exporters
 
 
 def _same(op_type: str) -> Exporter:
@@ -270,45 +317,62 @@ def _softmax(op_type: str) -> Exporter:
     return lambda c: c.node(op_type, axis=int(c.params["axis"]))
 
 
-#: Primitive name -> how it becomes ONNX nodes (the name of the value it computes).
-EXPORTERS: dict[str, Exporter] = {
-    "add": _same("Add"), "sub": _same("Sub"), "mul": _same("Mul"), "div": _same("Div"),
-    "pow": _same("Pow"), "maximum": _same("Max"), "minimum": _same("Min"),
-    "neg": _same("Neg"), "sign": _same("Sign"), "exp": _same("Exp"), "log": _same("Log"),
-    "sqrt": _same("Sqrt"), "abs": _same("Abs"), "relu": _same("Relu"),
-    "sigmoid": _same("Sigmoid"), "tanh": _same("Tanh"), "erf": _same("Erf"),
-    "softplus": _same("Softplus"), "silu": _silu, "gelu": _gelu,
-    "less": _same("Less"), "less_equal": _same("LessOrEqual"), "greater": _same("Greater"),
-    "greater_equal": _same("GreaterOrEqual"), "equal": _same("Equal"), "not_equal": _not_equal,
-    "clip": _clip, "astype": _astype, "where": _where,
-    "matmul": _same("MatMul"), "sum": _reduce("ReduceSum"), "max": _reduce("ReduceMax"),
-    "softmax": _softmax("Softmax"), "log_softmax": _softmax("LogSoftmax"),
-    "reshape": _reshape, "transpose": _transpose, "broadcast_to": _broadcast_to,
-    "sum_to_shape": _sum_to_shape, "getitem": _getitem, "concatenate": _concatenate,
-    "pad2d": _pad2d, "conv2d": _conv2d, "max_pool2d": _max_pool2d, "avg_pool2d": _avg_pool2d,
-    "layer_norm": _layer_norm, "identity": _same("Identity"),
-    "stop_gradient": _same("Identity"),
-}
+class _Mapping(NamedTuple):
+    """What export registers on a primitive (its `exporter`): `write`, how it becomes
+    ONNX nodes (None: it does not export, for `reason`), and `traced_params`, whether
+    `write` takes parameters computed from the inputs (where's condition)."""
 
-#: Primitives that have no ONNX mapping, and why (others are simply not in the table).
-NOT_EXPORTED: dict[str, str] = {
-    "dropout_mask": "random masks (a Dropout in training mode; export runs the module in eval "
-                    "mode, so something else draws them)",
-    "cross_entropy": "a loss: export the model, not its training objective",
-    "one_hot": "a loss's helper: export the model, not its training objective",
-    "unfold2d": "im2col appears in derivatives, not in models",
-    "fold2d": "col2im appears in derivatives, not in models",
-    "scatter_add": "the transpose of indexing appears in derivatives, not in models",
-}
+    write: Exporter | None
+    reason: str = ""
+    traced_params: bool = False
+
+
+def _register(prims: tuple, write: Exporter | None, reason: str = "",
+              traced_params: bool = False) -> None:
+    for prim in prims:
+        prim.exporter = _Mapping(write, reason, traced_params)
+
+
+for _prims, _op_type in (
+    ((add_p,), "Add"), ((sub_p,), "Sub"), ((mul_p,), "Mul"), ((div_p,), "Div"),
+    ((pow_p,), "Pow"), ((maximum_p,), "Max"), ((minimum_p,), "Min"), ((neg_p,), "Neg"),
+    ((sign_p,), "Sign"), ((exp_p,), "Exp"), ((log_p,), "Log"), ((sqrt_p,), "Sqrt"),
+    ((abs_p,), "Abs"), ((relu_p,), "Relu"), ((sigmoid_p,), "Sigmoid"), ((tanh_p,), "Tanh"),
+    ((erf_p,), "Erf"), ((softplus_p,), "Softplus"), ((less_p,), "Less"),
+    ((less_equal_p,), "LessOrEqual"), ((greater_p,), "Greater"),
+    ((greater_equal_p,), "GreaterOrEqual"), ((equal_p,), "Equal"), ((matmul_p,), "MatMul"),
+    ((identity_p, stop_gradient_p), "Identity"),
+):
+    _register(_prims, _same(_op_type))
+for _prims, _write in (
+    ((silu_p,), _silu), ((gelu_p,), _gelu), ((not_equal_p,), _not_equal), ((clip_p,), _clip),
+    ((astype_p,), _astype), ((reduce_sum_p,), _reduce("ReduceSum")),
+    ((reduce_max_p,), _reduce("ReduceMax")), ((softmax_p,), _softmax("Softmax")),
+    ((log_softmax_p,), _softmax("LogSoftmax")), ((reshape_p,), _reshape),
+    ((transpose_p,), _transpose), ((broadcast_to_p,), _broadcast_to),
+    ((sum_to_shape_p,), _sum_to_shape), ((getitem_p,), _getitem),
+    ((concatenate_p,), _concatenate), ((pad2d_p,), _pad2d), ((conv2d_p,), _conv2d),
+    ((max_pool2d_p,), _max_pool2d), ((avg_pool2d_p,), _avg_pool2d),
+    ((layer_norm_p,), _layer_norm),
+):
+    _register(_prims, _write)
+_register((where_p,), _where, traced_params=True)
+# Primitives that do not export, and why (any other without a mapping: "no ONNX mapping").
+_register((dropout_mask_p,), None, "random masks (a Dropout in training mode; export runs the "
+          "module in eval mode, so something else draws them)")
+_register((cross_entropy_p,), None, "a loss: export the model, not its training objective")
+_register((one_hot_p,), None, "a loss's helper: export the model, not its training objective")
+_register((unfold2d_p,), None, "im2col appears in derivatives, not in models")
+_register((fold2d_p,), None, "col2im appears in derivatives, not in models")
+_register((scatter_add_p,), None,
+          "the transpose of indexing appears in derivatives, not in models")
 
 
 def _exporter(eqn: Eqn) -> Exporter | None:
-    prim = eqn.primitive
-    if eqn.param_vars and prim.name != "where":
-        return None  # an index computed from the inputs: the table writes constants
-    if prim is identity_p or prim is stop_gradient_p or PRIMITIVES.get(prim.name) is prim:
-        return EXPORTERS.get(prim.name)
-    return None  # a custom op (its own primitive, unregistered) or a stranger
+    mapping = eqn.primitive.exporter  # None for a custom op (its own primitive)
+    if mapping is None or (eqn.param_vars and not mapping.traced_params):
+        return None  # an index computed from the inputs: the exporters write constants
+    return mapping.write
 
 
 def _describe_eqn(eqn: Eqn) -> str:
@@ -316,9 +380,10 @@ def _describe_eqn(eqn: Eqn) -> str:
                          for a in eqn.args)
     custom = eqn.params.get("op")
     kind = f"custom op {type(custom).__name__}" if custom is not None else eqn.primitive.name
-    reason = NOT_EXPORTED.get(eqn.primitive.name) if custom is None else \
+    mapping = eqn.primitive.exporter
+    reason = (mapping.reason if mapping is not None else None) if custom is None else \
         "a CustomOp runs NumPy code ONNX cannot hold"
-    if eqn.param_vars and custom is None and eqn.primitive.name != "where":
+    if eqn.param_vars and custom is None and not (mapping and mapping.traced_params):
         reason = "a parameter (an index) computed from the inputs; only constant ones export"
     return f"{kind} ({operands} -> {eqn.out.shape} {eqn.out.dtype})" + \
         (f": {reason}" if reason else ": no ONNX mapping")
