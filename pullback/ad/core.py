@@ -98,6 +98,9 @@ class Primitive:
       None: a new array each call;
     - `absorbs`: a primitive whose backward this one's can take in when that one feeds
       it alone (max_pool2d absorbs relu's); None: none;
+    - `masks_keep_shape`: True when a boolean mask among its parameters leaves its
+      result's shape independent of the mask's values (where's condition); False: such
+      a mask, computed from a plan's inputs, is refused (a getitem by mask);
     - `method`: the function that `Tensor.<its __name__>` is; None: no method;
     - `exporter`: what ONNX export registered for it; None: it does not export.
     """
@@ -118,6 +121,7 @@ class Primitive:
         "jvp_full",
         "layout",
         "linear_args",
+        "masks_keep_shape",
         "method",
         "name",
         "saves_inputs",
@@ -155,6 +159,7 @@ class Primitive:
         self.layout: Rule | None = None
         self.ct_into: Any = None
         self.absorbs: Primitive | None = None
+        self.masks_keep_shape = False
         self.method: Rule | None = None
         self.exporter: Any = None
 

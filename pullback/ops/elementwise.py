@@ -470,6 +470,7 @@ def _where_impl(backend: Any, a: Any, b: Any, cond: Any) -> Any:
 
 
 where_p = declare("where", _where_impl, _where_shape, aliasing="fresh")
+where_p.masks_keep_shape = True  # the condition selects; the operands give the shape
 
 
 def where(cond: Any, a: Any, b: Any) -> Any:
