@@ -80,17 +80,49 @@ class Primitive:
     - `abstract_eval`: the shape rule, `rule(*args, **params) -> (shape, dtype)`;
     - `saves_inputs` / `saves_output`: what the rules read of the forward pass,
       so that a recorded node keeps exactly that and nothing else.
+
+    The other layers' facts about the primitive live here too, registered beside its
+    declaration (the ops layer) or against this object (a layer above, such as ONNX
+    export). The core never reads them; each says what its absence means:
+
+    - `fusion`: how a plan fuses it into a generated elementwise kernel (scalar code);
+      None: never fused;
+    - `aliasing`: "fresh" (its result never shares memory with an operand), "view" (a
+      view of its first operand, as reshape and transpose give of a parameter) or
+      "may" (the safe default: it may or may not);
+    - `into`: `rule(backend, *args, out, **params)` writing its result into a given
+      buffer (a plan's, kept across calls); None: its result is a new array each call;
+    - `layout`: `rule(*args)` giving the memory order ("C" or "F") its result comes in
+      on the backends that run plan kernels; None: "C";
+    - `ct_into`: how its first operand's cotangent is written into a given buffer;
+      None: a new array each call;
+    - `absorbs`: a primitive whose backward this one's can take in when that one feeds
+      it alone (max_pool2d absorbs relu's); None: none;
+    - `masks_keep_shape`: True when a boolean mask among its parameters leaves its
+      result's shape independent of the mask's values (where's condition); False: such
+      a mask, computed from a plan's inputs, is refused (a getitem by mask);
+    - `method`: the function that `Tensor.<its __name__>` is; None: no method;
+    - `exporter`: what ONNX export registered for it; None: it does not export.
     """
 
     __slots__ = (
+        "absorbs",
         "abstract_eval",
+        "aliasing",
         "bilinear",
+        "ct_into",
         "differentiable",
         "exact_inputs",
+        "exporter",
+        "fusion",
         "impl",
+        "into",
         "jvp",
         "jvp_full",
+        "layout",
         "linear_args",
+        "masks_keep_shape",
+        "method",
         "name",
         "saves_inputs",
         "saves_output",
@@ -121,6 +153,15 @@ class Primitive:
         self.linear_args: frozenset[int] = frozenset()
         self.bilinear = False
         self.vjp: Rule | None = None
+        self.fusion: Any = None
+        self.aliasing = "may"
+        self.into: Rule | None = None
+        self.layout: Rule | None = None
+        self.ct_into: Any = None
+        self.absorbs: Primitive | None = None
+        self.masks_keep_shape = False
+        self.method: Rule | None = None
+        self.exporter: Any = None
 
     def __repr__(self) -> str:
         return f"Primitive({self.name})"

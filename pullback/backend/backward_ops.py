@@ -64,11 +64,14 @@ def _swap_last(ndim: int) -> Shape:
 class BackwardOps:
     """Backward kernels. `upstream` is the cotangent at the op's output; `forward_input`
     and `forward_output` are the saved forward values. Binary kernels return
-    `(grad_lhs, grad_rhs)` reduced to each operand's shape, None where `needed` is False."""
+    `(grad_lhs, grad_rhs)` reduced to each operand's shape, None where `needed` is False.
+    A kernel taking `out=` writes its result there when given one, as `Backend`'s ops
+    do; these defaults, written in forward ops, return a new array instead."""
 
     # -- unary ----------------------------------------------------------------------------
 
-    def relu_backward(self, upstream: Array, forward_input: Array) -> Array:
+    def relu_backward(self, upstream: Array, forward_input: Array, out: Array | None = None
+                      ) -> Array:
         """upstream where forward_input > 0, else 0."""
         return self.mul(upstream, self.greater(forward_input, 0))
 
@@ -277,7 +280,7 @@ class BackwardOps:
 
     def conv2d_input_backward(
         self, upstream: Array, weight: Array, input_shape: Shape, stride: Pair, padding: Pair,
-        dilation: Pair = (1, 1), groups: int = 1,
+        dilation: Pair = (1, 1), groups: int = 1, out: Array | None = None,
     ) -> Array:
         """Gradient wrt the conv input: weight^T @ upstream per group, folded back into
         windows."""
@@ -311,7 +314,7 @@ class BackwardOps:
 
     def max_pool2d_backward(
         self, upstream: Array, forward_input: Array, forward_output: Array, kernel: Pair,
-        stride: Pair, padding: Pair, dilation: Pair = (1, 1),
+        stride: Pair, padding: Pair, dilation: Pair = (1, 1), out: Array | None = None,
     ) -> Array:
         """upstream to the first maximum (row-major) of each window, as PyTorch."""
         n, c, oh, ow = _shape(upstream)
@@ -331,7 +334,8 @@ class BackwardOps:
         return self.fold2d(routed, _shape(forward_input), kernel, stride, padding, dilation)
 
     def avg_pool2d_backward(
-        self, upstream: Array, input_shape: Shape, kernel: Pair, stride: Pair, padding: Pair
+        self, upstream: Array, input_shape: Shape, kernel: Pair, stride: Pair, padding: Pair,
+        out: Array | None = None,
     ) -> Array:
         """upstream / (kh kw) spread over each window (count_include_pad=True)."""
         n, c, oh, ow = _shape(upstream)

@@ -19,12 +19,32 @@ Pair = tuple[int, int]
 class Backend:
     """Forward ops on arrays. Arguments arrive normalized: `axes` is a sorted tuple of
     non-negative ints, `shape` a tuple of ints, stride/padding/kernel `(int, int)` pairs.
-    Ops return new arrays and never mutate their inputs; invalid calls raise `KernelError`."""
+    Ops return new arrays and never mutate their inputs; invalid calls raise `KernelError`.
+
+    An op taking `out=` writes its result there when given one (an array of the
+    result's shape and dtype that a plan keeps across calls) and returns it; a plan
+    passes one only to a backend whose `runs_plan_kernels()` is true."""
 
     name: str = "abstract"
 
     def _unimplemented(self, op: str) -> NoReturn:
         raise KernelError(op, [], f"backend {self.name} does not implement {op}")
+
+    # -- what a plan may run in place of the ops ------------------------------------------
+
+    def runs_plan_kernels(self) -> bool:
+        """Whether a plan may run its own kernels in place of this backend's ops one by
+        one: generated elementwise kernels over fused chains (`launch_elementwise`) and
+        the `out=` forms of the ops, writing into buffers kept across calls. False here:
+        a plan then calls the ops as eager code does. A backend answering True must
+        compute with those kernels what its ops compute."""
+        return False
+
+    def launch_elementwise(self, kernel: Any, operands: tuple, out: Array | None = None) -> Any:
+        """A call `launch(*operands, out=out)` of a generated elementwise kernel
+        (`pullback.kernels.kernel`), prepared for operands of these shapes, dtypes and
+        layouts (a plan's never change). Asked only where `runs_plan_kernels()`."""
+        self._unimplemented("launch_elementwise")
 
     # -- unary ----------------------------------------------------------------------------
 
@@ -196,13 +216,13 @@ class Backend:
 
     # -- linear algebra and windows -------------------------------------------------------
 
-    def matmul(self, a: Array, b: Array) -> Array:
+    def matmul(self, a: Array, b: Array, out: Array | None = None) -> Array:
         """Matrix product with NumPy's rules: 1-D operands, broadcast batch dims."""
         self._unimplemented("matmul")
 
     def conv2d(
         self, x: Array, w: Array, stride: Pair, padding: Pair, dilation: Pair = (1, 1),
-        groups: int = 1,
+        groups: int = 1, out: Array | None = None,
     ) -> Array:
         """Cross-correlation of x (N, C, H, W) with w (O, C / groups, kh, kw), as PyTorch's
         conv2d without bias: kernel taps `dilation` apart, input and output channels in
@@ -226,13 +246,15 @@ class Backend:
         self._unimplemented("fold2d")
 
     def max_pool2d(
-        self, x: Array, kernel: Pair, stride: Pair, padding: Pair, dilation: Pair = (1, 1)
+        self, x: Array, kernel: Pair, stride: Pair, padding: Pair, dilation: Pair = (1, 1),
+        out: Array | None = None,
     ) -> Array:
         """Max over each window of x (N, C, H, W), taps `dilation` apart, padding
         counting as -inf."""
         self._unimplemented("max_pool2d")
 
-    def avg_pool2d(self, x: Array, kernel: Pair, stride: Pair, padding: Pair) -> Array:
+    def avg_pool2d(self, x: Array, kernel: Pair, stride: Pair, padding: Pair,
+                   out: Array | None = None) -> Array:
         """Mean over each window, padding counted as zeros (count_include_pad=True)."""
         self._unimplemented("avg_pool2d")
 

@@ -18,10 +18,9 @@ import numpy as np
 from pullback.backend import conv, gemm
 from pullback.backend.backward_ops import BackwardOps, Grads, Needed, check_matmul_backward
 from pullback.backend.base import Backend, Pair, Shape
-from pullback.backend.fused import FusedOps, check_act, check_labels, check_rows
+from pullback.backend.fused import FusedOps, check_labels, check_rows
 from pullback.errors import KernelError, index_error
 from pullback.kernels import activations as compiled
-from pullback.kernels import bias_act as compiled_bias
 from pullback.kernels import rows as compiled_rows
 from pullback.kernels import scalar_math
 from pullback.kernels.core import SUPPORTED_DTYPES, Kernel
@@ -309,11 +308,6 @@ def _last_axis(kernel: Kernel, numpy_version: Callable) -> Callable:
     return run
 
 
-# bias_act's forward takes the kernel from this many elements: measured, add + relu in
-# NumPy is faster below about a thousand, and add + np.tanh at every size (NumPy's tanh
-# loop outruns the kernel's); gelu and sigmoid tie at 8 elements and win above.
-_BIAS_ACT_KERNEL_FROM = {"relu": 1024, "gelu": 0, "sigmoid": 0}
-
 sigmoid_kernel = _elementwise(compiled.sigmoid, sigmoid_numpy)
 silu_kernel = _elementwise(compiled.silu, silu_numpy)
 softplus_kernel = _elementwise(compiled.softplus, softplus_numpy)
@@ -416,6 +410,14 @@ class CpuBackend(BackwardOps, FusedOps, Backend):
     """NumPy (and Numba kernels) on the calling thread; deterministic. f32 stays f32."""
 
     name = "cpu"
+
+    def runs_plan_kernels(self) -> bool:
+        # This type only: a subclass may override an op, which a plan's kernel would skip.
+        return type(self) is CpuBackend
+
+    def launch_elementwise(self, kernel: Any, operands: tuple, out: Any = None) -> Callable:
+        launch = kernel.launcher(operands, out)  # the compiled loop without the call's checks
+        return kernel if launch is None else launch
 
     neg = _any_unary("neg", np.negative)
     abs = _any_unary("abs", np.absolute)
@@ -566,17 +568,17 @@ class CpuBackend(BackwardOps, FusedOps, Backend):
         except (ValueError, TypeError, OverflowError) as exc:
             raise KernelError("pad2d", [x], f"cannot pad with {value!r}: {exc}") from None
 
-    def matmul(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    def matmul(self, a: np.ndarray, b: np.ndarray, out: Any = None) -> np.ndarray:
         try:
-            return gemm.matmul(a, b)
+            return gemm.matmul(a, b) if out is None else np.matmul(a, b, out=out)
         except (ValueError, TypeError):
             raise KernelError("matmul", [a, b], _matmul_reason(a, b)) from None
 
     def conv2d(
         self, x: np.ndarray, w: np.ndarray, stride: Pair, padding: Pair,
-        dilation: Pair = (1, 1), groups: int = 1,
+        dilation: Pair = (1, 1), groups: int = 1, out: Any = None,
     ) -> np.ndarray:
-        return conv.conv2d(x, w, stride, padding, dilation, groups)
+        return conv.conv2d(x, w, stride, padding, dilation, groups, out=out)
 
     def unfold2d(
         self, x: np.ndarray, kernel: Pair, stride: Pair, padding: Pair, pad_value: float = 0.0,
@@ -605,12 +607,14 @@ class CpuBackend(BackwardOps, FusedOps, Backend):
         return conv.fold(cols, input_shape, win)
 
     def max_pool2d(
-        self, x: np.ndarray, kernel: Pair, stride: Pair, padding: Pair, dilation: Pair = (1, 1)
+        self, x: np.ndarray, kernel: Pair, stride: Pair, padding: Pair, dilation: Pair = (1, 1),
+        out: Any = None,
     ) -> np.ndarray:
-        return conv.max_pool2d(x, kernel, stride, padding, dilation)
+        return conv.max_pool2d(x, kernel, stride, padding, dilation, out=out)
 
-    def avg_pool2d(self, x: np.ndarray, kernel: Pair, stride: Pair, padding: Pair) -> np.ndarray:
-        return conv.avg_pool2d(x, kernel, stride, padding)
+    def avg_pool2d(self, x: np.ndarray, kernel: Pair, stride: Pair, padding: Pair,
+                   out: Any = None) -> np.ndarray:
+        return conv.avg_pool2d(x, kernel, stride, padding, out=out)
 
     def softmax(self, x: np.ndarray, axis: int) -> np.ndarray:
         return rowwise_op("softmax", softmax_kernel, x, axis)
@@ -691,33 +695,13 @@ class CpuBackend(BackwardOps, FusedOps, Backend):
         weight = np.ones(x.shape[-1], x.dtype) if weight is None else weight
         return self._fused(compiled_rows.layer_norm_backward, upstream, x, weight, mean, rstd)
 
-    def bias_act(self, x: np.ndarray, bias: np.ndarray, act: str) -> np.ndarray:
-        # Checks spelled out: at a few elements they cost as much as the op.
-        kernel = compiled_bias.BIAS_ACT.get(act)
-        if (kernel is None or x.size < _BIAS_ACT_KERNEL_FROM.get(act, x.size + 1)
-                or x.dtype not in _COMPILED_DTYPES or not x.ndim
-                or getattr(bias, "dtype", None) is not x.dtype or bias.shape != x.shape[-1:]):
-            return super().bias_act(x, bias, act)
-        return self._fused(kernel, x, bias)
-
-    def bias_act_backward(
-        self, upstream: np.ndarray, forward_input: np.ndarray, bias: np.ndarray,
-        forward_output: np.ndarray, act: str,
-    ) -> tuple[np.ndarray, np.ndarray]:
-        check_act("bias_act_backward", [upstream, forward_input, bias], act)
-        saved = forward_input if act == "gelu" else forward_output
-        if not (self._rowwise_params(saved, bias) and upstream.shape == saved.shape
-                and upstream.dtype is saved.dtype):
-            return super().bias_act_backward(upstream, forward_input, bias, forward_output, act)
-        kernel = compiled_bias.BIAS_ACT[act].backward
-        if act == "gelu":
-            return self._fused(kernel, upstream, forward_input, bias)
-        return self._fused(kernel, upstream, forward_output)
-
     # -- fused backward kernels ------------------------------------------------------------
 
-    def relu_backward(self, upstream: np.ndarray, forward_input: np.ndarray) -> np.ndarray:
-        return relu_backward_kernel(upstream, forward_input)
+    def relu_backward(self, upstream: np.ndarray, forward_input: np.ndarray, out: Any = None
+                      ) -> np.ndarray:
+        if out is None:
+            return relu_backward_kernel(upstream, forward_input)
+        return relu_backward_kernel(upstream, forward_input, out=out)
 
     def sigmoid_backward(self, upstream: np.ndarray, forward_output: np.ndarray) -> np.ndarray:
         return sigmoid_backward_kernel(upstream, forward_output)
@@ -812,10 +796,10 @@ class CpuBackend(BackwardOps, FusedOps, Backend):
 
     def conv2d_input_backward(
         self, upstream: np.ndarray, weight: np.ndarray, input_shape: Shape, stride: Pair,
-        padding: Pair, dilation: Pair = (1, 1), groups: int = 1,
+        padding: Pair, dilation: Pair = (1, 1), groups: int = 1, out: Any = None,
     ) -> np.ndarray:
         return conv.conv2d_input_backward(upstream, weight, input_shape, stride, padding,
-                                          dilation, groups)
+                                          dilation, groups, out=out)
 
     def conv2d_weight_backward(
         self, upstream: np.ndarray, forward_input: np.ndarray, weight_shape: Shape,
@@ -829,17 +813,17 @@ class CpuBackend(BackwardOps, FusedOps, Backend):
 
     def max_pool2d_backward(
         self, upstream: np.ndarray, forward_input: np.ndarray, forward_output: np.ndarray,
-        kernel: Pair, stride: Pair, padding: Pair, dilation: Pair = (1, 1),
+        kernel: Pair, stride: Pair, padding: Pair, dilation: Pair = (1, 1), out: Any = None,
     ) -> np.ndarray:
         return conv.max_pool2d_backward(
-            upstream, forward_input, forward_output, kernel, stride, padding, dilation
+            upstream, forward_input, forward_output, kernel, stride, padding, dilation, out=out
         )
 
     def avg_pool2d_backward(
         self, upstream: np.ndarray, input_shape: Shape, kernel: Pair, stride: Pair,
-        padding: Pair,
+        padding: Pair, out: Any = None,
     ) -> np.ndarray:
-        return conv.avg_pool2d_backward(upstream, input_shape, kernel, stride, padding)
+        return conv.avg_pool2d_backward(upstream, input_shape, kernel, stride, padding, out=out)
 
 
 def gelu_kernel_for(op: str, x: np.ndarray, approximate: str) -> Callable:

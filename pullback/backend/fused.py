@@ -14,10 +14,6 @@ from typing import Any
 from pullback.backend.base import Array
 from pullback.errors import KernelError
 
-ACTIVATIONS = ("relu", "gelu", "tanh", "sigmoid")
-_SQRT1_2 = math.sqrt(0.5)
-_INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
-
 
 def check_labels(op: str, logits: Any, labels: Any) -> None:
     """Logits (..., C) and integer labels (...) in [0, C), or a KernelError."""
@@ -32,11 +28,6 @@ def check_labels(op: str, logits: Any, labels: Any) -> None:
         raise KernelError(op, [logits, labels], f"labels must lie in [0, {shape[-1]})")
 
 
-def check_act(op: str, operands: list, act: str) -> None:
-    if act not in ACTIVATIONS:
-        raise KernelError(op, operands, f"act must be one of {ACTIVATIONS}, not {act!r}")
-
-
 def check_rows(op: str, x: Any) -> None:
     """A floating array with a last axis to normalize over, or a KernelError."""
     if x.dtype.kind != "f":
@@ -46,7 +37,7 @@ def check_rows(op: str, x: Any) -> None:
 
 
 class FusedOps:
-    """Fused ops: cross-entropy, layer norm, bias plus activation, with backward."""
+    """Fused ops: cross-entropy, layer norm, with backward."""
 
     def _rows_of(self, x: Array) -> tuple[tuple[int, ...], int]:
         shape = tuple(x.shape)
@@ -115,34 +106,6 @@ class FusedOps:
         mean_gx = self.div(self.reduce_sum(self.mul(g, xhat), last, True), width)
         grad_x = self.mul(rstd_col, self.sub(self.sub(g, mean_g), self.mul(xhat, mean_gx)))
         return grad_x, grad_weight, grad_bias
-
-    # -- bias plus activation ---------------------------------------------------------
-
-    def bias_act(self, x: Array, bias: Array, act: str) -> Array:
-        """act(x + bias), act one of relu, gelu (exact), tanh, sigmoid."""
-        check_act("bias_act", [x, bias], act)
-        z = self.add(x, bias)
-        return self.gelu(z) if act == "gelu" else getattr(self, act)(z)
-
-    def bias_act_backward(self, upstream: Array, forward_input: Array, bias: Array,
-                          forward_output: Array, act: str) -> tuple[Array, Array]:
-        """(grad_input, grad_bias), grad_bias summed to bias's shape. relu, tanh and
-        sigmoid use the saved output; gelu recomputes x + bias."""
-        check_act("bias_act_backward", [upstream, forward_input, bias], act)
-        y = forward_output
-        if act == "relu":
-            slope = self.astype(self.greater(y, 0), upstream.dtype)
-        elif act == "tanh":
-            slope = self.sub(1, self.mul(y, y))
-        elif act == "sigmoid":
-            slope = self.mul(y, self.sub(1, y))
-        else:
-            z = self.add(forward_input, bias)
-            cdf = self.mul(self.add(self.erf(self.mul(z, _SQRT1_2)), 1), 0.5)
-            pdf = self.mul(self.exp(self.mul(self.mul(z, z), -0.5)), _INV_SQRT_2PI)
-            slope = self.add(cdf, self.mul(z, pdf))
-        grad = self.mul(upstream, slope)
-        return grad, self.sum_to_shape(grad, tuple(bias.shape))
 
 
 class _Defaults(FusedOps):

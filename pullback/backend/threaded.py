@@ -121,6 +121,13 @@ class ThreadedCpuBackend(CpuBackend):
         for future in futures:
             future.result()
 
+    def runs_plan_kernels(self) -> bool:
+        # This type only: a subclass may override an op, which a plan's kernel would skip.
+        return type(self) is ThreadedCpuBackend
+
+    def launch_elementwise(self, kernel: Any, operands: tuple, out: Any = None) -> Callable:
+        return lambda *arrays, out=None: self.map_kernel(kernel, arrays, out)
+
     def map_kernel(self, kernel: Callable, operands: tuple, out: np.ndarray | None = None
                    ) -> np.ndarray:
         """An elementwise kernel (`kernel(*operands, out=...)`, broadcasting) split over the
@@ -274,16 +281,19 @@ class ThreadedCpuBackend(CpuBackend):
     # -- split backward kernels ----------------------------------------------------------------
 
     def _backward(
-        self, kernel: Callable, upstream: np.ndarray, saved: np.ndarray, dtype: Any = None
+        self, kernel: Callable, upstream: np.ndarray, saved: np.ndarray, dtype: Any = None,
+        out: np.ndarray | None = None,
     ) -> np.ndarray:
         if upstream.size < self.parallel_threshold or upstream.shape != saved.shape:
-            return kernel(upstream, saved, out=...)
+            return kernel(upstream, saved, out=... if out is None else out)
         dtype = np.result_type(upstream, saved) if dtype is None else dtype
-        return self._map(kernel, (upstream, saved), upstream.shape, dtype)
+        return self._map(kernel, (upstream, saved), upstream.shape, dtype, out=out)
 
-    def relu_backward(self, upstream: np.ndarray, forward_input: np.ndarray) -> np.ndarray:
+    def relu_backward(self, upstream: np.ndarray, forward_input: np.ndarray,
+                      out: np.ndarray | None = None) -> np.ndarray:
         # upstream times a bool mask keeps upstream's dtype.
-        return self._backward(cpu.relu_backward_kernel, upstream, forward_input, upstream.dtype)
+        return self._backward(cpu.relu_backward_kernel, upstream, forward_input, upstream.dtype,
+                              out)
 
     def sigmoid_backward(self, upstream: np.ndarray, forward_output: np.ndarray) -> np.ndarray:
         return self._backward(cpu.sigmoid_backward_kernel, upstream, forward_output)

@@ -1,10 +1,10 @@
 """Kernels: plain-Python bodies declared with `@kernel` (in pairs, forward naming its
 backward), compiled with Numba per dtype, and pullback's own fused kernels:
-activations, row ops (softmax, cross-entropy, layer norm), bias plus activation, and
-one-pass optimizer updates. Imports nothing of pullback but `errors`.
+activations, row ops (softmax, cross-entropy, layer norm) and one-pass optimizer
+updates. Imports nothing of pullback but `errors`.
 """
 
-from pullback.kernels import activations, bias_act, rows, scalar_math, updates
+from pullback.kernels import activations, rows, scalar_math, updates
 from pullback.kernels.core import (
     PARALLEL_THRESHOLD,
     SUPPORTED_DTYPES,
@@ -21,7 +21,6 @@ __all__ = [
     "Kernel",
     "RowKernel",
     "activations",
-    "bias_act",
     "kernel",
     "rows",
     "scalar_math",

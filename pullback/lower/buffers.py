@@ -1,13 +1,14 @@
 """Preallocated buffers for a plan's forward steps, shared by values whose lives do
 not overlap (views included).
 
-The steps that write into a given array (fused chains, and matmul on CPU backends)
-get one from the plan's arena: allocated at the first call, kept across calls, and
-handed at lowering to one value after another as liveness allows. A value the
-caller receives (a plan's result) is never put in one, since the next call would
-overwrite it; a value saved for backward gets a buffer of its own, which the next
-call reuses (an activation cache that stays in place, as PyTorch's caching
-allocator keeps its blocks).
+The steps that write into a given array (fused chains, and the primitives that
+declare how they write into one with `writes_into`: matmul, the window ops) get one
+from the plan's arena, used on a backend whose `runs_plan_kernels()` is true:
+allocated at the first call, kept across calls, and handed at lowering to one value
+after another as liveness allows. A value the caller receives (a plan's result) is
+never put in one, since the next call would overwrite it; a value saved for backward
+gets a buffer of its own, which the next call reuses (an activation cache that stays
+in place, as PyTorch's caching allocator keeps its blocks).
 """
 
 from __future__ import annotations
@@ -17,12 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from ..backend import conv as window_ops
-from ..backend.gemm import result_order
 from ..kernels.core import SUPPORTED_DTYPES
-from ..ops.conv import avg_pool2d_p, conv2d_p, max_pool2d_p
-from ..ops.linalg import matmul_p
-from .fuse import NUMPY_BACKENDS, Step
+from .fuse import Step
 from .graph import Var
 
 
@@ -40,34 +37,18 @@ class Buffer:
         return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
 
 
-def matmul_into(backend: Any, a: Any, b: Any, out: Any = None) -> Any:
-    """matmul writing into `out` on the NumPy backends (NumPy's matmul is theirs); any
-    other backend (a subclass that may override matmul included), or operands of
-    another dtype, run the backend's own matmul."""
-    if out is not None and type(backend) in NUMPY_BACKENDS and a.dtype == b.dtype == out.dtype:
-        return np.matmul(a, b, out=out)
-    return matmul_p.impl(backend, a, b)
-
-
-def _window_into(fn: Any, prim: Any) -> Any:
-    """A convolution or pooling step writing into `out` on the NumPy backends (their
-    window kernels, `backend/conv.py`); any other backend runs the primitive's own
-    implementation (through its own ops)."""
+def _into(prim: Any) -> Any:
+    """A step of `prim` writing into `out` on a backend that runs plan kernels; any other
+    backend (a subclass that may override the op included) runs the primitive's own
+    implementation, through its own ops."""
+    write, impl = prim.into, prim.impl
 
     def run(backend: Any, *args: Any, out: Any = None, **params: Any) -> Any:
-        if out is not None and type(backend) in NUMPY_BACKENDS:
-            return fn(*args, **params, out=out)
-        return prim.impl(backend, *args, **params)
+        if out is not None and backend.runs_plan_kernels():
+            return write(backend, *args, out=out, **params)
+        return impl(backend, *args, **params)
 
     return run
-
-
-# Primitives whose NumPy implementation can write into a given array, beside fused
-# chains.
-_INTO = {"matmul": matmul_into,
-         "conv2d": _window_into(window_ops.conv2d, conv2d_p),
-         "max_pool2d": _window_into(window_ops.max_pool2d, max_pool2d_p),
-         "avg_pool2d": _window_into(window_ops.avg_pool2d, avg_pool2d_p)}
 
 
 def writer(step: Step) -> Any:
@@ -78,31 +59,19 @@ def writer(step: Step) -> Any:
     if step.fused:
         return step.impl
     eqn = step.eqns[0]
-    if eqn.param_vars or not all(isinstance(a, Var) and a.dtype == step.out.dtype
-                                 for a in eqn.args):
+    if eqn.param_vars or eqn.primitive.into is None or not all(
+            isinstance(a, Var) and a.dtype == step.out.dtype for a in eqn.args):
         return None
-    return _INTO.get(eqn.primitive.name)
-
-
-# Primitives whose result never shares memory with an operand. Any other (reshape,
-# transpose, getitem, astype, a custom op...) may return a view of one, which would
-# outlive the operand's own last use: see `_aliased`.
-FRESH = frozenset({
-    "add", "sub", "mul", "div", "neg", "pow", "exp", "log", "sqrt", "abs", "sign", "relu",
-    "sigmoid", "tanh", "silu", "softplus", "erf", "gelu", "maximum", "minimum", "clip", "where",
-    "equal", "not_equal", "greater", "greater_equal", "less", "less_equal", "matmul",
-    "conv2d", "unfold2d", "fold2d", "max_pool2d", "avg_pool2d", "pad2d", "softmax",
-    "log_softmax", "sum", "max", "cross_entropy", "layer_norm", "concatenate", "scatter_add",
-    "one_hot", "dropout_mask",
-})
+    return _into(eqn.primitive)
 
 
 def _aliased(steps: list[Step]) -> dict[int, set[int]]:
-    """Per value, the other values that may be views of it (through any chain of steps
-    not in FRESH)."""
+    """Per value, the other values that may be views of it: through any chain of steps
+    whose primitive is not "fresh" (reshape, transpose, getitem, astype, a custom op...
+    may return a view of an operand, which would outlive the operand's own last use)."""
     roots: dict[int, set[int]] = {}  # value -> the earlier values it may view
     for step in steps:
-        if step.fused or step.eqns[0].primitive.name in FRESH:
+        if step.fused or step.eqns[0].primitive.aliasing == "fresh":
             continue
         viewed: set[int] = set()
         for a in step.args:
@@ -117,9 +86,10 @@ def _aliased(steps: list[Step]) -> dict[int, set[int]]:
 
 
 def _by_columns(step: Step, fortran: set[int]) -> bool:
-    """Whether a step's result comes laid out by columns: a 2-D matrix product the NumPy
-    backends compute so (backend.gemm), or a fused chain whose every whole-shape
-    operand is (its kernel then runs on their transposes and writes the same way)."""
+    """Whether a step's result comes laid out by columns: as its primitive's `layout`
+    says (a 2-D matrix product BLAS computes faster so), or for a fused chain when its
+    every whole-shape operand is (its kernel then runs on their transposes and writes
+    the same way)."""
     shape = step.out.shape
     if len(shape) != 2:
         return False
@@ -127,9 +97,9 @@ def _by_columns(step: Step, fortran: set[int]) -> bool:
         whole = [a for a in step.args if isinstance(a, Var) and a.shape == shape]
         return bool(whole) and all(a.index in fortran for a in whole)
     eqn = step.eqns[0]
-    return (eqn.primitive.name == "matmul" and len(eqn.args) == 2
-            and all(isinstance(a, Var) and len(a.shape) == 2 for a in eqn.args)
-            and result_order(*shape) == "F")
+    layout = eqn.primitive.layout
+    return (layout is not None and all(isinstance(a, Var) for a in eqn.args)
+            and layout(*eqn.args) == "F")
 
 
 def assign(steps: list[Step], frees: list[tuple[int, ...]], saved: set[int],

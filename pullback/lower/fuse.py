@@ -5,9 +5,10 @@ ops one by one would make one pass each and materialize every intermediate.
 A chain grows through a value only when that value has no other reader: not a later
 step, not the plan's result, and (in a TRAINING plan) not any backward step. So the
 backward pass, which reads only saved values, runs unchanged over the member ops.
-Fusion happens only on CpuBackend and ThreadedCpuBackend themselves (the generated
-kernel computes on NumPy arrays what their ops compute); any other backend, a
-subclass of theirs included, runs the members one by one through its own ops.
+A primitive is fusible when it declares a `Fusion` (its scalar code); one without is
+never fused. The generated kernel runs only on a backend whose `runs_plan_kernels()`
+is true (CpuBackend and ThreadedCpuBackend themselves); any other backend, a subclass
+of theirs included, runs the members one by one through its own ops.
 """
 
 from __future__ import annotations
@@ -18,25 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from ..backend.cpu import CpuBackend
-from ..backend.threaded import ThreadedCpuBackend
-from ..kernels import scalar_math
 from ..kernels.core import SUPPORTED_DTYPES, kernel
 from .graph import Eqn, StaticGraph, Var, resolve_params
-
-# Scalar code per fusible primitive, in the terms NumPy's float loops use; the
-# transcendental ones come from kernels.scalar_math (within an ulp or two of NumPy).
-TEMPLATES = {
-    "add": "{0} + {1}",
-    "sub": "{0} - {1}",
-    "mul": "{0} * {1}",
-    "div": "{0} / {1}",
-    "neg": "-{0}",
-    "relu": "0.0 if {0} <= 0.0 else {0}",  # NaN stays NaN, as np.maximum(x, 0)
-    "exp": "exp({0})",
-    "tanh": "tanh({0})",
-    "sigmoid": "sigmoid({0})",
-}
 
 # A chain this small is not worth a kernel: NumPy's own loops are as fast there, and
 # each distinct chain costs a compile (cached on disk) the first time it runs.
@@ -118,7 +102,7 @@ def _single(eqn: Eqn) -> Step:
 
 
 def _fusible(eqn: Eqn) -> bool:
-    if eqn.primitive.name not in TEMPLATES or eqn.params:
+    if eqn.primitive.fusion is None or eqn.params:
         return False
     dtype = eqn.out.dtype
     if dtype not in SUPPORTED_DTYPES:
@@ -155,28 +139,31 @@ def _lower_chain(step: Step) -> None:
         return names[key]
 
     lines = []
+    scope: dict[str, Any] = {}
     for e in step.eqns:
         args = [name_of(a) for a in e.args]
-        lines.append(f"    t{e.out.index} = " + TEMPLATES[e.primitive.name].format(*args))
+        fusion = e.primitive.fusion
+        lines.append(f"    t{e.out.index} = " + fusion.template.format(*args))
+        scope.update(fusion.scope or {})
     body = (f"def fused({', '.join(f'a{i}' for i in range(len(operands)))}):\n"
             + "\n".join(lines) + f"\n    return t{step.out.index}\n")
-    fused = _kernel_for(body)
+    fused = _kernel_for(body, scope)
     members = [(e.primitive.impl, e.args, e.params, e.out.index) for e in step.eqns]
     slot_of = {a.index: i for i, a in enumerate(operands) if isinstance(a, Var)}
 
-    launchers: dict[bool, Any] = {}  # a plan's shapes never change: prepare the call once
+    # A plan's shapes never change: the call is prepared once per backend and per
+    # whether it writes into a buffer (the last backend's, kept by that flag).
+    launchers: dict[bool, tuple[Any, Any]] = {}
 
     def run(backend: Any, *arrays: Any, out: Any = None) -> Any:
-        if type(backend) in NUMPY_BACKENDS:
-            split = getattr(backend, "map_kernel", None)  # ThreadedCpuBackend's pool
-            if split is not None:
-                return split(fused, arrays, out)
+        if backend.runs_plan_kernels():
             into = out is not None
-            if into not in launchers:
-                launchers[into] = fused.launcher(arrays, out)
-            launch = launchers[into]
-            return fused(*arrays, out=out) if launch is None else launch(*arrays, out=out)
-        # Not a NumPy backend: the members one by one, on that backend.
+            prepared = launchers.get(into)
+            if prepared is None or prepared[0] is not backend:
+                prepared = launchers[into] = (
+                    backend, backend.launch_elementwise(fused, arrays, out))
+            return prepared[1](*arrays, out=out)
+        # The backend's own ops: the members one by one.
         values = {index: arrays[i] for index, i in slot_of.items()}
         result = None
         for impl, args, params, out in members:
@@ -188,21 +175,17 @@ def _lower_chain(step: Step) -> None:
     step.impl, step.args, step.params = run, tuple(operands), {}
 
 
-# The backends whose ops a generated kernel may stand in for: exactly these types, not
-# subclasses, which may override an op (a plan must compute what the backend computes).
-NUMPY_BACKENDS = (CpuBackend, ThreadedCpuBackend)
-
 _KERNELS: dict[str, Any] = {}
 _LOCK = threading.Lock()
 
 
-def _kernel_for(body: str) -> Any:
-    """One compiled kernel per distinct chain text, shared by every plan."""
+def _kernel_for(body: str, functions: dict[str, Any]) -> Any:
+    """One compiled kernel per distinct chain text, shared by every plan; `functions`
+    are the scalar functions the text calls (a name stands for one function)."""
     with _LOCK:
         found = _KERNELS.get(body)
         if found is None:
-            scope = {"exp": scalar_math.exp, "tanh": scalar_math.tanh,
-                     "sigmoid": scalar_math.sigmoid, "__name__": __name__}
+            scope = {**functions, "__name__": __name__}
             exec(compile(body, f"<pullback fused chain {len(_KERNELS)}>", "exec"), scope)
             found = _KERNELS[body] = kernel(scope["fused"])
         return found

@@ -192,7 +192,7 @@ class _Tracer:
         if any(traced[k] is not params[k] for k in params):
             params = traced
             masks = [v for v in Eqn(prim, operands, params, var).param_vars
-                     if v.dtype == np.bool_ and prim.name != "where"]
+                     if v.dtype == np.bool_ and not prim.masks_keep_shape]
             if masks:
                 raise LoweringError(
                     f"compile: {prim.name} takes a boolean mask computed from the inputs "

@@ -264,7 +264,7 @@ class TrainingPlan(Plan):
         # Buffers for the large cotangents, once the forward's layouts are known.
         self._ct_owner, self._ct_buffers = cotangents.assign(
             self._backward, self._pool_relu, self._folded_relus, self._fortran)
-        self._ct_writers = [None if b < 0 else self._writer(eqn.primitive.name)
+        self._ct_writers = [None if b < 0 else cotangents.writer(eqn.primitive)
                             for (eqn, *_), b in zip(self._backward, self._ct_owner)]
         self._ct_arena: list[np.ndarray] | None = None
 
@@ -297,8 +297,8 @@ class TrainingPlan(Plan):
         for eqn in self.graph.eqns:
             y = eqn.args[0] if eqn.args else None
             relu = getattr(y, "producer", None)
-            if (eqn.primitive.name == "max_pool2d" and relu is not None
-                    and relu.primitive.name == "relu" and readers.get(y.index) == 1
+            if (eqn.primitive.absorbs is not None and relu is not None
+                    and relu.primitive is eqn.primitive.absorbs and readers.get(y.index) == 1
                     and y.index not in results and y.index in self._active
                     and isinstance(relu.args[0], Var) and relu.args[0].index in self._active):
                 folded[eqn.out.index] = relu.args[0]
@@ -333,7 +333,7 @@ class TrainingPlan(Plan):
         # Views of parameters (w.T in a dense layer) cost no memory to keep; a backward
         # kernel given one can lay the parameter's gradient out like the parameter.
         param_views = self._views = {
-            e.out.index for e in self.graph.eqns if e.primitive.name in ("transpose", "reshape")
+            e.out.index for e in self.graph.eqns if e.primitive.aliasing == "view"
             and isinstance(e.args[0], Var) and e.args[0].kind == "param"}
         for eqn in self._backward_order():
             prim = eqn.primitive
@@ -440,11 +440,6 @@ class TrainingPlan(Plan):
         with self._lock:
             return self._step_once(inputs)
 
-    @staticmethod
-    def _writer(name: str) -> tuple:
-        make, backends = cotangents.WRITERS[name]
-        return make(), backends
-
     def _step_once(self, inputs: tuple) -> Any:
         env = self._start(inputs)
         self._forward(env)
@@ -545,9 +540,9 @@ class _PlanExecutor(EagerExecutor):
         plan._load(node, reads, env, eqn.out)
         writer = plan._ct_writers[k]
         try:
-            if writer is not None and fused and type(backend) in writer[1]:
+            if writer is not None and fused and backend.runs_plan_kernels():
                 # The same kernel, its first operand's gradient into a buffer.
-                return writer[0](backend, ct, node, self.arena[plan._ct_owner[k]])
+                return writer(backend, ct, node, self.arena[plan._ct_owner[k]])
             if fused and eqn.primitive.vjp is not None:
                 # The backend's kernel, straight from the cache: no linearization.
                 return eqn.primitive.vjp(backend, ct, node)

@@ -2,9 +2,9 @@
 
 The model is traced once on the example with the static-graph tracer
 (`pullback.lower.trace`, what `pb.compile` uses), in eval mode (Dropout is the
-identity), and each recorded primitive becomes ONNX nodes through the table
-`EXPORTERS` below: primitives, not layers, so any model composed of pullback
-ops exports, whatever its layers. Parameters, buffers and constants become
+identity), and each recorded primitive becomes ONNX nodes through the exporter
+registered on it (exporters.py): primitives, not layers, so any model composed of
+pullback ops exports, whatever its layers. Parameters, buffers and constants become
 initializers (parameters under their `named_parameters()` names). The graph has
 the example's shapes (no symbolic batch dimension), opset 17. A primitive
 without an ONNX mapping is an `ExportError` listing every such primitive at once.
@@ -13,315 +13,19 @@ without an ONNX mapping is an `ExportError` listing every such primitive at once
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from ..lower import trace
-from ..lower.graph import Eqn, StaticGraph, Var
+from ..lower.graph import StaticGraph, Var
 from ..nn import Module
-from ..ops.registry import PRIMITIVES
-from ..ops.shape import identity_p, stop_gradient_p
 from ..tensor import Tensor
+from .exporters import Context, Emitter, ExportError, describe_unexported, exporter_of
 from .loader import import_onnx
 
 OPSET = 17
 IR_VERSION = 8  # the IR version that goes with opset 17: what onnxruntime expects
-
-
-class ExportError(ValueError):
-    """A model that cannot be written as ONNX; the message names the primitives."""
-
-
-class _Emitter:
-    """Builds the ONNX graph: nodes, initializers and unique value names."""
-
-    def __init__(self) -> None:
-        from onnx import helper, numpy_helper
-
-        self.helper, self.numpy_helper = helper, numpy_helper
-        self.nodes: list[Any] = []
-        self.initializers: list[Any] = []
-        self.used: set[str] = set()
-        self._scalars: dict[tuple, str] = {}
-
-    def fresh(self, hint: str) -> str:
-        name, i = hint, 1
-        while name in self.used:
-            name, i = f"{hint}_{i}", i + 1
-        self.used.add(name)
-        return name
-
-    def node(self, op_type: str, inputs: list[str], hint: str = "", **attrs: Any) -> str:
-        out = self.fresh(hint or op_type.lower())
-        self.nodes.append(self.helper.make_node(op_type, inputs, [out],
-                                                name=self.fresh(f"{op_type}_{len(self.nodes)}"),
-                                                **attrs))
-        return out
-
-    def const(self, array: Any, hint: str) -> str:
-        array = np.asarray(array)
-        name = self.fresh(hint)
-        self.initializers.append(self.numpy_helper.from_array(np.ascontiguousarray(array)
-                                                              if array.ndim else array, name))
-        return name
-
-    def scalar(self, value: Any, dtype: np.dtype) -> str:
-        key = (type(value), value, np.dtype(dtype).str)
-        if key not in self._scalars:
-            self._scalars[key] = self.const(np.asarray(value, dtype=dtype), "scalar")
-        return self._scalars[key]
-
-    def ints(self, values: Any, hint: str) -> str:
-        return self.const(np.asarray(list(values), dtype=np.int64), hint)
-
-
-class _Context:
-    """What an exporter sees of one equation: its operands as ONNX names, its params."""
-
-    def __init__(self, emit: _Emitter, eqn: Eqn, names: dict[int, str]):
-        self.emit, self.eqn, self.params = emit, eqn, eqn.params
-        self.names = names  # every value's ONNX name, for parameters computed from inputs
-        self.out = eqn.out
-        float_dtype = next((a.dtype for a in eqn.args if isinstance(a, Var)), eqn.out.dtype)
-        self.args = [names[a.index] if isinstance(a, Var) else
-                     ("" if a is None else emit.scalar(a, float_dtype)) for a in eqn.args]
-        self.vars = eqn.args
-
-    def node(self, op_type: str, inputs: list[str] | None = None, **attrs: Any) -> str:
-        return self.emit.node(op_type, self.args if inputs is None else inputs, **attrs)
-
-    def scalar(self, value: Any) -> str:
-        return self.emit.scalar(value, self.out.dtype)
-
-
-Exporter = Callable[[_Context], str]
-
-# ---------------------------------------------------------------- the table
-
-
-def _same(op_type: str) -> Exporter:
-    return lambda c: c.node(op_type)
-
-
-def _gelu(c: _Context) -> str:
-    (x,) = c.args
-    half = c.node("Mul", [x, c.scalar(0.5)])
-    if c.params["approximate"] == "tanh":
-        cube = c.node("Mul", [c.node("Mul", [x, x]), x])
-        inner = c.node("Add", [x, c.node("Mul", [cube, c.scalar(0.044715)])])
-        core = c.node("Tanh", [c.node("Mul", [inner, c.scalar(float(np.sqrt(2 / np.pi)))])])
-    else:
-        core = c.node("Erf", [c.node("Mul", [x, c.scalar(float(1 / np.sqrt(2)))])])
-    return c.node("Mul", [half, c.node("Add", [core, c.scalar(1.0)])])
-
-
-def _reduce(op_type: str) -> Exporter:
-    def export(c: _Context) -> str:
-        axes, keepdims = tuple(c.params["axes"]), int(bool(c.params["keepdims"]))
-        if not axes:
-            return c.node("Identity")
-        if op_type == "ReduceSum":  # axes are an input from opset 13, an attribute before 18
-            return c.node(op_type, [c.args[0], c.emit.ints(axes, "axes")], keepdims=keepdims)
-        return c.node(op_type, axes=list(axes), keepdims=keepdims)
-
-    return export
-
-
-def _reshape(c: _Context) -> str:
-    shape = c.out.shape
-    attrs = {"allowzero": 1} if 0 in shape else {}
-    return c.node("Reshape", [c.args[0], c.emit.ints(shape, "shape")], **attrs)
-
-
-def _transpose(c: _Context) -> str:
-    axes = c.params.get("axes")
-    perm = list(axes) if axes is not None else list(range(len(c.vars[0].shape)))[::-1]
-    return c.node("Transpose", perm=perm)
-
-
-def _broadcast_to(c: _Context) -> str:
-    return c.node("Expand", [c.args[0], c.emit.ints(c.out.shape, "shape")])
-
-
-def _sum_to_shape(c: _Context) -> str:
-    source, target = c.vars[0].shape, tuple(c.params["shape"])
-    lead = len(source) - len(target)
-    axes = list(range(lead)) + [lead + i for i, d in enumerate(target)
-                                if d == 1 and source[lead + i] != 1]
-    summed = c.node("ReduceSum", [c.args[0], c.emit.ints(axes, "axes")], keepdims=1) \
-        if axes else c.args[0]
-    return c.node("Reshape", [summed, c.emit.ints(target, "shape")])
-
-
-def _getitem(c: _Context) -> str:
-    """Basic indexing (ints, slices with steps, Ellipsis, None) as one Slice and a Reshape;
-    one integer-array index among slices as a Gather."""
-    shape = c.vars[0].shape
-    index = c.params["index"]
-    index = index if isinstance(index, tuple) else (index,)
-    real = [i for i in index if i is not None and i is not Ellipsis]
-    if Ellipsis in index:
-        at = index.index(Ellipsis)
-        fill = (slice(None),) * (len(shape) - len(real))
-        index = index[:at] + fill + index[at + 1:]
-    entries = [i for i in index if i is not None]
-    entries += [slice(None)] * (len(shape) - len(entries))
-    arrays = [a for a, i in enumerate(entries) if isinstance(i, (np.ndarray, list, tuple))]
-    if len(arrays) > 1 or (arrays and any(_is_int(i) for i in entries)) or any(
-            isinstance(i, np.ndarray) and i.dtype.kind == "b" for i in entries):
-        raise ExportError(f"getitem: index {c.params['index']!r} on {shape}: only ints, slices, "
-                          "Ellipsis, None and one integer array among slices export")
-    starts, ends, axes, steps = [], [], [], []
-    for axis, (i, size) in enumerate(zip(entries, shape)):
-        if _is_int(i):
-            i = int(i) + (size if int(i) < 0 else 0)
-            starts.append(i), ends.append(i + 1), axes.append(axis), steps.append(1)
-        elif isinstance(i, slice) and i != slice(None):
-            start, stop, step = i.indices(size)
-            if step < 0 and stop < 0:
-                stop = -size - 1  # "before the first element", as ONNX clamps it
-            starts.append(start), ends.append(stop), axes.append(axis), steps.append(step)
-    x = c.args[0]
-    if axes:
-        x = c.emit.node("Slice", [x, c.emit.ints(starts, "starts"), c.emit.ints(ends, "ends"),
-                                  c.emit.ints(axes, "axes"), c.emit.ints(steps, "steps")])
-    if arrays:
-        (axis,) = arrays
-        indices = np.asarray(entries[axis], dtype=np.int64)
-        x = c.emit.node("Gather", [x, c.emit.const(indices, "indices")], axis=axis)
-    return c.emit.node("Reshape", [x, c.emit.ints(c.out.shape, "shape")],
-                       **({"allowzero": 1} if 0 in c.out.shape else {}))
-
-
-def _is_int(i: Any) -> bool:
-    return isinstance(i, (int, np.integer)) and not isinstance(i, bool)
-
-
-def _concatenate(c: _Context) -> str:
-    return c.node("Concat", axis=int(c.params["axis"]))
-
-
-def _pad2d(c: _Context) -> str:
-    ph, pw = c.params["padding"]
-    lead = [0] * (len(c.vars[0].shape) - 2)
-    pads = lead + [ph, pw] + lead + [ph, pw]
-    return c.node("Pad", [c.args[0], c.emit.ints(pads, "pads"), c.scalar(c.params["value"])],
-                  mode="constant")
-
-
-def _clip(c: _Context) -> str:
-    lo, hi = c.params["lo"], c.params["hi"]
-    return c.node("Clip", [c.args[0], "" if lo is None else c.scalar(lo),
-                           "" if hi is None else c.scalar(hi)])
-
-
-def _astype(c: _Context) -> str:
-    return c.node("Cast", to=c.emit.helper.np_dtype_to_tensor_dtype(np.dtype(c.params["dtype"])))
-
-
-def _silu(c: _Context) -> str:
-    return c.node("Mul", [c.args[0], c.node("Sigmoid")])
-
-
-def _where(c: _Context) -> str:
-    # The condition is a parameter: a value computed from the inputs (a Var, traced as
-    # plans trace it) or a constant mask.
-    cond = c.params["cond"]
-    name = c.names[cond.index] if isinstance(cond, Var) else c.emit.const(
-        np.asarray(cond, dtype=bool), "condition")
-    return c.node("Where", [name, *c.args])
-
-
-def _not_equal(c: _Context) -> str:
-    return c.node("Not", [c.node("Equal")])
-
-
-def _window(c: _Context, kernel: tuple) -> dict:
-    ph, pw = c.params["padding"]
-    attrs = {"kernel_shape": list(kernel), "strides": list(c.params["stride"]),
-             "pads": [ph, pw, ph, pw]}
-    dilation = tuple(c.params.get("dilation", (1, 1)))
-    if dilation != (1, 1):
-        attrs["dilations"] = list(dilation)
-    return attrs
-
-
-def _conv2d(c: _Context) -> str:
-    attrs = _window(c, c.vars[1].shape[2:])
-    attrs["group"] = int(c.params.get("groups", 1))
-    return c.node("Conv", **attrs)
-
-
-def _max_pool2d(c: _Context) -> str:
-    return c.node("MaxPool", **_window(c, c.params["kernel"]))
-
-
-def _avg_pool2d(c: _Context) -> str:
-    return c.node("AveragePool", count_include_pad=1, **_window(c, c.params["kernel"]))
-
-
-def _layer_norm(c: _Context) -> str:
-    return c.node("LayerNormalization", axis=-1, epsilon=float(c.params["eps"]))
-
-
-def _softmax(op_type: str) -> Exporter:
-    return lambda c: c.node(op_type, axis=int(c.params["axis"]))
-
-
-#: Primitive name -> how it becomes ONNX nodes (the name of the value it computes).
-EXPORTERS: dict[str, Exporter] = {
-    "add": _same("Add"), "sub": _same("Sub"), "mul": _same("Mul"), "div": _same("Div"),
-    "pow": _same("Pow"), "maximum": _same("Max"), "minimum": _same("Min"),
-    "neg": _same("Neg"), "sign": _same("Sign"), "exp": _same("Exp"), "log": _same("Log"),
-    "sqrt": _same("Sqrt"), "abs": _same("Abs"), "relu": _same("Relu"),
-    "sigmoid": _same("Sigmoid"), "tanh": _same("Tanh"), "erf": _same("Erf"),
-    "softplus": _same("Softplus"), "silu": _silu, "gelu": _gelu,
-    "less": _same("Less"), "less_equal": _same("LessOrEqual"), "greater": _same("Greater"),
-    "greater_equal": _same("GreaterOrEqual"), "equal": _same("Equal"), "not_equal": _not_equal,
-    "clip": _clip, "astype": _astype, "where": _where,
-    "matmul": _same("MatMul"), "sum": _reduce("ReduceSum"), "max": _reduce("ReduceMax"),
-    "softmax": _softmax("Softmax"), "log_softmax": _softmax("LogSoftmax"),
-    "reshape": _reshape, "transpose": _transpose, "broadcast_to": _broadcast_to,
-    "sum_to_shape": _sum_to_shape, "getitem": _getitem, "concatenate": _concatenate,
-    "pad2d": _pad2d, "conv2d": _conv2d, "max_pool2d": _max_pool2d, "avg_pool2d": _avg_pool2d,
-    "layer_norm": _layer_norm, "identity": _same("Identity"),
-    "stop_gradient": _same("Identity"),
-}
-
-#: Primitives that have no ONNX mapping, and why (others are simply not in the table).
-NOT_EXPORTED: dict[str, str] = {
-    "dropout_mask": "random masks (a Dropout in training mode; export runs the module in eval "
-                    "mode, so something else draws them)",
-    "cross_entropy": "a loss: export the model, not its training objective",
-    "one_hot": "a loss's helper: export the model, not its training objective",
-    "unfold2d": "im2col appears in derivatives, not in models",
-    "fold2d": "col2im appears in derivatives, not in models",
-    "scatter_add": "the transpose of indexing appears in derivatives, not in models",
-}
-
-
-def _exporter(eqn: Eqn) -> Exporter | None:
-    prim = eqn.primitive
-    if eqn.param_vars and prim.name != "where":
-        return None  # an index computed from the inputs: the table writes constants
-    if prim is identity_p or prim is stop_gradient_p or PRIMITIVES.get(prim.name) is prim:
-        return EXPORTERS.get(prim.name)
-    return None  # a custom op (its own primitive, unregistered) or a stranger
-
-
-def _describe_eqn(eqn: Eqn) -> str:
-    operands = ", ".join(f"{a.shape} {a.dtype}" if isinstance(a, Var) else repr(a)
-                         for a in eqn.args)
-    custom = eqn.params.get("op")
-    kind = f"custom op {type(custom).__name__}" if custom is not None else eqn.primitive.name
-    reason = NOT_EXPORTED.get(eqn.primitive.name) if custom is None else \
-        "a CustomOp runs NumPy code ONNX cannot hold"
-    if eqn.param_vars and custom is None and eqn.primitive.name != "where":
-        reason = "a parameter (an index) computed from the inputs; only constant ones export"
-    return f"{kind} ({operands} -> {eqn.out.shape} {eqn.out.dtype})" + \
-        (f": {reason}" if reason else ": no ONNX mapping")
 
 
 # ---------------------------------------------------------------- export
@@ -371,13 +75,13 @@ def to_model(module: Any, example_input: Any) -> Any:
 def _build(onnx: Any, graph: StaticGraph, module: Any, name: str) -> Any:
     missing: dict[str, str] = {}
     for eqn in graph.eqns:
-        if _exporter(eqn) is None:
-            missing.setdefault(eqn.primitive.name, _describe_eqn(eqn))
+        if exporter_of(eqn) is None:
+            missing.setdefault(eqn.primitive.name, describe_unexported(eqn))
     if missing:
         raise ExportError(f"export: {len(missing)} primitive{'s' if len(missing) != 1 else ''} "
                           f"of {name} cannot be written as ONNX:\n  " +
                           "\n  ".join(missing.values()))
-    emit = _Emitter()
+    emit = Emitter()
     helper = emit.helper
     names: dict[int, str] = {}
     inputs = []
@@ -393,7 +97,7 @@ def _build(onnx: Any, graph: StaticGraph, module: Any, name: str) -> Any:
     for var, data in graph.consts:
         names[var.index] = emit.const(data, buffer_names.get(id(data), "const"))
     for eqn in graph.eqns:
-        names[eqn.out.index] = _exporter(eqn)(_Context(emit, eqn, names))
+        names[eqn.out.index] = exporter_of(eqn)(Context(emit, eqn, names))
     outputs = []
     for i, var in enumerate(graph.outputs):
         out_name = emit.fresh("output" if len(graph.outputs) == 1 else f"output_{i}")

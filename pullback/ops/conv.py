@@ -15,11 +15,18 @@ from typing import Any
 from ..ad import defbilinear, defjvp, deflinear, defvjp
 from ..backend.current import get_backend
 from ..errors import KernelError
-from .elementwise import add, astype, equal, mul
+from .elementwise import add, astype, equal, mul, relu_p
 from .linalg import matmul
 from .reduce import max as reduce_max
 from .reduce import sum as reduce_sum
-from .registry import declare, dtype_of, is_float, shape_of
+from .registry import (
+    declare,
+    dtype_of,
+    is_float,
+    shape_of,
+    writes_cotangent_into,
+    writes_into,
+)
 from .shape import broadcast_to, reshape, swap_last, transpose
 
 NO_DILATION = (1, 1)
@@ -89,6 +96,7 @@ unfold2d_p = declare(
     lambda backend, x, kernel, stride, padding, pad_value, dilation: backend.unfold2d(
         x, kernel, stride, padding, pad_value, dilation),
     _unfold_shape,
+    aliasing="fresh",
 )
 
 
@@ -110,6 +118,7 @@ fold2d_p = declare(
     lambda backend, cols, input_shape, kernel, stride, padding, dilation: backend.fold2d(
         cols, input_shape, kernel, stride, padding, dilation),
     _fold_shape,
+    aliasing="fresh",
 )
 
 
@@ -161,7 +170,10 @@ conv2d_p = declare(
     lambda backend, x, w, stride, padding, dilation, groups: backend.conv2d(
         x, w, stride, padding, dilation, groups),
     _conv_shape,
+    aliasing="fresh",
 )
+writes_into(conv2d_p, lambda backend, x, w, out, stride, padding, dilation, groups:
+            backend.conv2d(x, w, stride, padding, dilation, groups, out=out))
 
 
 def _conv_transpose_input(ct: Any, x: Any, w: Any, stride: tuple, padding: tuple,
@@ -208,6 +220,21 @@ def _conv_vjp(be: Any, g: Any, n: Any) -> tuple:
 defvjp(conv2d_p, _conv_vjp)
 
 
+def _conv_ct_into(be: Any, g: Any, n: Any, out: Any) -> tuple:
+    """_conv_vjp with the input's gradient written into `out`."""
+    x, w = n.inputs
+    p = n.params
+    geometry = (p["stride"], p["padding"], p["dilation"], p["groups"])
+    return (be.conv2d_input_backward(g, w, n.in_shapes[0], *geometry, out=out),
+            be.conv2d_weight_backward(g, x, n.in_shapes[1], *geometry)
+            if n.parents[1] is not None else None)
+
+
+writes_cotangent_into(
+    conv2d_p, lambda args, first, by_columns: "C" if args[1].dtype == first.dtype else None,
+    _conv_ct_into)
+
+
 def _groups(value: Any) -> int:
     groups = _int(value)
     if groups is None or groups < 1:
@@ -251,7 +278,10 @@ max_pool2d_p = declare(
     _max_pool_shape,
     saves_inputs=True,
     saves_output=True,
+    aliasing="fresh",
 )
+writes_into(max_pool2d_p, lambda backend, x, out, kernel, stride, padding, dilation:
+            backend.max_pool2d(x, kernel, stride, padding, dilation, out=out))
 
 
 def _first_max_mask(x: Any, out: Any, kernel: tuple, stride: tuple, padding: tuple,
@@ -278,12 +308,24 @@ defjvp(max_pool2d_p, _max_pool_jvp)
 defvjp(max_pool2d_p, lambda be, g, n: (be.max_pool2d_backward(
     g, n.inputs[0], n.output, n.params["kernel"], n.params["stride"], n.params["padding"],
     n.params["dilation"]),))
+writes_cotangent_into(
+    max_pool2d_p, lambda args, first, by_columns: "C",
+    lambda be, g, n, out: (be.max_pool2d_backward(
+        g, n.inputs[0], n.output, n.params["kernel"], n.params["stride"], n.params["padding"],
+        n.params["dilation"], out=out),))
+# The pool routes each upstream value to its window's maximum; where a relu feeds it,
+# that maximum is relu's output, so relu's mask can be applied to the small upstream
+# before the routing: one pass over the large gradient saved.
+max_pool2d_p.absorbs = relu_p
 
 avg_pool2d_p = declare(
     "avg_pool2d",
     lambda backend, x, kernel, stride, padding: backend.avg_pool2d(x, kernel, stride, padding),
     _avg_pool_shape,
+    aliasing="fresh",
 )
+writes_into(avg_pool2d_p, lambda backend, x, out, kernel, stride, padding:
+            backend.avg_pool2d(x, kernel, stride, padding, out=out))
 
 
 def _avg_pool_transpose(ct: Any, x: Any, kernel: tuple, stride: tuple, padding: tuple) -> tuple:
@@ -297,6 +339,11 @@ def _avg_pool_transpose(ct: Any, x: Any, kernel: tuple, stride: tuple, padding: 
 deflinear(avg_pool2d_p, _avg_pool_transpose)
 defvjp(avg_pool2d_p, lambda be, g, n: (be.avg_pool2d_backward(
     g, n.in_shapes[0], n.params["kernel"], n.params["stride"], n.params["padding"]),))
+writes_cotangent_into(
+    avg_pool2d_p, lambda args, first, by_columns: "C",
+    lambda be, g, n, out: (be.avg_pool2d_backward(
+        g, n.in_shapes[0], n.params["kernel"], n.params["stride"], n.params["padding"],
+        out=out),))
 
 
 def _pool_args(op: str, kernel_size: Any, stride: Any, padding: Any) -> dict:

@@ -14,7 +14,9 @@ import numpy as np
 
 from ..ad import LinearVar, Zero, defbilinear, defjvp, defjvp_full, deflinear, defvjp
 from ..errors import KernelError
+from ..kernels import scalar_math
 from .registry import (
+    Fusion,
     broadcast_shapes,
     declare,
     dtype_of,
@@ -22,6 +24,8 @@ from .registry import (
     is_float,
     result_dtype,
     shape_of,
+    tensor_method,
+    writes_cotangent_into,
 )
 from .shape import broadcast_to, sum_to_shape
 
@@ -65,7 +69,8 @@ def _mixed_dtypes(backend: Any, name: str, a: Any, b: Any, out: Any) -> Any:
     return getattr(backend, name)(*cast)
 
 
-add_p = declare("add", _binary_impl("add"), elementwise_rule("add"))
+add_p = declare("add", _binary_impl("add"), elementwise_rule("add"),
+                aliasing="fresh", fusion=Fusion("{0} + {1}"))
 
 
 def add(a: Any, b: Any) -> Any:
@@ -92,7 +97,8 @@ deflinear(
 )
 defvjp(add_p, lambda be, g, n: be.add_backward(g, n.in_shapes[0], n.in_shapes[1], _needed(n)))
 
-sub_p = declare("sub", _binary_impl("sub"), elementwise_rule("sub"))
+sub_p = declare("sub", _binary_impl("sub"), elementwise_rule("sub"),
+                aliasing="fresh", fusion=Fusion("{0} - {1}"))
 
 
 def sub(a: Any, b: Any) -> Any:
@@ -119,7 +125,8 @@ deflinear(
 )
 defvjp(sub_p, lambda be, g, n: be.sub_backward(g, n.in_shapes[0], n.in_shapes[1], _needed(n)))
 
-mul_p = declare("mul", _binary_impl("mul"), elementwise_rule("mul"))
+mul_p = declare("mul", _binary_impl("mul"), elementwise_rule("mul"),
+                aliasing="fresh", fusion=Fusion("{0} * {1}"))
 
 
 def mul(a: Any, b: Any) -> Any:
@@ -142,7 +149,8 @@ def _mul_vjp(be: Any, g: Any, n: Any) -> tuple:
 
 defvjp(mul_p, _mul_vjp)
 
-div_p = declare("div", _binary_impl("div"), elementwise_rule("div"), saves_inputs=True)
+div_p = declare("div", _binary_impl("div"), elementwise_rule("div"), saves_inputs=True,
+                aliasing="fresh", fusion=Fusion("{0} / {1}"))
 
 
 def div(a: Any, b: Any) -> Any:
@@ -160,7 +168,7 @@ div_p.linear_args = frozenset((0,))
 defvjp(div_p, lambda be, g, n: be.div_backward(g, *n.inputs, needed=_needed(n)))
 
 pow_p = declare("pow", _binary_impl("pow"), elementwise_rule("pow"), saves_inputs=True,
-                saves_output=True)
+                saves_output=True, aliasing="fresh")
 
 
 def pow(a: Any, b: Any) -> Any:
@@ -197,7 +205,8 @@ defjvp(pow_p, _pow_jvp_base, _pow_jvp_exponent)
 
 
 def _extremum(name: str, pick: Any) -> Any:
-    prim = declare(name, _binary_impl(name), elementwise_rule(name), saves_inputs=True)
+    prim = declare(name, _binary_impl(name), elementwise_rule(name), saves_inputs=True,
+                   aliasing="fresh")
 
     def share(a: Any, b: Any) -> Any:
         # 1 where a wins, 0 where b wins, 1/2 on ties (as PyTorch splits them).
@@ -218,10 +227,12 @@ defvjp(maximum_p, lambda be, g, n: be.maximum_backward(g, *n.inputs, needed=_nee
 defvjp(minimum_p, lambda be, g, n: be.minimum_backward(g, *n.inputs, needed=_needed(n)))
 
 
+@tensor_method(maximum_p)
 def maximum(a: Any, b: Any) -> Any:
     return maximum_p.bind(a, b)
 
 
+@tensor_method(minimum_p)
 def minimum(a: Any, b: Any) -> Any:
     return minimum_p.bind(a, b)
 
@@ -234,35 +245,61 @@ def _comparison(name: str) -> Any:
         result_dtype(name, a, b)
         return broadcast_shapes(name, a, b), "bool"
 
-    prim = declare(name, lambda backend, a, b: getattr(backend, name)(a, b), rule,
-                   differentiable=False)
-    return lambda a, b: prim.bind(a, b)
+    return declare(name, lambda backend, a, b: getattr(backend, name)(a, b), rule,
+                   differentiable=False, aliasing="fresh")
 
 
-less = _comparison("less")
-less_equal = _comparison("less_equal")
-greater = _comparison("greater")
-greater_equal = _comparison("greater_equal")
-equal = _comparison("equal")
-not_equal = _comparison("not_equal")
+less_p = _comparison("less")
+less_equal_p = _comparison("less_equal")
+greater_p = _comparison("greater")
+greater_equal_p = _comparison("greater_equal")
+equal_p = _comparison("equal")
+not_equal_p = _comparison("not_equal")
+
+
+def less(a: Any, b: Any) -> Any:
+    return less_p.bind(a, b)
+
+
+def less_equal(a: Any, b: Any) -> Any:
+    return less_equal_p.bind(a, b)
+
+
+def greater(a: Any, b: Any) -> Any:
+    return greater_p.bind(a, b)
+
+
+def greater_equal(a: Any, b: Any) -> Any:
+    return greater_equal_p.bind(a, b)
+
+
+def equal(a: Any, b: Any) -> Any:
+    return equal_p.bind(a, b)
+
+
+def not_equal(a: Any, b: Any) -> Any:
+    return not_equal_p.bind(a, b)
 
 # ---------------------------------------------------------------- unary
 
 
-def _unary(name: str, **saves: bool) -> Any:
-    return declare(name, lambda backend, x: getattr(backend, name)(x), _same, **saves)
+def _unary(name: str, fusion: Fusion | None = None, **saves: bool) -> Any:
+    return declare(name, lambda backend, x: getattr(backend, name)(x), _same, **saves,
+                   aliasing="fresh", fusion=fusion)
 
 
-neg_p = _unary("neg")
+neg_p = _unary("neg", Fusion("-{0}"))
 
 
+@tensor_method(neg_p)
 def neg(x: Any) -> Any:
     return neg_p.bind1(x)
 
 
 deflinear(neg_p, lambda ct, x: (neg(ct),))
 
-sign_p = declare("sign", lambda backend, x: backend.sign(x), _same, differentiable=False)
+sign_p = declare("sign", lambda backend, x: backend.sign(x), _same, differentiable=False,
+                 aliasing="fresh")
 
 
 def sign(x: Any) -> Any:
@@ -270,7 +307,7 @@ def sign(x: Any) -> Any:
     return sign_p.bind(x)
 
 
-exp_p = _unary("exp", saves_output=True)
+exp_p = _unary("exp", Fusion("exp({0})", {"exp": scalar_math.exp}), saves_output=True)
 defjvp(exp_p, lambda t, out, x: mul(t, out))
 defvjp(exp_p, lambda be, g, n: (be.exp_backward(g, n.output),))
 
@@ -289,15 +326,21 @@ defvjp(abs_p, lambda be, g, n: (be.abs_backward(g, n.inputs[0]),))
 # relu(x) > 0 exactly where x > 0 (NaN included), so relu keeps its output, not its
 # input, and hands it to relu_backward as the input's stand-in: the input (a bias
 # add's result, say) is then free as soon as relu has run, and the two can be fused.
-relu_p = _unary("relu", saves_output=True)
+relu_p = _unary("relu", Fusion("0.0 if {0} <= 0.0 else {0}"),  # NaN stays NaN, as np.maximum
+                saves_output=True)
 defjvp(relu_p, lambda t, out, x: mul(t, greater(out, 0.0)))
 defvjp(relu_p, lambda be, g, n: (be.relu_backward(g, n.output),))
+# Its cotangent buffer is laid out as its output, which its backward reads beside it.
+writes_cotangent_into(
+    relu_p, lambda args, first, by_columns: "F" if by_columns else "C",
+    lambda be, g, n, out: (be.relu_backward(g, n.output, out=out),))
 
-sigmoid_p = _unary("sigmoid", saves_output=True)
+sigmoid_p = _unary("sigmoid", Fusion("sigmoid({0})", {"sigmoid": scalar_math.sigmoid}),
+                   saves_output=True)
 defjvp(sigmoid_p, lambda t, out, x: mul(t, mul(out, sub(1.0, out))))
 defvjp(sigmoid_p, lambda be, g, n: (be.sigmoid_backward(g, n.output),))
 
-tanh_p = _unary("tanh", saves_output=True)
+tanh_p = _unary("tanh", Fusion("tanh({0})", {"tanh": scalar_math.tanh}), saves_output=True)
 defjvp(tanh_p, lambda t, out, x: mul(t, sub(1.0, mul(out, out))))
 defvjp(tanh_p, lambda be, g, n: (be.tanh_backward(g, n.output),))
 
@@ -345,43 +388,52 @@ def _gelu_shape(x: Any, approximate: str) -> tuple:
 
 
 gelu_p = declare("gelu", lambda backend, x, approximate: backend.gelu(x, approximate),
-                 _gelu_shape, saves_inputs=True)
+                 _gelu_shape, saves_inputs=True, aliasing="fresh")
 defjvp(gelu_p, lambda t, out, x, approximate: mul(t, _gelu_derivative(x, approximate)))
 defvjp(gelu_p, lambda be, g, n: (be.gelu_backward(g, n.inputs[0], n.params["approximate"]),))
 
 
+@tensor_method(exp_p)
 def exp(x: Any) -> Any:
     return exp_p.bind1(x)
 
 
+@tensor_method(log_p)
 def log(x: Any) -> Any:
     return log_p.bind1(x)
 
 
+@tensor_method(sqrt_p)
 def sqrt(x: Any) -> Any:
     return sqrt_p.bind1(x)
 
 
+@tensor_method(abs_p)
 def abs(x: Any) -> Any:
     return abs_p.bind1(x)
 
 
+@tensor_method(relu_p)
 def relu(x: Any) -> Any:
     return relu_p.bind1(x)
 
 
+@tensor_method(sigmoid_p)
 def sigmoid(x: Any) -> Any:
     return sigmoid_p.bind1(x)
 
 
+@tensor_method(tanh_p)
 def tanh(x: Any) -> Any:
     return tanh_p.bind1(x)
 
 
+@tensor_method(silu_p)
 def silu(x: Any) -> Any:
     return silu_p.bind1(x)
 
 
+@tensor_method(softplus_p)
 def softplus(x: Any) -> Any:
     return softplus_p.bind1(x)
 
@@ -390,6 +442,7 @@ def erf(x: Any) -> Any:
     return erf_p.bind1(x)
 
 
+@tensor_method(gelu_p)
 def gelu(x: Any, approximate: str = "none") -> Any:
     return gelu_p.bind(x, approximate=approximate)
 
@@ -412,7 +465,8 @@ def _where_impl(backend: Any, a: Any, b: Any, cond: Any) -> Any:
     return out
 
 
-where_p = declare("where", _where_impl, _where_shape)
+where_p = declare("where", _where_impl, _where_shape, aliasing="fresh")
+where_p.masks_keep_shape = True  # the condition selects; the operands give the shape
 
 
 def where(cond: Any, a: Any, b: Any) -> Any:
@@ -449,7 +503,7 @@ def _clip_shape(x: Any, lo: Any, hi: Any) -> tuple:
 
 
 clip_p = declare("clip", lambda backend, x, lo, hi: backend.clip(x, lo, hi), _clip_shape,
-                 saves_inputs=True)
+                 saves_inputs=True, aliasing="fresh")
 
 
 def _clip_mask(x: Any, lo: Any, hi: Any) -> Any:
@@ -466,6 +520,7 @@ defjvp(clip_p, lambda t, out, x, lo, hi: t if lo is None and hi is None
        else mul(t, _clip_mask(x, lo, hi)))
 
 
+@tensor_method(clip_p)
 def clip(x: Any, lo: Any = None, hi: Any = None) -> Any:
     return clip_p.bind(x, lo=lo, hi=hi)
 

@@ -9,8 +9,16 @@ from __future__ import annotations
 from typing import Any
 
 from ..ad import defbilinear, defvjp
+from ..backend.gemm import result_order
 from ..errors import KernelError
-from .registry import broadcast_shapes, declare, result_dtype, shape_of
+from .registry import (
+    broadcast_shapes,
+    declare,
+    result_dtype,
+    shape_of,
+    writes_cotangent_into,
+    writes_into,
+)
 from .shape import _Shape, reshape, sum_to_shape, swap_last
 
 
@@ -42,7 +50,19 @@ def _matmul_impl(backend: Any, a: Any, b: Any) -> Any:
     return backend.matmul(a, b)
 
 
-matmul_p = declare("matmul", _matmul_impl, _matmul_shape)
+matmul_p = declare("matmul", _matmul_impl, _matmul_shape, aliasing="fresh")
+
+
+def _matrices(a: Any, b: Any) -> bool:
+    return len(shape_of(a)) == 2 and len(shape_of(b)) == 2
+
+
+def _layout(a: Any, b: Any) -> str:
+    """A 2-D product's result comes by columns where BLAS computes it faster so."""
+    return result_order(shape_of(a)[0], shape_of(b)[1]) if _matrices(a, b) else "C"
+
+
+writes_into(matmul_p, lambda backend, a, b, out: backend.matmul(a, b, out=out), _layout)
 
 
 def _matrix_ct(ct: Any, sa: tuple, sb: tuple) -> Any:
@@ -79,6 +99,26 @@ def _matmul_vjp(be: Any, g: Any, n: Any) -> tuple:
 
 
 defvjp(matmul_p, _matmul_vjp)
+
+
+def _ct_order(args: tuple, first: Any, by_columns: bool) -> str | None:
+    a, b = args
+    if not (_matrices(a, b) and a.dtype == b.dtype == first.dtype):
+        return None
+    return result_order(*shape_of(first))  # laid out as a product of its shape
+
+
+def _ct_into(be: Any, g: Any, n: Any, out: Any) -> tuple:
+    """_matmul_vjp for 2-D operands, the lhs gradient g @ rhs.T written into `out`."""
+    lhs, rhs = n.inputs
+    grad_lhs = be.matmul(g, be.transpose(rhs, (1, 0)), out=out)
+    grad_rhs = None
+    if n.parents[1] is not None:
+        grad_rhs = be.matmul_backward(g, lhs, rhs, needed=(False, True))[1]
+    return grad_lhs, grad_rhs
+
+
+writes_cotangent_into(matmul_p, _ct_order, _ct_into)
 
 
 def matmul(a: Any, b: Any) -> Any:

@@ -29,7 +29,8 @@ def _one_hot_impl(backend: Any, labels: Any, depth: int, dtype: Any) -> Any:
     return eye
 
 
-one_hot_p = declare("one_hot", _one_hot_impl, _one_hot_shape, differentiable=False)
+one_hot_p = declare("one_hot", _one_hot_impl, _one_hot_shape, differentiable=False,
+                    aliasing="fresh")
 
 
 def one_hot(labels: Any, depth: int, dtype: Any) -> Any:
@@ -60,7 +61,7 @@ def _mean_scale(n: int) -> float:
 
 
 cross_entropy_p = declare("cross_entropy", _cross_entropy_impl, _cross_entropy_shape,
-                          saves_inputs=True)
+                          saves_inputs=True, aliasing="fresh")
 cross_entropy_p.exact_inputs = True  # labels stay integers for the fused backward kernel
 
 
@@ -98,7 +99,8 @@ def _mask_impl(backend: Any, x: Any, p: float, rng: Any) -> Any:
     return backend.mul(backend.astype(keep, x.dtype), 1.0 / (1.0 - p))
 
 
-dropout_mask_p = declare("dropout_mask", _mask_impl, _mask_shape, differentiable=False)
+dropout_mask_p = declare("dropout_mask", _mask_impl, _mask_shape, differentiable=False,
+                         aliasing="fresh")
 
 
 def dropout_mask(x: Any, p: float, rng: Any) -> Any:

@@ -48,7 +48,7 @@ def _impl(backend: Any, x: Any, weight: Any, bias: Any, eps: float) -> Any:
     return fused_ops(backend).layer_norm(x, weight, bias, eps)[0]
 
 
-layer_norm_p = declare("layer_norm", _impl, _shape, saves_inputs=True)
+layer_norm_p = declare("layer_norm", _impl, _shape, saves_inputs=True, aliasing="fresh")
 
 
 def _normalized(x: Any, eps: float) -> tuple[Any, Any]:

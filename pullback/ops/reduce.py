@@ -7,7 +7,7 @@ from typing import Any
 from ..ad import defjvp, deflinear, defvjp
 from ..errors import KernelError
 from .elementwise import astype, div, equal, exp, mul, sub
-from .registry import declare, dtype_of, normalize_axes, reduced_shape, shape_of
+from .registry import declare, dtype_of, normalize_axes, reduced_shape, shape_of, tensor_method
 from .shape import broadcast_to, reshape
 
 
@@ -29,6 +29,7 @@ reduce_sum_p = declare(
     "sum",
     lambda backend, x, axes, keepdims: backend.reduce_sum(x, axes, keepdims),
     _reduce_shape("sum"),
+    aliasing="fresh",  # axes=() copies
 )
 deflinear(reduce_sum_p, lambda ct, x, axes, keepdims: (_expand(ct, x.shape, axes, keepdims),))
 defvjp(reduce_sum_p, lambda be, g, n: (
@@ -64,6 +65,7 @@ reduce_max_p = declare(
     _max_shape,
     saves_inputs=True,
     saves_output=True,
+    aliasing="fresh",
 )
 
 
@@ -79,6 +81,7 @@ defvjp(reduce_max_p, lambda be, g, n: (be.reduce_max_backward(
     g, n.inputs[0], n.output, n.params["axes"], n.params["keepdims"]),))
 
 
+@tensor_method(reduce_max_p)
 def max(x: Any, axis: Any = None, keepdims: bool = False) -> Any:
     return reduce_max_p.bind(x, axes=normalize_axes("max", x, axis), keepdims=keepdims)
 
@@ -91,12 +94,12 @@ def _row_shape(op: str) -> Any:
 
 
 softmax_p = declare("softmax", lambda backend, x, axis: backend.softmax(x, axis),
-                    _row_shape("softmax"), saves_output=True)
+                    _row_shape("softmax"), saves_output=True, aliasing="fresh")
 defjvp(softmax_p, lambda t, y, x, axis: mul(y, sub(t, sum(mul(y, t), axis, True))))
 defvjp(softmax_p, lambda be, g, n: (be.softmax_backward(g, n.output, n.params["axis"]),))
 
 log_softmax_p = declare("log_softmax", lambda backend, x, axis: backend.log_softmax(x, axis),
-                        _row_shape("log_softmax"), saves_output=True)
+                        _row_shape("log_softmax"), saves_output=True, aliasing="fresh")
 defjvp(log_softmax_p, lambda t, y, x, axis: sub(t, sum(mul(exp(y), t), axis, True)))
 defvjp(log_softmax_p, lambda be, g, n: (be.log_softmax_backward(g, n.output, n.params["axis"]),))
 
@@ -110,9 +113,11 @@ def _along_one_axis(prim: Any, x: Any, axis: int) -> Any:
     return prim.bind(x, axis=axes[0])
 
 
+@tensor_method(softmax_p)
 def softmax(x: Any, axis: int = -1) -> Any:
     return _along_one_axis(softmax_p, x, axis)
 
 
+@tensor_method(log_softmax_p)
 def log_softmax(x: Any, axis: int = -1) -> Any:
     return _along_one_axis(log_softmax_p, x, axis)

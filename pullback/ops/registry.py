@@ -1,14 +1,15 @@
 """Declaring primitives: the registry and the shape-rule helpers every op file uses.
 
 `declare` makes a primitive with its forward (a backend call) and shape rule;
-the op's file then adds its derivative rules right beside it. `PRIMITIVES`
+the op's file then adds its derivative rules and the facts other layers need
+(fusion template, buffer writers, Tensor method) right beside it. `PRIMITIVES`
 lists every primitive the ops layer declares, for `pullback check`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -19,6 +20,32 @@ from ..errors import KernelError
 PRIMITIVES: dict[str, Primitive] = {}
 
 FLOAT_DTYPES = ("float32", "float64")
+ALIASING = ("fresh", "view", "may")
+_FUSION_FUNCTIONS: dict[str, Callable] = {}  # every name a fusion template calls
+
+
+class Fusion(NamedTuple):
+    """How a plan fuses a primitive into a generated elementwise kernel: `template`,
+    scalar code over its operands `{0}`, `{1}`, ... in the terms NumPy's float loops
+    use, and `scope`, the scalar functions that code calls by name (from
+    kernels.scalar_math: within an ulp or two of NumPy's)."""
+
+    template: str
+    scope: Mapping[str, Callable] | None = None
+
+
+class CotangentInto(NamedTuple):
+    """How a plan's backward step writes a primitive's first-operand cotangent into a
+    buffer it keeps across calls, computing what the primitive's vjp computes.
+
+    `order(args, first, by_columns)`: the buffer's memory order ("C" or "F"), or None
+    where it cannot write one; `args` are the forward operands and `first` the first
+    one (shape and dtype each), `by_columns` whether the forward result is laid out by
+    columns. `write(backend, upstream, node, out)`: one cotangent (or None) per operand,
+    the first written into `out` through the backend's `out=` forms."""
+
+    order: Callable[[tuple, Any, bool], str | None]
+    write: Callable[..., tuple]
 
 
 def declare(
@@ -30,18 +57,62 @@ def declare(
     saves_output: bool = False,
     differentiable: bool = True,
     register: bool = True,
+    fusion: Fusion | None = None,
+    aliasing: str = "may",
 ) -> Primitive:
-    """A new primitive: `impl(backend, *arrays, **params)` computes it forward."""
+    """A new primitive: `impl(backend, *arrays, **params)` computes it forward.
+
+    `fusion`: its scalar code for a plan's fused elementwise kernels (None: never
+    fused); `aliasing`: "fresh" when its result never shares memory with an operand,
+    "view" when it is a view of its first operand, "may" (the safe default) else."""
+    if aliasing not in ALIASING:
+        raise ValueError(f"{name}: aliasing must be one of {ALIASING}, not {aliasing!r}")
+    if fusion is not None:
+        if not isinstance(fusion, Fusion):
+            raise TypeError(f"{name}: fusion must be a Fusion, not {type(fusion).__name__}")
+        for called, fn in (fusion.scope or {}).items():
+            # Fused chains share one scope: a name must stand for one function.
+            if _FUSION_FUNCTIONS.setdefault(called, fn) is not fn:
+                raise ValueError(f"{name}: the fusion name {called!r} already stands for "
+                                 "another function")
     prim = Primitive(
         name, saves_inputs=saves_inputs, saves_output=saves_output, differentiable=differentiable
     )
     prim.impl = impl
     prim.abstract_eval = shape_rule
+    prim.fusion = fusion
+    prim.aliasing = aliasing
     if register:
         if name in PRIMITIVES:
             raise ValueError(f"a primitive named {name!r} is already declared")
         PRIMITIVES[name] = prim
     return prim
+
+
+def writes_into(prim: Primitive, rule: Callable[..., Any],
+                layout: Callable[..., str] | None = None) -> None:
+    """Declare how `prim` writes its result into a given buffer: `rule(backend, *args,
+    out, **params)` through the backend's `out=` form of the op; `layout(*args)` the
+    memory order its result comes in ("C" when omitted)."""
+    prim.into = rule
+    prim.layout = layout
+
+
+def writes_cotangent_into(prim: Primitive, order: Callable, write: Callable) -> None:
+    """Declare how a plan writes `prim`'s first-operand cotangent into a buffer (see
+    `CotangentInto`)."""
+    prim.ct_into = CotangentInto(order, write)
+
+
+def tensor_method(prim: Primitive) -> Callable[[Callable], Callable]:
+    """Make the decorated function `Tensor.<its name>` as well (the function itself is
+    returned unchanged)."""
+
+    def register(fn: Callable) -> Callable:
+        prim.method = fn
+        return fn
+
+    return register
 
 
 def shape_of(x: Any) -> tuple:

@@ -29,7 +29,8 @@ def _reshape_shape(x: Any, shape: tuple) -> tuple:
     return shape, dtype_of(x)
 
 
-reshape_p = declare("reshape", lambda backend, x, shape: backend.reshape(x, shape), _reshape_shape)
+reshape_p = declare("reshape", lambda backend, x, shape: backend.reshape(x, shape), _reshape_shape,
+                    aliasing="view")
 deflinear(reshape_p, lambda ct, x, shape: (reshape(ct, x.shape),))
 # Eager backward and plans: the backend's reshape, without re-entering bind.
 defvjp(reshape_p, lambda be, g, n: (be.reshape(g, n.in_shapes[0]),))
@@ -69,7 +70,7 @@ def _transpose_shape(x: Any, axes: tuple) -> tuple:
 
 
 transpose_p = declare("transpose", lambda backend, x, axes: backend.transpose(x, axes),
-                      _transpose_shape)
+                      _transpose_shape, aliasing="view")
 
 
 def _inverse(axes: tuple) -> tuple:
@@ -193,6 +194,7 @@ scatter_add_p = declare(
     "scatter_add",
     lambda backend, values, index, shape: backend.scatter_add(values, index, shape),
     _scatter_shape,
+    aliasing="fresh",
 )
 deflinear(scatter_add_p, lambda ct, values, index, shape: (
     sum_to_shape(getitem_p.bind(ct, index=index), values.shape),))
@@ -228,7 +230,7 @@ def _concat_impl(backend: Any, *xs: Any, axis: int) -> Any:
     return backend.concatenate(xs, axis)
 
 
-concatenate_p = declare("concatenate", _concat_impl, _concat_shape)
+concatenate_p = declare("concatenate", _concat_impl, _concat_shape, aliasing="fresh")
 
 
 def _concat_jvp(tangents: tuple, output: Any, inputs: tuple, axis: int) -> Any:
@@ -309,7 +311,7 @@ def _pad_shape(x: Any, padding: tuple, value: float) -> tuple:
 
 
 pad2d_p = declare("pad2d", lambda backend, x, padding, value: backend.pad2d(x, padding, value),
-                  _pad_shape)
+                  _pad_shape, aliasing="fresh")
 
 
 def _pad_transpose(ct: Any, x: Any, padding: tuple, value: float) -> tuple:

@@ -241,9 +241,10 @@ class _Operators:
         return ops.matmul(self, other)
 
 
-for _name in ("neg", "exp", "log", "sqrt", "abs", "relu", "sigmoid", "tanh", "silu", "softplus",
-              "gelu", "softmax", "log_softmax", "max", "clip", "maximum", "minimum"):
-    setattr(_Operators, _name, getattr(ops, _name))
+# The methods each primitive declares (`tensor_method`, beside its declaration).
+for _prim in PRIMITIVES.values():
+    if _prim.method is not None:
+        setattr(_Operators, _prim.method.__name__, _prim.method)
 
 # A linear variable behaves like a tensor inside `linear_transpose`'s function.
 for _name, _value in vars(_Operators).items():

@@ -12,14 +12,14 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from pullback.kernels import Kernel, activations, bias_act, rows, updates
+from pullback.kernels import Kernel, activations, rows, updates
 
 TEST_PARALLEL_THRESHOLD = 32768
 
 
 def _all_kernels() -> list[Kernel]:
     found = []
-    for module in (activations, bias_act, rows, updates):
+    for module in (activations, rows, updates):
         for value in vars(module).values():
             if isinstance(value, Kernel):
                 found.append(value)

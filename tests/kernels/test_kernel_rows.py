@@ -1,4 +1,4 @@
-"""Row kernels (softmax, log_softmax, cross-entropy, layer norm, bias plus activation)
+"""Row kernels (softmax, log_softmax, cross-entropy, layer norm)
 against NumPy formulas, their backward against central differences and through
 pb.gradcheck, and the CpuBackend methods against FusedOps' forward-op defaults."""
 
@@ -11,7 +11,7 @@ from kernel_check import LARGE, SMALL, vjp_check
 import pullback as pb
 from pullback.backend import CpuBackend, KernelError, ThreadedCpuBackend
 from pullback.backend.fused import FusedOps
-from pullback.kernels import bias_act, rows
+from pullback.kernels import rows
 
 TOL = {np.float32: {"rtol": 2e-5, "atol": 1e-6}, np.float64: {"rtol": 1e-12, "atol": 1e-14}}
 EPS = 1e-5
@@ -31,16 +31,6 @@ def layer_norm_ref(x, w, b, eps=EPS):
     mean = x.mean(-1, keepdims=True)
     rstd = 1 / np.sqrt(((x - mean) ** 2).mean(-1, keepdims=True) + eps)
     return (x - mean) * rstd * w + b, mean[..., 0], rstd[..., 0]
-
-
-def gelu_ref(z):
-    from math import erf
-
-    return 0.5 * z * (1 + np.vectorize(erf)(z / np.sqrt(2)))
-
-
-ACTS = {"relu": lambda z: np.maximum(z, 0), "gelu": gelu_ref, "tanh": np.tanh,
-        "sigmoid": lambda z: 1 / (1 + np.exp(-z))}
 
 
 def _data(rng, shape, dtype):
@@ -64,8 +54,6 @@ def _check_forwards(x, labels, w, b, dtype, parallel):
     for got, want in zip(call(rows.layer_norm, x, w, b, EPS), layer_norm_ref(x, w, b)):
         assert got.dtype == dtype
         np.testing.assert_allclose(got, want, **tol)
-    for name, k in bias_act.BIAS_ACT.items():
-        np.testing.assert_allclose(call(k, x, b), ACTS[name](x.astype(np.float64) + b), **tol)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
@@ -95,8 +83,6 @@ def test_forward_kernels_name_their_backward():
     assert rows.log_softmax.backward is rows.log_softmax_backward
     assert rows.cross_entropy.backward is rows.cross_entropy_backward
     assert rows.layer_norm.backward is rows.layer_norm_backward
-    for k in bias_act.BIAS_ACT.values():
-        assert k.backward is not None
 
 
 def test_softmax_backwards_are_the_vjp_of_their_forwards(rng):
@@ -119,14 +105,6 @@ def test_layer_norm_backward_is_the_vjp_of_its_forward(rng):
         return rows.layer_norm_backward(u, x, w, mean, rstd)
 
     vjp_check(lambda x, w, b: rows.layer_norm(x, w, b, EPS), backward, [x, w, b], [0, 1, 2], rng)
-
-
-@pytest.mark.parametrize("act", list(bias_act.BIAS_ACT))
-def test_bias_act_backward_is_the_vjp_of_its_forward(rng, act):
-    x, _, _, b = _data(rng, SMALL, np.float64)
-    k = bias_act.BIAS_ACT[act]
-    saved = (lambda: (x, b)) if act == "gelu" else (lambda: (k(x, b),))
-    vjp_check(k, lambda u: k.backward(u, *saved()), [x, b], [0, 1], rng)
 
 
 class LayerNorm(pb.CustomOp):
@@ -178,9 +156,6 @@ def _fused_calls(backend, x, labels, w, b, u):
     out = [backend.cross_entropy(x, labels),
            backend.cross_entropy_backward(u[..., 0], x, labels), y, mean, rstd,
            *backend.layer_norm_backward(u, x, w, mean, rstd)]
-    for act in bias_act.BIAS_ACT:
-        z = backend.bias_act(x, b, act)
-        out += [z, *backend.bias_act_backward(u, x, b, z, act)]
     return out
 
 
@@ -191,8 +166,6 @@ class Defaults(CpuBackend):
     cross_entropy_backward = FusedOps.cross_entropy_backward
     layer_norm = FusedOps.layer_norm
     layer_norm_backward = FusedOps.layer_norm_backward
-    bias_act = FusedOps.bias_act
-    bias_act_backward = FusedOps.bias_act_backward
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16])
@@ -231,8 +204,6 @@ def test_backend_fused_op_errors_name_the_op():
         cpu.cross_entropy(logits, np.array([0, 1]))
     with pytest.raises(KernelError, match="labels must be integers"):
         cpu.cross_entropy(logits, np.zeros(3))
-    with pytest.raises(KernelError, match=r"bias_act: .*act must be one of"):
-        cpu.bias_act(logits, np.zeros(4), "swish")
     with pytest.raises(KernelError, match=r"layer_norm: .*at least one dimension"):
         cpu.layer_norm(np.float64(1.0), None, None, EPS)
     with pytest.raises(KernelError, match=r"layer_norm: .*expected a floating dtype"):
