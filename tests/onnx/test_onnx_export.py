@@ -119,7 +119,7 @@ def test_functions_of_primitives_export(tmp_path):
 def test_sin_cos_logsumexp_and_cumsum_export(tmp_path):
     def fn(x):
         a = pb.sin(x) * pb.cos(x * 0.5)
-        b = pb.logsumexp(a, axis=(0, 2), keepdims=True) + pb.logsumexp(x * 40.0, axis=-1)[:, :, None]
+        b = pb.logsumexp(a, axis=(0, 2), keepdims=True) + pb.logsumexp(x * 40.0, -1)[:, :, None]
         return pb.cumsum(a - b, 1), pb.logsumexp(x), x.cumsum(-1)
 
     proto = _check_export(fn, f32(2, 3, 4), tmp_path=tmp_path)
