@@ -100,6 +100,14 @@ class Backend:
         """x * Phi(x); `approximate="tanh"` uses PyTorch's tanh approximation (floats only)."""
         self._unimplemented("gelu")
 
+    def sin(self, x: Array) -> Array:
+        """Sine, x in radians; inf and NaN give NaN (floats only)."""
+        self._unimplemented("sin")
+
+    def cos(self, x: Array) -> Array:
+        """Cosine, x in radians; inf and NaN give NaN (floats only)."""
+        self._unimplemented("cos")
+
     # -- binary, NumPy broadcasting; either side may be a Python scalar -------------------
 
     def add(self, a: Array, b: Array) -> Array:
@@ -177,6 +185,11 @@ class Backend:
     def reduce_max(self, x: Array, axes: Shape, keepdims: bool) -> Array:
         """Max over axes; axes=() copies; an empty reduced axis is an error."""
         self._unimplemented("reduce_max")
+
+    def cumsum(self, x: Array, axis: int, reverse: bool = False) -> Array:
+        """Running sums along axis (from its last element back when `reverse`), shape
+        unchanged; floats keep their dtype, ints and bools sum as NumPy's cumsum does."""
+        self._unimplemented("cumsum")
 
     # -- shapes and indexing --------------------------------------------------------------
 

@@ -329,6 +329,18 @@ log_softmax_backward_kernel = _last_axis(compiled_rows.log_softmax_backward,
                                          log_softmax_backward_numpy)
 
 
+def cumsum_kernel(x: np.ndarray, axis: int, reverse: bool, out: Any = None) -> np.ndarray:
+    """Running sums along axis, into `out` when given; from the end when `reverse`: the
+    running sums of the reversed axis, written back reversed."""
+    if out is None:  # laid out by rows, as plans take every result without a layout
+        out = np.empty(x.shape, np.cumsum(x[(slice(0, 0),) * x.ndim], axis=axis).dtype)
+    if not reverse:
+        return np.cumsum(x, axis=axis, out=out)
+    flip = (slice(None),) * axis + (slice(None, None, -1),)
+    np.cumsum(x[flip], axis=axis, out=out[flip])
+    return out
+
+
 # -- method factories: one NumPy call behind one check, errors translated --------------------
 
 
@@ -435,6 +447,9 @@ class CpuBackend(BackwardOps, FusedOps, Backend):
     def gelu(self, x: np.ndarray, approximate: str = "none") -> np.ndarray:
         return gelu_kernel_for("gelu", x, approximate)(x)
 
+    sin = _float_unary("sin", np.sin)
+    cos = _float_unary("cos", np.cos)
+
     add = _binary("add", np.add)
     sub = _binary("sub", np.subtract)
     mul = _binary("mul", np.multiply)
@@ -482,6 +497,11 @@ class CpuBackend(BackwardOps, FusedOps, Backend):
             return np.maximum.reduce(x, axis=axes, keepdims=keepdims, out=...)
         except (ValueError, TypeError) as exc:
             raise KernelError("reduce_max", [x], _axes_reason(x, axes, exc)) from None
+
+    def cumsum(self, x: np.ndarray, axis: int, reverse: bool = False) -> np.ndarray:
+        if not 0 <= axis < x.ndim:
+            raise KernelError("cumsum", [x], f"axis {axis} is out of range for {x.ndim} dimensions")
+        return cumsum_kernel(x, axis, reverse)
 
     def reshape(self, x: np.ndarray, shape: Shape) -> np.ndarray:
         try:

@@ -194,6 +194,8 @@ class ThreadedCpuBackend(CpuBackend):
     silu = _split_float_unary("silu", cpu.silu_kernel)
     softplus = _split_float_unary("softplus", cpu.softplus_kernel)
     erf = _split_float_unary("erf", cpu.erf_kernel)
+    sin = _split_float_unary("sin", np.sin)
+    cos = _split_float_unary("cos", np.cos)
 
     def gelu(self, x: np.ndarray, approximate: str = "none") -> np.ndarray:
         kernel = cpu.gelu_kernel_for("gelu", x, approximate)
@@ -265,6 +267,12 @@ class ThreadedCpuBackend(CpuBackend):
 
     def log_softmax(self, x: np.ndarray, axis: int) -> np.ndarray:
         return self._rowwise("log_softmax", cpu.log_softmax_kernel, x, axis)
+
+    def cumsum(self, x: np.ndarray, axis: int, reverse: bool = False) -> np.ndarray:
+        if x.size < self.parallel_threshold or x.ndim < 2 or x.dtype.kind != "f" \
+                or not 0 <= axis < x.ndim:
+            return super().cumsum(x, axis, reverse)  # small, one row, or ints that widen
+        return self._map(cpu.cumsum_kernel, (x,), x.shape, x.dtype, axis, reverse, axis=axis)
 
     def _rowwise(self, op: str, kernel: Callable, x: np.ndarray, axis: int) -> np.ndarray:
         if x.size < self.parallel_threshold or not -x.ndim <= axis < x.ndim or x.ndim < 2:

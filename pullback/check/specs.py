@@ -192,4 +192,11 @@ SPECS: dict[str, Spec] = {
                        inputs(distinct(1, 2, 5, 6))),
     "avg_pool2d": Spec(lambda x: (ops.avg_pool2d(x, 2), ops.avg_pool2d(x, 3, 2, 1)),
                        inputs(normal(1, 2, 5, 6))),
+    # trigonometric, logsumexp and the running sum
+    "sin": Spec(ops.sin, inputs(normal(3, 4))),
+    "cos": Spec(ops.cos, inputs(normal(3, 4))),
+    "logsumexp": Spec(lambda x: (ops.logsumexp(x), ops.logsumexp(x, axis=1),
+                                 ops.logsumexp(x, axis=(0, 2), keepdims=True)),
+                      inputs(normal(2, 3, 4))),
+    "cumsum": Spec(lambda x: (ops.cumsum(x, 1), ops.cumsum(x, -1)), inputs(normal(2, 3, 4))),
 }

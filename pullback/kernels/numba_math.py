@@ -223,6 +223,23 @@ overload(sm.sigmoid, jit_options=_JIT)(_pick(_sigmoid32, _sigmoid64))
 overload(sm.softplus, jit_options=_JIT)(_pick(_softplus32, _softplus64))
 
 
+# sin and cos compile to Numba's math.sin / math.cos: LLVM's intrinsics, the C library's
+# sinf / sin (within an ulp of NumPy's), vectorized where Numba finds Intel's SVML. A
+# polynomial of our own would need a careful argument reduction for large |x|.
+@register_jitable(**_JIT)
+def _sin(x):
+    return math.sin(x)
+
+
+@register_jitable(**_JIT)
+def _cos(x):
+    return math.cos(x)
+
+
+overload(sm.sin, jit_options=_JIT)(_pick(_sin, _sin))
+overload(sm.cos, jit_options=_JIT)(_pick(_cos, _cos))
+
+
 @register_jitable(**_JIT)
 def _row_max(row):
     largest = row.dtype.type(-np.inf)

@@ -1,5 +1,6 @@
-"""Math for kernel bodies: scalar `exp`, `tanh`, `erf`, `sigmoid`, `softplus`, and the
-row reductions `row_max`, `row_sum`, `row_dot`, `row_dot3`, `row_sum_exp`, `row_len`.
+"""Math for kernel bodies: scalar `exp`, `tanh`, `erf`, `sigmoid`, `softplus`, `sin`,
+`cos`, and the row reductions `row_max`, `row_sum`, `row_dot`, `row_dot3`,
+`row_sum_exp`, `row_len`.
 
 In Python these are exact references (math.*, with IEEE overflow to inf rather than
 OverflowError), so `kernel.python` stays a plain-Python oracle. Compiled, numba_math.py
@@ -95,6 +96,16 @@ def sigmoid(x: float) -> float:
 def softplus(x: float) -> float:
     """log(1 + e**x) = max(x, 0) + log1p(e**-|x|): exact in both tails."""
     return max(x, 0.0) + math.log1p(math.exp(-abs(x)))
+
+
+def sin(x: float) -> float:
+    """Sine; NaN for an infinity, where math.sin would raise ValueError."""
+    return math.sin(x) if math.isfinite(x) else math.nan
+
+
+def cos(x: float) -> float:
+    """Cosine; NaN for an infinity, where math.cos would raise ValueError."""
+    return math.cos(x) if math.isfinite(x) else math.nan
 
 
 def row_max(row: Any) -> float:

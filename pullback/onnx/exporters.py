@@ -18,6 +18,7 @@ from ..ops.elementwise import (
     add_p,
     astype_p,
     clip_p,
+    cos_p,
     div_p,
     equal_p,
     erf_p,
@@ -38,6 +39,7 @@ from ..ops.elementwise import (
     sigmoid_p,
     sign_p,
     silu_p,
+    sin_p,
     softplus_p,
     sqrt_p,
     sub_p,
@@ -47,7 +49,14 @@ from ..ops.elementwise import (
 from ..ops.linalg import matmul_p
 from ..ops.loss import cross_entropy_p, dropout_mask_p, one_hot_p
 from ..ops.norm import layer_norm_p
-from ..ops.reduce import log_softmax_p, reduce_max_p, reduce_sum_p, softmax_p
+from ..ops.reduce import (
+    cumsum_p,
+    log_softmax_p,
+    logsumexp_p,
+    reduce_max_p,
+    reduce_sum_p,
+    softmax_p,
+)
 from ..ops.shape import (
     broadcast_to_p,
     concatenate_p,
@@ -351,6 +360,17 @@ _register((unfold2d_p,), None, "im2col appears in derivatives, not in models")
 _register((fold2d_p,), None, "col2im appears in derivatives, not in models")
 _register((scatter_add_p,), None,
           "the transpose of indexing appears in derivatives, not in models")
+
+
+def _cumsum(c: Context) -> str:
+    axis = c.emit.const(np.asarray(int(c.params["axis"]), dtype=np.int64), "axis")
+    return c.node("CumSum", [c.args[0], axis], reverse=int(bool(c.params["reverse"])))
+
+
+_register((sin_p,), _same("Sin"))
+_register((cos_p,), _same("Cos"))
+_register((logsumexp_p,), _reduce("ReduceLogSumExp"))  # axes an attribute until opset 18
+_register((cumsum_p,), _cumsum)
 
 
 def exporter_of(eqn: Eqn) -> Exporter | None:

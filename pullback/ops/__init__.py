@@ -14,6 +14,7 @@ from .elementwise import (
     add_p,
     astype,
     clip,
+    cos,
     div,
     equal,
     erf,
@@ -34,6 +35,7 @@ from .elementwise import (
     sigmoid,
     sign,
     silu,
+    sin,
     softplus,
     sqrt,
     sub,
@@ -44,7 +46,7 @@ from .kernel_op import KernelOp  # installs kernel pairs as ops on tensors
 from .linalg import matmul
 from .loss import cross_entropy, dropout_mask, one_hot
 from .norm import layer_norm
-from .reduce import log_softmax, max, mean, softmax, sum
+from .reduce import cumsum, log_softmax, logsumexp, max, mean, softmax, sum
 from .registry import PRIMITIVES, declare
 from .shape import (
     broadcast_to,
@@ -73,7 +75,9 @@ __all__ = [
     "clip",
     "concatenate",
     "conv2d",
+    "cos",
     "cross_entropy",
+    "cumsum",
     "declare",
     "div",
     "dropout_mask",
@@ -90,6 +94,7 @@ __all__ = [
     "less_equal",
     "log",
     "log_softmax",
+    "logsumexp",
     "matmul",
     "max",
     "max_pool2d",
@@ -108,6 +113,7 @@ __all__ = [
     "sigmoid",
     "sign",
     "silu",
+    "sin",
     "softmax",
     "softplus",
     "sqrt",

@@ -540,3 +540,24 @@ def astype(x: Any, dtype: Any) -> Any:
     if source == dtype:
         return x
     return astype_p.bind(x, dtype=dtype, source=source)
+
+
+# ---------------------------------------------------------------- trigonometric
+
+# Each derivative reads the input (cos x, -sin x), so the input is what is kept.
+sin_p = _unary("sin", Fusion("sin({0})", {"sin": scalar_math.sin}), saves_inputs=True)
+cos_p = _unary("cos", Fusion("cos({0})", {"cos": scalar_math.cos}), saves_inputs=True)
+defjvp(sin_p, lambda t, out, x: mul(t, cos(x)))
+defjvp(cos_p, lambda t, out, x: neg(mul(t, sin(x))))
+
+
+@tensor_method(sin_p)
+def sin(x: Any) -> Any:
+    """Sine, elementwise (radians)."""
+    return sin_p.bind1(x)
+
+
+@tensor_method(cos_p)
+def cos(x: Any) -> Any:
+    """Cosine, elementwise (radians)."""
+    return cos_p.bind1(x)

@@ -1,13 +1,25 @@
-"""Reductions and row-wise normalizations: sum, max, mean, softmax, log_softmax."""
+"""Reductions and row-wise normalizations: sum, max, mean, softmax, log_softmax,
+logsumexp, and the running sum cumsum."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
+
+import numpy as np
 
 from ..ad import defjvp, deflinear, defvjp
 from ..errors import KernelError
 from .elementwise import astype, div, equal, exp, mul, sub
-from .registry import declare, dtype_of, normalize_axes, reduced_shape, shape_of, tensor_method
+from .registry import (
+    declare,
+    dtype_of,
+    is_float,
+    normalize_axes,
+    reduced_shape,
+    shape_of,
+    tensor_method,
+)
 from .shape import broadcast_to, reshape
 
 
@@ -121,3 +133,67 @@ def softmax(x: Any, axis: int = -1) -> Any:
 @tensor_method(log_softmax_p)
 def log_softmax(x: Any, axis: int = -1) -> Any:
     return _along_one_axis(log_softmax_p, x, axis)
+
+
+# ---------------------------------------------------------------- logsumexp and cumsum
+
+
+def _logsumexp_shape(x: Any, axes: tuple, keepdims: bool) -> tuple:
+    if not is_float(dtype_of(x)):
+        raise KernelError("logsumexp", (x,), "expected a floating dtype")
+    return reduced_shape(shape_of(x), axes, keepdims), dtype_of(x)
+
+
+def _logsumexp_impl(backend: Any, x: Any, axes: tuple, keepdims: bool) -> Any:
+    """log(sum(e**(x - m))) + m, m the max over the axes: every term is at most 1, so
+    nothing overflows, and the largest is exact. Composed from the backend's ops (six
+    passes, as NumPy would take) rather than one more op every backend must carry."""
+    _logsumexp_shape(x, axes, keepdims)
+    shape = reduced_shape(shape_of(x), axes, keepdims)
+    if any(shape_of(x)[a] == 0 for a in axes):  # the log of an empty sum, as PyTorch
+        return backend.full(shape, -math.inf, dtype_of(x))
+    m = backend.reduce_max(x, axes, True)
+    # An infinite max is not subtracted (inf - inf is NaN): -inf everywhere gives -inf,
+    # and +inf gives +inf, through the exp and the log.
+    m = backend.where(backend.equal(backend.abs(m), math.inf), 0.0, m)
+    total = backend.reduce_sum(backend.exp(backend.sub(x, m)), axes, True)
+    return backend.reshape(backend.add(backend.log(total), m), shape)
+
+
+logsumexp_p = declare("logsumexp", _logsumexp_impl, _logsumexp_shape, saves_inputs=True,
+                      saves_output=True, aliasing="fresh")
+# The weights e**(x - out) are the softmax over the axes; they sum the tangent.
+defjvp(logsumexp_p, lambda t, out, x, axes, keepdims: sum(
+    mul(t, exp(sub(x, _expand(out, shape_of(x), axes, keepdims)))), axes, keepdims))
+
+
+@tensor_method(logsumexp_p)
+def logsumexp(x: Any, axis: Any = None, keepdims: bool = False) -> Any:
+    """log(sum(exp(x))) over `axis` (None: every axis), without overflow."""
+    return logsumexp_p.bind(x, axes=normalize_axes("logsumexp", x, axis), keepdims=keepdims)
+
+
+def _cumsum_shape(x: Any, axis: int, reverse: bool) -> tuple:
+    dtype = dtype_of(x)
+    if dtype is not None and not is_float(dtype):  # bools and small ints widen, as NumPy
+        dtype = np.cumsum(np.zeros(1, dtype)).dtype
+    return shape_of(x), dtype
+
+
+# `reverse` sums from the end of the axis: the transpose of a running sum.
+cumsum_p = declare("cumsum",
+                   lambda backend, x, axis, reverse: backend.cumsum(x, axis, reverse),
+                   _cumsum_shape, aliasing="fresh")
+deflinear(cumsum_p, lambda ct, x, axis, reverse: (
+    cumsum_p.bind(ct, axis=axis, reverse=not reverse),))
+
+
+@tensor_method(cumsum_p)
+def cumsum(x: Any, axis: int) -> Any:
+    """Running sums along `axis`, as torch.cumsum(x, dim)."""
+    if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)):
+        raise KernelError("cumsum", (x,), f"axis must be an int, not {axis!r}")
+    axes = normalize_axes("cumsum", x, int(axis))
+    if not axes:  # a 0-d tensor is a one-element row (PyTorch gives it back)
+        return reshape(cumsum_p.bind(reshape(x, (1,)), axis=0, reverse=False), ())
+    return cumsum_p.bind(x, axis=axes[0], reverse=False)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import itertools
 import math
 import operator
 import warnings
@@ -10,7 +11,7 @@ import warnings
 import numpy as np
 import pytest
 
-from pullback.backend import Backend, BackwardOps, CpuBackend, ThreadedCpuBackend
+from pullback.backend import Backend, BackwardOps, CpuBackend, KernelError, ThreadedCpuBackend
 
 FLOATS = [np.float32, np.float64]
 TOL = {np.float32: {"rtol": 3e-6, "atol": 1e-6}, np.float64: {"rtol": 1e-12, "atol": 1e-14}}
@@ -46,6 +47,8 @@ UNARY = [
     ("softplus", lambda v: math.log1p(math.exp(v)), "real"),
     ("erf", math.erf, "wide"),
     ("gelu", lambda v: 0.5 * v * (1 + math.erf(v / math.sqrt(2))), "wide"),
+    ("sin", math.sin, "wide"),
+    ("cos", math.cos, "wide"),
 ]
 
 
@@ -339,7 +342,7 @@ def test_creation_ops(cpu):
 def test_every_backend_op_has_a_docstring():
     ops = [name for name, value in vars(Backend).items()
            if callable(value) and not name.startswith("_")]
-    assert len(ops) == 55
+    assert len(ops) == 58
     assert all(getattr(Backend, name).__doc__ for name in ops)
 
 
@@ -371,3 +374,27 @@ def test_zero_dim_operands_give_arrays_not_scalars(backend_type):
                 backend.getitem(np.ones(3), 1), backend.clip(x, 0, 1), backend.where(True, x, x),
                 backend.sum_to_shape(np.ones(3), ())]
     assert all(isinstance(r, np.ndarray) for r in results)
+
+
+@pytest.mark.parametrize("backend_type", [CpuBackend, ThreadedCpuBackend])
+@pytest.mark.parametrize("reverse", [False, True])
+@pytest.mark.parametrize("axis", [0, 1, 2])
+def test_cumsum_matches_running_python_sums(backend_type, rng, axis, reverse):
+    x = sample(rng, (3, 4, 5), np.float64)
+    moved = np.moveaxis(x, axis, -1)
+    want = np.empty_like(moved)
+    for index in np.ndindex(moved.shape[:-1]):
+        row = moved[index][::-1] if reverse else moved[index]
+        sums = list(itertools.accumulate(row.tolist()))
+        want[index] = sums[::-1] if reverse else sums
+    out = backend_type().cumsum(x, axis, reverse)
+    assert out.flags.c_contiguous and not np.shares_memory(out, x)
+    np.testing.assert_allclose(out, np.moveaxis(want, -1, axis), **TOL[np.float64])
+
+
+def test_cumsum_widens_small_ints_and_bools_as_numpy_and_checks_its_axis(cpu):
+    assert cpu.cumsum(np.array([True, True, False]), 0, True).tolist() == [2, 1, 0]
+    assert cpu.cumsum(np.arange(3, dtype=np.int32), 0).dtype == np.cumsum(
+        np.arange(3, dtype=np.int32)).dtype
+    with pytest.raises(KernelError, match=r"cumsum: .*axis 2 is out of range for 2 dimensions"):
+        cpu.cumsum(np.ones((2, 3)), 2)

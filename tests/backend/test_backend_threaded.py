@@ -13,7 +13,7 @@ from pullback.backend import KernelError, ThreadedCpuBackend
 BIG = (64, 1024)  # 65536 elements: above the default threshold of 32768
 
 UNARY = ["neg", "exp", "log", "sqrt", "abs", "sign", "relu", "sigmoid", "tanh", "silu",
-         "softplus", "erf", "gelu"]
+         "softplus", "erf", "gelu", "sin", "cos"]
 BINARY = ["add", "sub", "mul", "div", "pow", "maximum", "minimum", "less", "less_equal",
           "greater", "greater_equal", "equal", "not_equal"]
 BACKWARD = ["relu_backward", "sigmoid_backward", "tanh_backward", "exp_backward",
@@ -166,3 +166,13 @@ def test_split_ops_keep_a_by_columns_layout_and_cpu_values(cpu, threaded, rng, o
     got = getattr(threaded, op)(*args)
     assert got.flags.f_contiguous
     np.testing.assert_array_equal(got, getattr(cpu, op)(*args))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("reverse", [False, True])
+@pytest.mark.parametrize("axis", [0, 1])
+def test_split_cumsum_matches_cpu(cpu, threaded, rng, axis, reverse, dtype):
+    x = _positive(rng, BIG, dtype)
+    _same(threaded.cumsum(x, axis, reverse), cpu.cumsum(x, axis, reverse))
+    _same(threaded.cumsum(x.T, 1 - axis, reverse), cpu.cumsum(x.T, 1 - axis, reverse))
+    assert threaded._pool is not None  # the split path ran

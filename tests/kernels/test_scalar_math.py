@@ -1,5 +1,6 @@
-"""The compiled scalar math (vectorizable exp, tanh, erf, sigmoid, softplus and the row
-reductions) against Python's math module, across the range and at special values."""
+"""The compiled scalar math (vectorizable exp, tanh, erf, sigmoid, softplus, libm's sin
+and cos, and the row reductions) against Python's math module, across the range and at
+special values."""
 
 from __future__ import annotations
 
@@ -28,6 +29,16 @@ def k_erf(x):
     return sm.erf(x)
 
 
+@kernel
+def k_sin(x):
+    return sm.sin(x)
+
+
+@kernel
+def k_cos(x):
+    return sm.cos(x)
+
+
 # Their own kernels are sm.sigmoid and sm.softplus applied, compiled once for both files.
 k_sigmoid = activations.sigmoid
 k_softplus = activations.softplus
@@ -42,7 +53,8 @@ def reductions(a, b, c):
 # Worst error against math.* in units of the dtype's epsilon (relative), where the
 # result is a normal number; erf is an absolute fit (CpuBackend's coefficients).
 CASES = [(k_exp, -700.0, 700.0, 2, 2), (k_tanh, -20.0, 20.0, 3, 3),
-         (k_sigmoid, -60.0, 60.0, 3, 3), (k_softplus, -60.0, 60.0, 3, 3)]
+         (k_sigmoid, -60.0, 60.0, 3, 3), (k_softplus, -60.0, 60.0, 3, 3),
+         (k_sin, -100.0, 100.0, 1, 1), (k_cos, -100.0, 100.0, 1, 1)]
 SPECIALS = [math.nan, math.inf, -math.inf, 0.0, -0.0, 1e-300, -1e-30, 0.3999, 0.4001, 2.0,
             -2.0, 5.9, 6.1, 20.0, -20.0, 88.5, -87.0, -103.0, 709.5, 710.0, -745.0, -800.0]
 
@@ -73,7 +85,7 @@ def test_compiled_erf_matches_math_erf(rng, dtype):
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-@pytest.mark.parametrize("k", [k_exp, k_tanh, k_erf, k_sigmoid, k_softplus],
+@pytest.mark.parametrize("k", [k_exp, k_tanh, k_erf, k_sigmoid, k_softplus, k_sin, k_cos],
                          ids=lambda k: k.name)
 def test_special_values_match_math(k, dtype):
     x = np.array(SPECIALS, dtype=dtype)

@@ -342,3 +342,17 @@ def test_wide_layers_run_by_columns_without_copies() -> None:
     _assert_plan_matches_eager(plan, loss_fn, model, x, y)
     inference = pb.compile(model, x)
     np.testing.assert_allclose(inference(x).numpy(), model(x).numpy(), **TOL[np.float32])
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_sin_and_cos_fuse_through_their_declared_templates(dtype) -> None:
+    x = _rng().standard_normal((64, 128)).astype(dtype) * 4.0
+
+    def fn(x):
+        return pb.cos(pb.sin(x * 2.0) + 0.5) * 3.0
+
+    plan = pb.compile(fn, x)
+    (step,) = _fused_steps(plan)
+    assert {"sin", "cos"} <= {e.primitive.name for e in step.eqns}
+    x2 = _rng(2).standard_normal((64, 128)).astype(dtype) * 4.0
+    np.testing.assert_allclose(plan(x2).numpy(), fn(pb.tensor(x2)).numpy(), **TOL[dtype])

@@ -116,6 +116,16 @@ def test_functions_of_primitives_export(tmp_path):
     _check_export(fn, f32(2, 3, 6, 5), f32(2, 4, 4), tmp_path=tmp_path)
 
 
+def test_sin_cos_logsumexp_and_cumsum_export(tmp_path):
+    def fn(x):
+        a = pb.sin(x) * pb.cos(x * 0.5)
+        b = pb.logsumexp(a, axis=(0, 2), keepdims=True) + pb.logsumexp(x * 40.0, -1)[:, :, None]
+        return pb.cumsum(a - b, 1), pb.logsumexp(x), x.cumsum(-1)
+
+    proto = _check_export(fn, f32(2, 3, 4), tmp_path=tmp_path)
+    assert {"Sin", "Cos", "ReduceLogSumExp", "CumSum"} <= _ops(proto)
+
+
 def test_float64_models_keep_their_dtype(tmp_path):
     model = nn.Sequential(nn.Dense(4, 3, dtype=np.float64), nn.Tanh())
     proto = _check_export(model, rng.standard_normal((2, 4)), tmp_path=tmp_path, rtol=1e-12,

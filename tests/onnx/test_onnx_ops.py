@@ -151,6 +151,18 @@ CASES = [
     Case("layer_norm_f64_float_stash", "LayerNormalization", {"x": rng.standard_normal((3, 6))},
          constants={"s": rng.standard_normal(6), "b": rng.standard_normal(6)}, opset=17,
          outputs=3, output_types=[np.float64, np.float32, np.float32]),
+    # sin, cos, logsumexp and cumsum: what their exporters write, and CumSum's attributes.
+    Case("sin", "Sin", {"x": f32(3, 4) * 4}, opset=17),
+    Case("cos", "Cos", {"x": f32(3, 4) * 4}, opset=17),
+    Case("reduce_log_sum_exp_13_attr", "ReduceLogSumExp", {"x": f32(2, 3, 4) * 30},
+         {"axes": [0, 2], "keepdims": 0}, opset=17),
+    Case("reduce_log_sum_exp_18_input", "ReduceLogSumExp", {"x": f32(2, 3, 4)},
+         constants={"a": i64(-1)}, opset=18),
+    Case("cumsum", "CumSum", {"x": f32(3, 4)}, constants={"a": i64(1)}, opset=14),
+    Case("cumsum_reverse_exclusive_0d_axis", "CumSum", {"x": f32(3, 4)},
+         {"reverse": 1, "exclusive": 1}, constants={"a": np.asarray(-2, np.int64)}, opset=14),
+    Case("cumsum_exclusive_int32", "CumSum", {"x": np.arange(12, dtype=np.int32).reshape(3, 4)},
+         {"exclusive": 1}, constants={"a": i64(1)}, opset=14),
 ]
 
 

@@ -393,6 +393,42 @@ EDGE_ROWS = [
 ]
 
 
+# ---------------------------------------------------------------- logsumexp, cumsum, sin, cos
+
+
+def _logsumexp(x: torch.Tensor, dim: object = None, keepdim: bool = False) -> torch.Tensor:
+    """torch.logsumexp, whose dim has no None: every axis is all of them."""
+    return torch.logsumexp(x, dim=tuple(range(x.ndim)) if dim is None else dim, keepdim=keepdim)
+
+
+# Not in UNARY, which the random-graph test draws from: they would add a third to its time
+# (Numba compiling more fused chains) for code paths the rows here already take.
+SCAN_AND_LOGSUMEXP_ROWS = [
+    op("sin", pb.sin, torch.sin, (3, 4)),
+    op("cos", pb.cos, torch.cos, (3, 4)),
+    op("sin_wide_inputs", pb.sin, torch.sin, (4, 6), domain=wide),
+    op("logsumexp_all", pb.logsumexp, _logsumexp, (3, 4)),
+    op("logsumexp_axis", lambda x: pb.logsumexp(x, axis=1), lambda x: _logsumexp(x, 1),
+       (2, 3, 4)),
+    op("logsumexp_negative_axis_keepdims", lambda x: x.logsumexp(-1, keepdims=True),
+       lambda x: x.logsumexp(-1, keepdim=True), (3, 5)),
+    op("logsumexp_axes_tuple", lambda x: pb.logsumexp(x, axis=(0, 2)),
+       lambda x: _logsumexp(x, (0, 2)), (2, 3, 4)),
+    # Without the max shift e**x overflows float32 past 88.
+    op("logsumexp_wide_inputs", lambda x: pb.logsumexp(x, axis=0), lambda x: _logsumexp(x, 0),
+       (4, 6), domain=wide),
+    op("logsumexp_zero_dim", pb.logsumexp, _logsumexp, ()),
+    op("cumsum_axis_0", lambda x: pb.cumsum(x, 0), lambda x: torch.cumsum(x, 0), (3, 4)),
+    op("cumsum_axis_1", lambda x: pb.cumsum(x, 1), lambda x: torch.cumsum(x, 1), (2, 3, 4)),
+    op("cumsum_negative_axis_method", lambda x: x.cumsum(-1), lambda x: x.cumsum(-1),
+       (2, 3, 5)),
+    op("cumsum_zero_dim", lambda x: pb.cumsum(x, 0), lambda x: torch.cumsum(x, 0), ()),
+    op("sin_zero_dim", pb.sin, torch.sin, ()),
+    op("cos_method_broadcast_into_mul", lambda x, y: x.cos() * y, lambda x, y: x.cos() * y,
+       (3, 1), (4,)),
+]
+
+
 ROWS: list[OpSpec] = [
     *(op(name, f, g, (3, 4), domain=d) for name, f, g, d in UNARY),
     *_binary_rows(),
@@ -403,6 +439,7 @@ ROWS: list[OpSpec] = [
     *SHAPE_ROWS,
     *CONV_ROWS,
     *EDGE_ROWS,
+    *SCAN_AND_LOGSUMEXP_ROWS,
 ]
 
 SECOND_ORDER_ROWS = [row for row in ROWS if row.order >= 2]
@@ -437,5 +474,13 @@ THREADED_ROWS: list[OpSpec] = [
     op("threaded_sum_axis_1_keepdims", lambda x: pb.sum(x, axis=1, keepdims=True),
        lambda x: x.sum(dim=1, keepdim=True), BIG, sums=True),
     op("threaded_mean_axis_1", lambda x: pb.mean(x, axis=1), lambda x: x.mean(dim=1), BIG,
+       sums=True),
+    op("threaded_sin", pb.sin, torch.sin, BIG),
+    op("threaded_cos", pb.cos, torch.cos, BIG),
+    op("threaded_logsumexp_axis_0", lambda x: pb.logsumexp(x, axis=0),
+       lambda x: _logsumexp(x, 0), BIG, sums=True),
+    op("threaded_cumsum_axis_1", lambda x: pb.cumsum(x, 1), lambda x: torch.cumsum(x, 1), BIG,
+       sums=True),
+    op("threaded_cumsum_axis_0", lambda x: pb.cumsum(x, 0), lambda x: torch.cumsum(x, 0), BIG,
        sums=True),
 ]

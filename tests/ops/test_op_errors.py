@@ -105,6 +105,20 @@ ERRORS: list[tuple[str, Callable[[], object], str, tuple[str, ...]]] = [
      "concatenate: (2, 3) and (2, 3)", ("float32", "float64")),
     ("where_float32_with_float64", lambda: pb.where(mask(3), f32(3), f64(3)), "where: ",
      ("float32", "float64")),
+    # sin, cos, logsumexp and cumsum name themselves as the other ops do.
+    ("sin_of_ints", lambda: pb.sin(pb.tensor(np.arange(3))), "sin: (3,)",
+     ("expected a floating dtype",)),
+    ("cos_of_bools", lambda: pb.cos(mask(2)), "cos: (2,)", ("expected a floating dtype",)),
+    ("logsumexp_axis_out_of_range", lambda: pb.logsumexp(f32(2, 3), axis=2),
+     "logsumexp: (2, 3)", ("axis 2 is out of range for 2 dimensions",)),
+    ("logsumexp_repeated_axis", lambda: pb.logsumexp(f32(2, 3), axis=(1, -1)),
+     "logsumexp: (2, 3)", ("repeats an axis",)),
+    ("logsumexp_of_ints", lambda: pb.logsumexp(pb.tensor(np.arange(3)), 0), "logsumexp: (3,)",
+     ("expected a floating dtype",)),
+    ("cumsum_axis_out_of_range", lambda: pb.cumsum(f32(2, 3), -3), "cumsum: (2, 3)",
+     ("axis -3 is out of range for 2 dimensions",)),
+    ("cumsum_axis_not_an_int", lambda: pb.cumsum(f32(2, 3), (0, 1)), "cumsum: (2, 3)",
+     ("axis must be an int, not (0, 1)",)),
 ]
 
 

@@ -70,6 +70,8 @@ _unary("Softplus", ops.softplus, (1,))
 _unary("Sign", ops.sign, (9, 13))
 _unary("Identity", lambda x: x, (1, 13, 14, 16))
 _unary("Erf", ops.erf, (9, 13))
+_unary("Sin", ops.sin, (7,))
+_unary("Cos", ops.cos, (7,))
 
 
 def _comparison(op_type: str, fn: Any, versions: tuple) -> None:

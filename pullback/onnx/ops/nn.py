@@ -1,5 +1,5 @@
 """Neural-network ONNX ops composed of primitives: Gemm, MatMul, softmaxes, reductions,
-normalizations in inference mode (BatchNormalization, InstanceNormalization, LRN),
+CumSum, normalizations in inference mode (BatchNormalization, InstanceNormalization, LRN),
 Dropout as the identity."""
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from ... import ops
+from ...ops.reduce import cumsum_p  # CumSum's reverse, which pb.cumsum does not take
 from ..errors import OnnxImportError
 from ..registry import converter
 from .common import axis_of, dtype, shape
@@ -83,6 +84,7 @@ def _reduce(op_type: str, fn: Any, versions: tuple, axes_input_from: int) -> Non
 _reduce("ReduceSum", ops.sum, (1, 11, 13), 13)
 _reduce("ReduceMean", ops.mean, (1, 11, 13), 18)
 _reduce("ReduceMax", ops.max, (1, 11, 12, 13, 18), 18)
+_reduce("ReduceLogSumExp", ops.logsumexp, (1, 11, 13, 18), 18)
 
 
 @converter("GlobalAveragePool", (1,))
@@ -204,3 +206,25 @@ def _dropout(node: Any, x: Any, ratio: Any = None, training_mode: Any = None) ->
     # In inference every element is kept: the mask is all ones (bool from opset 10).
     mask_dtype = np.bool_ if node.since >= 10 else dtype(x)
     return x, np.ones(shape(x), dtype=mask_dtype)
+
+
+@converter("CumSum", (11, 14), ("exclusive", "reverse"), static_inputs=(1,))
+def _cumsum(node: Any, x: Any, axis: Any) -> Any:
+    chosen = node.static_ints(axis, "axis")
+    if len(chosen) != 1 or not shape(x):
+        raise OnnxImportError(f"CumSum node {node.name!r}: needs one axis of an input with "
+                              f"dimensions, not axis {chosen} of shape {shape(x)}")
+    a = axis_of(node, chosen[0], len(shape(x)))
+    reverse = bool(node.attr("reverse", 0))
+    summed = cumsum_p.bind(x, axis=a, reverse=reverse)
+    if dtype(summed) != dtype(x):  # NumPy sums small ints as int64; ONNX keeps the type
+        summed = ops.astype(summed, dtype(x))
+    if not node.attr("exclusive", 0):
+        return summed
+    # Each exclusive sum leaves out its own element: the inclusive sums moved one place
+    # along the axis, a zero entering where the sums start.
+    before = (slice(None),) * a
+    zero = np.zeros(shape(x)[:a] + (1,) + shape(x)[a + 1:], dtype(x))
+    if reverse:
+        return ops.concatenate([ops.getitem(summed, (*before, slice(1, None))), zero], axis=a)
+    return ops.concatenate([zero, ops.getitem(summed, (*before, slice(0, -1)))], axis=a)
