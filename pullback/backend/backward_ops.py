@@ -2,11 +2,19 @@
 
 Mix it in before a forward-only backend (`class B(BackwardOps, MyForwardBackend)`)
 and the backend is trainable; a backend overrides a kernel only to fuse it.
+
+The unary, row-wise and max defaults are not written here: the ops layer derives
+them from each primitive's JVP rule, transposed (`derive_default`), so that their
+math is written once as the rule and once more only in a backend's fused kernel.
+The binary, matmul, convolution and pooling defaults are written in forward ops,
+as CpuBackend runs the binary ones itself (they are its fast kernels) and the
+others' transposed rules would cost clarity or speed.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 from pullback.backend.base import Array, Pair, Shape
@@ -15,10 +23,17 @@ from pullback.backend.errors import KernelError
 Needed = tuple[bool, bool]
 Grads = tuple[Any, Any]
 
-_SQRT1_2 = math.sqrt(0.5)
-_INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
-_SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
-_GELU_CUBIC = 0.044715
+# The default bodies that the ops layer derives from the primitives' rules, by kernel
+# name (`derive_default`): this layer may not import the ops that hold the rules.
+_FROM_RULES: dict[str, Callable[..., Any]] = {}
+
+
+def derive_default(kernel: str, body: Callable[..., Any]) -> None:
+    """Make `body(backend, upstream, input_shape, inputs, output, params)` the default
+    of `BackwardOps.<kernel>`, one of the kernels whose default is derived from a rule."""
+    if not callable(getattr(BackwardOps, kernel, None)):
+        raise ValueError(f"BackwardOps has no kernel named {kernel!r}")
+    _FROM_RULES[kernel] = body
 
 
 def _shape(value: Any) -> Shape:
@@ -68,89 +83,64 @@ class BackwardOps:
     A kernel taking `out=` writes its result there when given one, as `Backend`'s ops
     do; these defaults, written in forward ops, return a new array instead."""
 
-    # -- unary ----------------------------------------------------------------------------
+    # -- unary, row-wise and reductions: derived from the primitives' rules -------------
 
     def relu_backward(self, upstream: Array, forward_input: Array, out: Array | None = None
                       ) -> Array:
         """upstream where forward_input > 0, else 0."""
-        return self.mul(upstream, self.greater(forward_input, 0))
+        # relu's rule reads its output, which is > 0 exactly where its input is.
+        return self._from_rule("relu_backward", upstream, output=forward_input)
 
     def sigmoid_backward(self, upstream: Array, forward_output: Array) -> Array:
         """upstream * y * (1 - y)."""
-        y = forward_output
-        return self.mul(upstream, self.mul(y, self.sub(1, y)))
+        return self._from_rule("sigmoid_backward", upstream, output=forward_output)
 
     def tanh_backward(self, upstream: Array, forward_output: Array) -> Array:
         """upstream * (1 - y**2)."""
-        y = forward_output
-        return self.mul(upstream, self.sub(1, self.mul(y, y)))
+        return self._from_rule("tanh_backward", upstream, output=forward_output)
 
     def exp_backward(self, upstream: Array, forward_output: Array) -> Array:
         """upstream * e**x, reusing the output."""
-        return self.mul(upstream, forward_output)
+        return self._from_rule("exp_backward", upstream, output=forward_output)
 
     def log_backward(self, upstream: Array, forward_input: Array) -> Array:
         """upstream / x."""
-        return self.div(upstream, forward_input)
+        return self._from_rule("log_backward", upstream, forward_input)
 
     def sqrt_backward(self, upstream: Array, forward_output: Array) -> Array:
         """upstream / (2 sqrt(x)), reusing the output."""
-        return self.div(upstream, self.mul(forward_output, 2))
+        return self._from_rule("sqrt_backward", upstream, output=forward_output)
 
     def abs_backward(self, upstream: Array, forward_input: Array) -> Array:
         """upstream * sign(x); zero at zero, as PyTorch."""
-        return self.mul(upstream, self.sign(forward_input))
+        return self._from_rule("abs_backward", upstream, forward_input)
 
     def silu_backward(self, upstream: Array, forward_input: Array) -> Array:
         """upstream * s * (1 + x (1 - s)) with s = sigmoid(x)."""
-        x = forward_input
-        s = self.sigmoid(x)
-        slope = self.mul(s, self.add(1, self.mul(x, self.sub(1, s))))
-        return self.mul(upstream, slope)
+        return self._from_rule("silu_backward", upstream, forward_input)
 
     def softplus_backward(self, upstream: Array, forward_input: Array) -> Array:
         """upstream * sigmoid(x)."""
-        return self.mul(upstream, self.sigmoid(forward_input))
+        return self._from_rule("softplus_backward", upstream, forward_input)
 
     def gelu_backward(
         self, upstream: Array, forward_input: Array, approximate: str = "none"
     ) -> Array:
         """upstream * d gelu / dx, exact (erf) or for the tanh approximation."""
-        x = forward_input
-        if approximate == "tanh":
-            inner = self.mul(
-                self.mul(x, self.add(1, self.mul(self.mul(x, x), _GELU_CUBIC))), _SQRT_2_OVER_PI
-            )
-            t = self.tanh(inner)
-            dinner = self.mul(
-                self.add(1, self.mul(self.mul(x, x), 3 * _GELU_CUBIC)), _SQRT_2_OVER_PI
-            )
-            right = self.mul(self.mul(x, self.sub(1, self.mul(t, t))), dinner)
-            slope = self.mul(self.add(self.add(1, t), right), 0.5)
-        elif approximate == "none":
-            cdf = self.mul(self.add(self.erf(self.mul(x, _SQRT1_2)), 1), 0.5)
-            pdf = self.mul(self.exp(self.mul(self.mul(x, x), -0.5)), _INV_SQRT_2PI)
-            slope = self.add(cdf, self.mul(x, pdf))
-        else:
-            raise KernelError("gelu_backward", [upstream, x],
+        if approximate not in ("none", "tanh"):
+            raise KernelError("gelu_backward", [upstream, forward_input],
                               f"approximate must be 'none' or 'tanh', not {approximate!r}")
-        return self.mul(upstream, slope)
+        return self._from_rule("gelu_backward", upstream, forward_input, approximate=approximate)
 
     def softmax_backward(self, upstream: Array, forward_output: Array, axis: int) -> Array:
         """y * (upstream - sum(upstream * y, axis))."""
-        y = forward_output
-        axes = (axis % y.ndim,)
-        dot = self.reduce_sum(self.mul(upstream, y), axes, True)
-        return self.mul(y, self.sub(upstream, dot))
+        return self._from_rule("softmax_backward", upstream, output=forward_output,
+                               axis=axis % forward_output.ndim)
 
     def log_softmax_backward(self, upstream: Array, forward_output: Array, axis: int) -> Array:
         """upstream - exp(y) * sum(upstream, axis), y being the log-softmax output."""
-        y = forward_output
-        axes = (axis % y.ndim,)
-        total = self.reduce_sum(upstream, axes, True)
-        return self.sub(upstream, self.mul(self.exp(y), total))
-
-    # -- reductions -----------------------------------------------------------------------
+        return self._from_rule("log_softmax_backward", upstream, output=forward_output,
+                               axis=axis % forward_output.ndim)
 
     def _unreduce(self, upstream: Array, input_shape: Shape, axes: Shape, keepdims: bool) -> Array:
         if keepdims:
@@ -162,6 +152,8 @@ class BackwardOps:
         self, upstream: Array, input_shape: Shape, axes: Shape, keepdims: bool
     ) -> Array:
         """upstream broadcast back over the summed axes, as a fresh array."""
+        # The transpose of sum is a broadcast, which is no derivative to derive; written
+        # here, it comes out as a fresh array rather than a read-only view of upstream.
         spread = self._unreduce(upstream, input_shape, axes, keepdims)
         return self.add(self.zeros(input_shape, upstream.dtype), spread)
 
@@ -174,12 +166,19 @@ class BackwardOps:
         keepdims: bool,
     ) -> Array:
         """upstream to the maxima, split equally between ties (as torch.amax)."""
-        shape = _shape(forward_input)
-        peak = self._unreduce(forward_output, shape, axes, keepdims)
-        mask = self.astype(self.equal(forward_input, peak), upstream.dtype)
-        share = self.div(self._unreduce(upstream, shape, axes, keepdims),
-                         self.reduce_sum(mask, axes, True))
-        return self.mul(mask, share)
+        return self._from_rule("reduce_max_backward", upstream, forward_input, forward_output,
+                               axes=tuple(axes), keepdims=keepdims)
+
+    def _from_rule(self, kernel: str, upstream: Array, forward_input: Array | None = None,
+                   output: Array | None = None, **params: Any) -> Array:
+        # The primitive's rule transposed, on this backend's forward ops; the operand's
+        # shape is the input's where it is saved, else the output's (these ops keep it).
+        body = _FROM_RULES.get(kernel)
+        if body is None:
+            raise KernelError(kernel, [upstream], "no rule is registered to derive this "
+                              "default from (pullback.ops registers them on import)")
+        shape = _shape(forward_input if forward_input is not None else output)
+        return body(self, upstream, shape, (forward_input,), output, params)
 
     # -- binary ---------------------------------------------------------------------------
 
