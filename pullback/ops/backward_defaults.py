@@ -11,7 +11,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..ad import LinearGraph, Primitive, add_tangents, jvp_of, set_evaluator, transpose_linear
+from ..ad import (
+    LinearGraph,
+    Primitive,
+    Zero,
+    add_tangents,
+    jvp_of,
+    set_evaluator,
+    transpose_linear,
+)
 from ..backend import backward_ops
 
 
@@ -26,15 +34,28 @@ def backward_kernel(prim: Primitive, kernel: str) -> None:
 def _transposed(prim: Primitive) -> Any:
     def body(backend: Any, upstream: Any, input_shape: tuple, inputs: tuple, output: Any,
              params: dict) -> Any:
-        # The rule's ops, applied to arrays, run on `backend` for the length of the call.
-        previous = set_evaluator(lambda p, args, kw: p.impl(backend, *args, **kw))
-        try:
-            graph = LinearGraph()
-            tangent = graph.new_input(input_shape, upstream.dtype)
-            graph.outputs = [jvp_of(prim, (tangent,), output, inputs, params)]
-            (ct,) = transpose_linear(graph, (upstream,), add_tangents)
-        finally:
-            set_evaluator(previous)
+        (ct,) = rule_vjp(prim, backend, upstream, inputs, output, params, (input_shape,))
         return ct
 
     return body
+
+
+def rule_vjp(prim: Primitive, backend: Any, upstream: Any, inputs: tuple, output: Any,
+             params: dict, shapes: tuple, needed: tuple | None = None) -> tuple:
+    """The cotangents of `prim`'s operands (of shapes `shapes`) from `upstream`, by its
+    JVP rule linearized and transposed, computed on `backend`'s forward ops; None for
+    an operand not `needed` (all are, by default) or that no cotangent reaches.
+    `inputs` and `output` are what the rule reads (None for what it does not)."""
+    needed = needed or (True,) * len(shapes)
+    # The rule's ops, applied to arrays, run on `backend` for the length of the call.
+    previous = set_evaluator(lambda p, args, kw: p.impl(backend, *args, **kw))
+    try:
+        graph = LinearGraph()
+        tangents = tuple(graph.new_input(shape, upstream.dtype) if wanted
+                         else Zero(shape, upstream.dtype)
+                         for shape, wanted in zip(shapes, needed, strict=True))
+        graph.outputs = [jvp_of(prim, tangents, output, inputs, params)]
+        found = iter(transpose_linear(graph, (upstream,), add_tangents))
+    finally:
+        set_evaluator(previous)
+    return tuple(next(found) if wanted else None for wanted in needed)
