@@ -9,6 +9,7 @@ forward ops. The derivative is written once, as the rule; a backend's fused kern
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 from ..ad import (
@@ -25,19 +26,10 @@ from ..backend import backward_ops
 
 def backward_kernel(prim: Primitive, kernel: str) -> None:
     """Make `BackwardOps.<kernel>`, `prim`'s fused backward, default to `prim`'s rule
-    transposed (the primitive must have a JVP rule and one differentiable operand)."""
+    transposed (`rule_vjp` on the backend the kernel is called on)."""
     if not prim.has_derivative:
         raise ValueError(f"{prim.name}: {kernel} needs a JVP rule to derive its default from")
-    backward_ops.derive_default(kernel, _transposed(prim))
-
-
-def _transposed(prim: Primitive) -> Any:
-    def body(backend: Any, upstream: Any, input_shape: tuple, inputs: tuple, output: Any,
-             params: dict) -> Any:
-        (ct,) = rule_vjp(prim, backend, upstream, inputs, output, params, (input_shape,))
-        return ct
-
-    return body
+    backward_ops.derive_default(kernel, partial(rule_vjp, prim))
 
 
 def rule_vjp(prim: Primitive, backend: Any, upstream: Any, inputs: tuple, output: Any,
