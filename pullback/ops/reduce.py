@@ -99,7 +99,7 @@ softmax_p = declare("softmax", lambda backend, x, axis: backend.softmax(x, axis)
                     _row_shape("softmax"), saves_output=True, aliasing="fresh")
 defjvp(softmax_p, lambda t, y, x, axis: mul(y, sub(t, sum(mul(y, t), axis, True))))
 defvjp(softmax_p, lambda be, g, n: (be.softmax_backward(g, n.output, n.params["axis"]),))
-backward_kernel(softmax_p, "softmax_backward")
+backward_kernel(softmax_p, "softmax_backward", symmetric=True)
 
 log_softmax_p = declare("log_softmax", lambda backend, x, axis: backend.log_softmax(x, axis),
                         _row_shape("log_softmax"), saves_output=True, aliasing="fresh")
