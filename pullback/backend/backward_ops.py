@@ -2,11 +2,19 @@
 
 Mix it in before a forward-only backend (`class B(BackwardOps, MyForwardBackend)`)
 and the backend is trainable; a backend overrides a kernel only to fuse it.
+
+Most defaults are not written here: the ops layer derives them from each primitive's
+JVP rule, linearized and transposed (`derive_default`), so that the math is written
+once as the rule and once more only in a backend's fused kernel, which the tests hold
+to the rule. The binary defaults stay written in forward ops because they are
+CpuBackend's own kernels (on the per-op hot path, where a transposed rule would cost
+a linear graph per call); sum's and conv2d's bias defaults are broadcasts and sums,
+no derivative to derive.
 """
 
 from __future__ import annotations
 
-import math
+from collections.abc import Callable
 from typing import Any
 
 from pullback.backend.base import Array, Pair, Shape
@@ -15,10 +23,17 @@ from pullback.errors import KernelError
 Needed = tuple[bool, bool]
 Grads = tuple[Any, Any]
 
-_SQRT1_2 = math.sqrt(0.5)
-_INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
-_SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
-_GELU_CUBIC = 0.044715
+# The default bodies that the ops layer derives from the primitives' rules, by kernel
+# name (`derive_default`): this layer may not import the ops that hold the rules.
+_FROM_RULES: dict[str, Callable[..., Any]] = {}
+
+
+def derive_default(kernel: str, body: Callable[..., Any]) -> None:
+    """Make `body(backend, upstream, input_shape, inputs, output, params)` the default
+    of `BackwardOps.<kernel>`, one of the kernels whose default is derived from a rule."""
+    if not callable(getattr(BackwardOps, kernel, None)):
+        raise ValueError(f"BackwardOps has no kernel named {kernel!r}")
+    _FROM_RULES[kernel] = body
 
 
 def _shape(value: Any) -> Shape:
@@ -57,100 +72,72 @@ def _broadcast(sa: Shape, sb: Shape) -> Shape | None:
     return tuple(x if y == 1 else y for x, y in zip(sa, sb))
 
 
-def _swap_last(ndim: int) -> Shape:
-    return (*range(ndim - 2), ndim - 1, ndim - 2)
-
-
 class BackwardOps:
     """Backward kernels. `upstream` is the cotangent at the op's output; `forward_input`
     and `forward_output` are the saved forward values. Binary kernels return
     `(grad_lhs, grad_rhs)` reduced to each operand's shape, None where `needed` is False.
     A kernel taking `out=` writes its result there when given one, as `Backend`'s ops
-    do; these defaults, written in forward ops, return a new array instead."""
+    do; these defaults, computed with forward ops, return a new array instead."""
 
-    # -- unary ----------------------------------------------------------------------------
+    # -- unary, row-wise and reductions ---------------------------------------------------
 
     def relu_backward(self, upstream: Array, forward_input: Array, out: Array | None = None
                       ) -> Array:
         """upstream where forward_input > 0, else 0."""
-        return self.mul(upstream, self.greater(forward_input, 0))
+        # relu's rule reads its output, which is > 0 exactly where its input is.
+        return self._one_from_rule("relu_backward", upstream, output=forward_input)
 
     def sigmoid_backward(self, upstream: Array, forward_output: Array) -> Array:
         """upstream * y * (1 - y)."""
-        y = forward_output
-        return self.mul(upstream, self.mul(y, self.sub(1, y)))
+        return self._one_from_rule("sigmoid_backward", upstream, output=forward_output)
 
     def tanh_backward(self, upstream: Array, forward_output: Array) -> Array:
         """upstream * (1 - y**2)."""
-        y = forward_output
-        return self.mul(upstream, self.sub(1, self.mul(y, y)))
+        return self._one_from_rule("tanh_backward", upstream, output=forward_output)
 
     def exp_backward(self, upstream: Array, forward_output: Array) -> Array:
         """upstream * e**x, reusing the output."""
-        return self.mul(upstream, forward_output)
+        return self._one_from_rule("exp_backward", upstream, output=forward_output)
 
     def log_backward(self, upstream: Array, forward_input: Array) -> Array:
         """upstream / x."""
-        return self.div(upstream, forward_input)
+        return self._one_from_rule("log_backward", upstream, forward_input)
 
     def sqrt_backward(self, upstream: Array, forward_output: Array) -> Array:
         """upstream / (2 sqrt(x)), reusing the output."""
-        return self.div(upstream, self.mul(forward_output, 2))
+        return self._one_from_rule("sqrt_backward", upstream, output=forward_output)
 
     def abs_backward(self, upstream: Array, forward_input: Array) -> Array:
         """upstream * sign(x); zero at zero, as PyTorch."""
-        return self.mul(upstream, self.sign(forward_input))
+        return self._one_from_rule("abs_backward", upstream, forward_input)
 
     def silu_backward(self, upstream: Array, forward_input: Array) -> Array:
         """upstream * s * (1 + x (1 - s)) with s = sigmoid(x)."""
-        x = forward_input
-        s = self.sigmoid(x)
-        slope = self.mul(s, self.add(1, self.mul(x, self.sub(1, s))))
-        return self.mul(upstream, slope)
+        return self._one_from_rule("silu_backward", upstream, forward_input)
 
     def softplus_backward(self, upstream: Array, forward_input: Array) -> Array:
         """upstream * sigmoid(x)."""
-        return self.mul(upstream, self.sigmoid(forward_input))
+        return self._one_from_rule("softplus_backward", upstream, forward_input)
 
     def gelu_backward(
         self, upstream: Array, forward_input: Array, approximate: str = "none"
     ) -> Array:
         """upstream * d gelu / dx, exact (erf) or for the tanh approximation."""
-        x = forward_input
-        if approximate == "tanh":
-            inner = self.mul(
-                self.mul(x, self.add(1, self.mul(self.mul(x, x), _GELU_CUBIC))), _SQRT_2_OVER_PI
-            )
-            t = self.tanh(inner)
-            dinner = self.mul(
-                self.add(1, self.mul(self.mul(x, x), 3 * _GELU_CUBIC)), _SQRT_2_OVER_PI
-            )
-            right = self.mul(self.mul(x, self.sub(1, self.mul(t, t))), dinner)
-            slope = self.mul(self.add(self.add(1, t), right), 0.5)
-        elif approximate == "none":
-            cdf = self.mul(self.add(self.erf(self.mul(x, _SQRT1_2)), 1), 0.5)
-            pdf = self.mul(self.exp(self.mul(self.mul(x, x), -0.5)), _INV_SQRT_2PI)
-            slope = self.add(cdf, self.mul(x, pdf))
-        else:
-            raise KernelError("gelu_backward", [upstream, x],
+        if approximate not in ("none", "tanh"):
+            raise KernelError("gelu_backward", [upstream, forward_input],
                               f"approximate must be 'none' or 'tanh', not {approximate!r}")
-        return self.mul(upstream, slope)
+        return self._one_from_rule("gelu_backward", upstream, forward_input,
+                                   approximate=approximate)
 
     def softmax_backward(self, upstream: Array, forward_output: Array, axis: int) -> Array:
         """y * (upstream - sum(upstream * y, axis))."""
-        y = forward_output
-        axes = (axis % y.ndim,)
-        dot = self.reduce_sum(self.mul(upstream, y), axes, True)
-        return self.mul(y, self.sub(upstream, dot))
+        return self._one_from_rule("softmax_backward", upstream, output=forward_output,
+                                   axis=axis % forward_output.ndim)
 
     def log_softmax_backward(self, upstream: Array, forward_output: Array, axis: int) -> Array:
         """upstream - exp(y) * sum(upstream, axis), y being the log-softmax output."""
-        y = forward_output
-        axes = (axis % y.ndim,)
-        total = self.reduce_sum(upstream, axes, True)
-        return self.sub(upstream, self.mul(self.exp(y), total))
-
-    # -- reductions -----------------------------------------------------------------------
+        return self._one_from_rule("log_softmax_backward", upstream, output=forward_output,
+                                   axis=axis % forward_output.ndim)
 
     def _unreduce(self, upstream: Array, input_shape: Shape, axes: Shape, keepdims: bool) -> Array:
         if keepdims:
@@ -162,6 +149,8 @@ class BackwardOps:
         self, upstream: Array, input_shape: Shape, axes: Shape, keepdims: bool
     ) -> Array:
         """upstream broadcast back over the summed axes, as a fresh array."""
+        # The transpose of sum is a broadcast, which is no derivative to derive; written
+        # here, it comes out as a fresh array rather than a read-only view of upstream.
         spread = self._unreduce(upstream, input_shape, axes, keepdims)
         return self.add(self.zeros(input_shape, upstream.dtype), spread)
 
@@ -174,12 +163,8 @@ class BackwardOps:
         keepdims: bool,
     ) -> Array:
         """upstream to the maxima, split equally between ties (as torch.amax)."""
-        shape = _shape(forward_input)
-        peak = self._unreduce(forward_output, shape, axes, keepdims)
-        mask = self.astype(self.equal(forward_input, peak), upstream.dtype)
-        share = self.div(self._unreduce(upstream, shape, axes, keepdims),
-                         self.reduce_sum(mask, axes, True))
-        return self.mul(mask, share)
+        return self._one_from_rule("reduce_max_backward", upstream, forward_input,
+                                   forward_output, axes=tuple(axes), keepdims=keepdims)
 
     # -- binary ---------------------------------------------------------------------------
 
@@ -257,24 +242,8 @@ class BackwardOps:
         """(upstream @ rhs^T, lhs^T @ upstream), batch dims summed back, 1-D operands
         handled as NumPy's matmul promotes them."""
         check_matmul_backward(upstream, lhs, rhs)
-        lhs_shape, rhs_shape = _shape(lhs), _shape(rhs)
-        a = lhs if len(lhs_shape) > 1 else self.reshape(lhs, (1, *lhs_shape))
-        b = rhs if len(rhs_shape) > 1 else self.reshape(rhs, (*rhs_shape, 1))
-        u = upstream
-        ushape = _shape(u)
-        if len(rhs_shape) == 1:
-            ushape = (*ushape, 1)
-        if len(lhs_shape) == 1:
-            ushape = (*ushape[:-1], 1, ushape[-1])
-        u = self.reshape(u, ushape)
-        grad_lhs = grad_rhs = None
-        if needed[0]:
-            full = self.matmul(u, self.transpose(b, _swap_last(len(_shape(b)))))
-            grad_lhs = self.reshape(self.sum_to_shape(full, _shape(a)), lhs_shape)
-        if needed[1]:
-            full = self.matmul(self.transpose(a, _swap_last(len(_shape(a)))), u)
-            grad_rhs = self.reshape(self.sum_to_shape(full, _shape(b)), rhs_shape)
-        return grad_lhs, grad_rhs
+        return self._from_rule("matmul_backward", upstream, (lhs, rhs), None,
+                               (_shape(lhs), _shape(rhs)), needed)
 
     # -- convolution and pooling ----------------------------------------------------------
 
@@ -284,13 +253,10 @@ class BackwardOps:
     ) -> Array:
         """Gradient wrt the conv input: weight^T @ upstream per group, folded back into
         windows."""
-        n, o, oh, ow = _shape(upstream)
-        _, cg, kh, kw = _shape(weight)
-        w3 = self.reshape(weight, (groups, o // groups, cg * kh * kw))
-        up = self.reshape(upstream, (n, groups, o // groups, oh * ow))
-        cols = self.matmul(self.transpose(w3, (0, 2, 1)), up)  # (n, groups, cg kh kw, L)
-        cols = self.reshape(cols, (n, groups * cg, kh, kw, oh, ow))
-        return self.fold2d(cols, input_shape, (kh, kw), stride, padding, dilation)
+        return self._from_rule(
+            "conv2d_input_backward", upstream, (None, weight), None,
+            (tuple(input_shape), _shape(weight)), (True, False),
+            stride=stride, padding=padding, dilation=dilation, groups=groups)[0]
 
     def conv2d_weight_backward(
         self, upstream: Array, forward_input: Array, weight_shape: Shape, stride: Pair,
@@ -298,15 +264,10 @@ class BackwardOps:
     ) -> Array:
         """Gradient wrt the conv weight: upstream @ windows^T per group, over batch and
         pixels."""
-        n, o, oh, ow = _shape(upstream)
-        _, cg, kh, kw = weight_shape
-        size = cg * kh * kw
-        cols = self.unfold2d(forward_input, (kh, kw), stride, padding, 0.0, dilation)
-        cols = self.reshape(cols, (n, groups, size, oh * ow))
-        rows = self.reshape(self.transpose(cols, (1, 0, 3, 2)), (groups, n * oh * ow, size))
-        up = self.reshape(self.transpose(self.reshape(upstream, (n, groups, o // groups, oh * ow)),
-                                         (1, 2, 0, 3)), (groups, o // groups, n * oh * ow))
-        return self.reshape(self.matmul(up, rows), tuple(weight_shape))
+        return self._from_rule(
+            "conv2d_weight_backward", upstream, (forward_input, None), None,
+            (_shape(forward_input), tuple(weight_shape)), (False, True),
+            stride=stride, padding=padding, dilation=dilation, groups=groups)[1]
 
     def conv2d_bias_backward(self, upstream: Array) -> Array:
         """upstream summed over batch and pixels."""
@@ -317,29 +278,35 @@ class BackwardOps:
         stride: Pair, padding: Pair, dilation: Pair = (1, 1), out: Array | None = None,
     ) -> Array:
         """upstream to the first maximum (row-major) of each window, as PyTorch."""
-        n, c, oh, ow = _shape(upstream)
-        kh, kw = kernel
-        size = kh * kw
-        cols = self.unfold2d(forward_input, kernel, stride, padding, -math.inf, dilation)
-        cols = self.reshape(cols, (n, c, size, oh, ow))
-        is_max = self.equal(cols, self.reshape(forward_output, (n, c, 1, oh, ow)))
-        # Rank maxima so the first position in the window scores highest, then keep it.
-        rank = self.reshape(self.arange(size, 0, -1, upstream.dtype), (1, 1, size, 1, 1))
-        score = self.mul(self.astype(is_max, upstream.dtype), rank)
-        # A window without a match (NaN) routes nothing rather than to every position.
-        first = self.mul(self.equal(score, self.reduce_max(score, (2,), True)), is_max)
-        routed = self.mul(self.astype(first, upstream.dtype),
-                          self.reshape(upstream, (n, c, 1, oh, ow)))
-        routed = self.reshape(routed, (n, c, kh, kw, oh, ow))
-        return self.fold2d(routed, _shape(forward_input), kernel, stride, padding, dilation)
+        return self._from_rule(
+            "max_pool2d_backward", upstream, (forward_input,), forward_output,
+            (_shape(forward_input),), kernel=tuple(kernel), stride=tuple(stride),
+            padding=tuple(padding), dilation=tuple(dilation))[0]
 
     def avg_pool2d_backward(
         self, upstream: Array, input_shape: Shape, kernel: Pair, stride: Pair, padding: Pair,
         out: Array | None = None,
     ) -> Array:
         """upstream / (kh kw) spread over each window (count_include_pad=True)."""
-        n, c, oh, ow = _shape(upstream)
-        kh, kw = kernel
-        share = self.reshape(self.div(upstream, kh * kw), (n, c, 1, 1, oh, ow))
-        cols = self.broadcast_to(share, (n, c, kh, kw, oh, ow))
-        return self.fold2d(cols, input_shape, kernel, stride, padding)
+        return self._from_rule(
+            "avg_pool2d_backward", upstream, (None,), None, (tuple(input_shape),),
+            kernel=tuple(kernel), stride=tuple(stride), padding=tuple(padding))[0]
+
+    # -- derived from the rules ------------------------------------------------------------
+
+    def _from_rule(self, name: str, upstream: Array, inputs: tuple, output: Array | None,
+                   shapes: tuple, needed: Needed | None = None, **params: Any) -> Grads:
+        # The primitive's rule transposed, on this backend's forward ops (`derive_default`):
+        # one cotangent per operand of the given shapes, None where it is not needed.
+        body = _FROM_RULES.get(name)
+        if body is None:
+            raise KernelError(name, [upstream], "no rule is registered to derive this "
+                              "default from (pullback.ops registers them on import)")
+        return body(self, upstream, inputs, output, params, shapes, needed)
+
+    def _one_from_rule(self, name: str, upstream: Array, forward_input: Array | None = None,
+                       output: Array | None = None, **params: Any) -> Array:
+        # Unary and row-wise ops keep their operand's shape.
+        shape = _shape(forward_input if forward_input is not None else output)
+        return self._from_rule(name, upstream, (forward_input,), output, (shape,),
+                               **params)[0]

@@ -15,6 +15,7 @@ from typing import Any
 from ..ad import defbilinear, defjvp, deflinear, defvjp
 from ..backend.current import get_backend
 from ..errors import KernelError
+from .backward_defaults import backward_kernel
 from .elementwise import add, astype, equal, mul, relu_p
 from .linalg import matmul
 from .reduce import max as reduce_max
@@ -218,6 +219,8 @@ def _conv_vjp(be: Any, g: Any, n: Any) -> tuple:
 
 
 defvjp(conv2d_p, _conv_vjp)
+backward_kernel(conv2d_p, "conv2d_input_backward")
+backward_kernel(conv2d_p, "conv2d_weight_backward")
 
 
 def _conv_ct_into(be: Any, g: Any, n: Any, out: Any) -> tuple:
@@ -308,6 +311,7 @@ defjvp(max_pool2d_p, _max_pool_jvp)
 defvjp(max_pool2d_p, lambda be, g, n: (be.max_pool2d_backward(
     g, n.inputs[0], n.output, n.params["kernel"], n.params["stride"], n.params["padding"],
     n.params["dilation"]),))
+backward_kernel(max_pool2d_p, "max_pool2d_backward")
 writes_cotangent_into(
     max_pool2d_p, lambda args, first, by_columns: "C",
     lambda be, g, n, out: (be.max_pool2d_backward(
@@ -339,6 +343,7 @@ def _avg_pool_transpose(ct: Any, x: Any, kernel: tuple, stride: tuple, padding: 
 deflinear(avg_pool2d_p, _avg_pool_transpose)
 defvjp(avg_pool2d_p, lambda be, g, n: (be.avg_pool2d_backward(
     g, n.in_shapes[0], n.params["kernel"], n.params["stride"], n.params["padding"]),))
+backward_kernel(avg_pool2d_p, "avg_pool2d_backward")
 writes_cotangent_into(
     avg_pool2d_p, lambda args, first, by_columns: "C",
     lambda be, g, n, out: (be.avg_pool2d_backward(

@@ -15,6 +15,7 @@ import numpy as np
 from ..ad import LinearVar, Zero, defbilinear, defjvp, defjvp_full, deflinear, defvjp
 from ..errors import KernelError
 from ..kernels import scalar_math
+from .backward_defaults import backward_kernel
 from .registry import (
     Fusion,
     broadcast_shapes,
@@ -310,18 +311,22 @@ def sign(x: Any) -> Any:
 exp_p = _unary("exp", Fusion("exp({0})", {"exp": scalar_math.exp}), saves_output=True)
 defjvp(exp_p, lambda t, out, x: mul(t, out))
 defvjp(exp_p, lambda be, g, n: (be.exp_backward(g, n.output),))
+backward_kernel(exp_p, "exp_backward", symmetric=True)
 
 log_p = _unary("log", saves_inputs=True)
 defjvp(log_p, lambda t, out, x: div(t, x))
 defvjp(log_p, lambda be, g, n: (be.log_backward(g, n.inputs[0]),))
+backward_kernel(log_p, "log_backward", symmetric=True)
 
 sqrt_p = _unary("sqrt", saves_output=True)
 defjvp(sqrt_p, lambda t, out, x: div(t, mul(out, 2.0)))
 defvjp(sqrt_p, lambda be, g, n: (be.sqrt_backward(g, n.output),))
+backward_kernel(sqrt_p, "sqrt_backward", symmetric=True)
 
 abs_p = _unary("abs", saves_inputs=True)
 defjvp(abs_p, lambda t, out, x: mul(t, sign(x)))
 defvjp(abs_p, lambda be, g, n: (be.abs_backward(g, n.inputs[0]),))
+backward_kernel(abs_p, "abs_backward", symmetric=True)
 
 # relu(x) > 0 exactly where x > 0 (NaN included), so relu keeps its output, not its
 # input, and hands it to relu_backward as the input's stand-in: the input (a bias
@@ -330,6 +335,7 @@ relu_p = _unary("relu", Fusion("0.0 if {0} <= 0.0 else {0}"),  # NaN stays NaN, 
                 saves_output=True)
 defjvp(relu_p, lambda t, out, x: mul(t, greater(out, 0.0)))
 defvjp(relu_p, lambda be, g, n: (be.relu_backward(g, n.output),))
+backward_kernel(relu_p, "relu_backward", symmetric=True)
 # Its cotangent buffer is laid out as its output, which its backward reads beside it.
 writes_cotangent_into(
     relu_p, lambda args, first, by_columns: "F" if by_columns else "C",
@@ -339,10 +345,12 @@ sigmoid_p = _unary("sigmoid", Fusion("sigmoid({0})", {"sigmoid": scalar_math.sig
                    saves_output=True)
 defjvp(sigmoid_p, lambda t, out, x: mul(t, mul(out, sub(1.0, out))))
 defvjp(sigmoid_p, lambda be, g, n: (be.sigmoid_backward(g, n.output),))
+backward_kernel(sigmoid_p, "sigmoid_backward", symmetric=True)
 
 tanh_p = _unary("tanh", Fusion("tanh({0})", {"tanh": scalar_math.tanh}), saves_output=True)
 defjvp(tanh_p, lambda t, out, x: mul(t, sub(1.0, mul(out, out))))
 defvjp(tanh_p, lambda be, g, n: (be.tanh_backward(g, n.output),))
+backward_kernel(tanh_p, "tanh_backward", symmetric=True)
 
 
 def _silu_derivative(x: Any) -> Any:
@@ -353,10 +361,12 @@ def _silu_derivative(x: Any) -> Any:
 silu_p = _unary("silu", saves_inputs=True)
 defjvp(silu_p, lambda t, out, x: mul(t, _silu_derivative(x)))
 defvjp(silu_p, lambda be, g, n: (be.silu_backward(g, n.inputs[0]),))
+backward_kernel(silu_p, "silu_backward", symmetric=True)
 
 softplus_p = _unary("softplus", saves_inputs=True)
 defjvp(softplus_p, lambda t, out, x: mul(t, sigmoid(x)))
 defvjp(softplus_p, lambda be, g, n: (be.softplus_backward(g, n.inputs[0]),))
+backward_kernel(softplus_p, "softplus_backward", symmetric=True)
 
 _TWO_OVER_SQRT_PI = 2.0 / math.sqrt(math.pi)
 erf_p = _unary("erf", saves_inputs=True)
@@ -391,6 +401,7 @@ gelu_p = declare("gelu", lambda backend, x, approximate: backend.gelu(x, approxi
                  _gelu_shape, saves_inputs=True, aliasing="fresh")
 defjvp(gelu_p, lambda t, out, x, approximate: mul(t, _gelu_derivative(x, approximate)))
 defvjp(gelu_p, lambda be, g, n: (be.gelu_backward(g, n.inputs[0], n.params["approximate"]),))
+backward_kernel(gelu_p, "gelu_backward", symmetric=True)
 
 
 @tensor_method(exp_p)

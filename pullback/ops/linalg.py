@@ -11,6 +11,7 @@ from typing import Any
 from ..ad import defbilinear, defvjp
 from ..backend.gemm import result_order
 from ..errors import KernelError
+from .backward_defaults import backward_kernel
 from .registry import (
     broadcast_shapes,
     declare,
@@ -99,6 +100,7 @@ def _matmul_vjp(be: Any, g: Any, n: Any) -> tuple:
 
 
 defvjp(matmul_p, _matmul_vjp)
+backward_kernel(matmul_p, "matmul_backward")
 
 
 def _ct_order(args: tuple, first: Any, by_columns: bool) -> str | None:

@@ -10,6 +10,7 @@ import numpy as np
 
 from ..ad import defjvp, deflinear, defvjp
 from ..errors import KernelError
+from .backward_defaults import backward_kernel
 from .elementwise import astype, div, equal, exp, mul, sub
 from .registry import (
     declare,
@@ -91,6 +92,7 @@ def _max_jvp(t: Any, out: Any, x: Any, axes: tuple, keepdims: bool) -> Any:
 defjvp(reduce_max_p, _max_jvp)
 defvjp(reduce_max_p, lambda be, g, n: (be.reduce_max_backward(
     g, n.inputs[0], n.output, n.params["axes"], n.params["keepdims"]),))
+backward_kernel(reduce_max_p, "reduce_max_backward")
 
 
 @tensor_method(reduce_max_p)
@@ -109,11 +111,13 @@ softmax_p = declare("softmax", lambda backend, x, axis: backend.softmax(x, axis)
                     _row_shape("softmax"), saves_output=True, aliasing="fresh")
 defjvp(softmax_p, lambda t, y, x, axis: mul(y, sub(t, sum(mul(y, t), axis, True))))
 defvjp(softmax_p, lambda be, g, n: (be.softmax_backward(g, n.output, n.params["axis"]),))
+backward_kernel(softmax_p, "softmax_backward", symmetric=True)
 
 log_softmax_p = declare("log_softmax", lambda backend, x, axis: backend.log_softmax(x, axis),
                         _row_shape("log_softmax"), saves_output=True, aliasing="fresh")
 defjvp(log_softmax_p, lambda t, y, x, axis: sub(t, sum(mul(exp(y), t), axis, True)))
 defvjp(log_softmax_p, lambda be, g, n: (be.log_softmax_backward(g, n.output, n.params["axis"]),))
+backward_kernel(log_softmax_p, "log_softmax_backward")
 
 
 def _along_one_axis(prim: Any, x: Any, axis: int) -> Any:

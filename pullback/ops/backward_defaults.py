@@ -1,0 +1,78 @@
+"""`BackwardOps`' default kernels, derived from the primitives' rules.
+
+A primitive whose backward is a `BackwardOps` kernel says so beside its declaration
+(`backward_kernel(tanh_p, "tanh_backward")`); the kernel's default body is then the
+primitive's JVP rule, linearized and transposed, computed with the backend's own
+forward ops. The derivative is written once, as the rule; a backend's fused kernel
+(CpuBackend's) is the only other copy, and the test suite checks it against this one.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+from ..ad import (
+    LinearGraph,
+    Primitive,
+    Zero,
+    add_tangents,
+    jvp_of,
+    set_evaluator,
+    transpose_linear,
+)
+from ..backend import backward_ops
+
+
+def backward_kernel(prim: Primitive, kernel: str, symmetric: bool = False) -> None:
+    """Make `BackwardOps.<kernel>`, `prim`'s fused backward, default to `prim`'s rule
+    transposed (`rule_vjp` on the backend the kernel is called on). `symmetric`: its
+    Jacobian is its own transpose (an elementwise op's is diagonal; softmax's is
+    symmetric), so the JVP rule applied to upstream is the cotangent."""
+    if not prim.has_derivative:
+        raise ValueError(f"{prim.name}: {kernel} needs a JVP rule to derive its default from")
+    backward_ops.derive_default(kernel, partial(rule_vjp, prim, symmetric=symmetric))
+
+
+def rule_vjp(prim: Primitive, backend: Any, upstream: Any, inputs: tuple, output: Any,
+             params: dict, shapes: tuple, needed: tuple | None = None,
+             symmetric: bool = False) -> tuple:
+    """The cotangents of `prim`'s operands (of shapes `shapes`) from `upstream`, by its
+    JVP rule transposed, computed on `backend`'s forward ops; None for an operand not
+    `needed` (all are, by default) or that no cotangent reaches. `inputs` and `output`
+    are what the rule reads (None for what it does not); `symmetric` as in
+    `backward_kernel`."""
+    needed = needed or (True,) * len(shapes)
+    # The rule's ops, applied to arrays, run on `backend` for the length of the call.
+    previous = set_evaluator(lambda p, args, kw: p.impl(backend, *args, **kw))
+    try:
+        if symmetric:
+            return (prim.jvp[0](upstream, output, *inputs, **params),)
+        linear = prim.transpose is not None and all(
+            i in prim.linear_args for i, wanted in enumerate(needed) if wanted)
+        if linear:  # its transpose rule is the transposed JVP, with no graph to trace
+            return _transposed(prim, upstream, inputs, params, shapes, needed)
+        graph = LinearGraph()
+        tangents = tuple(graph.new_input(shape, upstream.dtype) if wanted
+                         else Zero(shape, upstream.dtype)
+                         for shape, wanted in zip(shapes, needed, strict=True))
+        graph.outputs = [jvp_of(prim, tangents, output, inputs, params)]
+        found = iter(transpose_linear(graph, (upstream,), add_tangents))
+    finally:
+        set_evaluator(previous)
+    return tuple(next(found) if wanted else None for wanted in needed)
+
+
+def _transposed(prim: Primitive, upstream: Any, inputs: tuple, params: dict, shapes: tuple,
+                needed: tuple) -> tuple:
+    # A bilinear primitive is transposed in one operand at a time, the other a constant.
+    cts = []
+    for i, wanted in enumerate(needed):
+        if not wanted:
+            cts.append(None)
+            continue
+        graph = LinearGraph()
+        args = list(inputs)
+        args[i] = graph.new_input(shapes[i], upstream.dtype)
+        cts.append(prim.transpose(upstream, *args, **params)[i])
+    return tuple(cts)
