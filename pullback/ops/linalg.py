@@ -11,6 +11,7 @@ from typing import Any
 from ..ad import defbilinear, defvjp
 from ..backend.gemm import result_order
 from ..errors import KernelError
+from .checks import declare_check, inputs, normal
 from .registry import (
     broadcast_shapes,
     declare,
@@ -123,3 +124,9 @@ writes_cotangent_into(matmul_p, _ct_order, _ct_into)
 
 def matmul(a: Any, b: Any) -> Any:
     return matmul_p.bind(a, b)
+
+
+# ---------------------------------------------------------------- samples for `pullback check`
+
+declare_check(matmul_p, lambda a, b, v: (matmul(a, b), matmul(a, v), matmul(v, b)),
+              inputs(normal(2, 3, 4), normal(4, 5), normal(4)))
