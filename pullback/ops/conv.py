@@ -32,6 +32,9 @@ from .registry import (
 )
 from .shape import broadcast_to, reshape, swap_last, transpose
 
+#: The ops `import pullback as pb` offers as `pb.<name>` (and `pullback.ops` too).
+__all__ = ["avg_pool2d", "conv2d", "max_pool2d"]
+
 NO_DILATION = (1, 1)
 
 

@@ -39,6 +39,38 @@ from .registry import (
 )
 from .shape import broadcast_to, sum_to_shape
 
+#: The ops `import pullback as pb` offers as `pb.<name>` (and `pullback.ops` too).
+__all__ = [
+    "abs",
+    "add",
+    "clip",
+    "cos",
+    "div",
+    "equal",
+    "exp",
+    "gelu",
+    "greater",
+    "greater_equal",
+    "less",
+    "less_equal",
+    "log",
+    "maximum",
+    "minimum",
+    "mul",
+    "neg",
+    "not_equal",
+    "pow",
+    "relu",
+    "sigmoid",
+    "silu",
+    "sin",
+    "softplus",
+    "sqrt",
+    "sub",
+    "tanh",
+    "where",
+]
+
 
 def _same(x: Any, **params: Any) -> tuple:
     return shape_of(x), dtype_of(x)

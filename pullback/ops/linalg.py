@@ -22,6 +22,9 @@ from .registry import (
 )
 from .shape import _Shape, reshape, sum_to_shape, swap_last
 
+#: The ops `import pullback as pb` offers as `pb.<name>` (and `pullback.ops` too).
+__all__ = ["matmul"]
+
 
 def _as_matrices(sa: tuple, sb: tuple) -> tuple[tuple, tuple]:
     """The operands' shapes with 1-D operands promoted to matrices, as NumPy does."""

@@ -21,6 +21,8 @@ from .reduce import log_softmax
 from .reduce import sum as reduce_sum
 from .registry import declare, dtype_of, is_float, shape_of
 
+__all__: list[str] = []  # its primitives are building blocks the layers above call
+
 
 def _one_hot_shape(labels: Any, depth: int, dtype: Any) -> tuple:
     return shape_of(labels) + (depth,), dtype

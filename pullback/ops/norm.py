@@ -19,6 +19,9 @@ from .reduce import mean
 from .registry import declare, dtype_of, is_float, shape_of
 from .shape import broadcast_to
 
+#: The ops `import pullback as pb` offers as `pb.<name>` (and `pullback.ops` too).
+__all__ = ["layer_norm"]
+
 
 def _shape(x: Any, weight: Any, bias: Any, eps: float) -> tuple:
     shape = shape_of(x)

@@ -23,6 +23,9 @@ from .registry import (
 )
 from .shape import broadcast_to, reshape
 
+#: The ops `import pullback as pb` offers as `pb.<name>` (and `pullback.ops` too).
+__all__ = ["cumsum", "log_softmax", "logsumexp", "max", "mean", "softmax", "sum"]
+
 
 def _reduce_shape(op: str) -> Any:
     def rule(x: Any, axes: tuple, keepdims: bool) -> tuple:

@@ -17,6 +17,9 @@ from ..errors import KernelError, index_error
 from .checks import declare_check, inputs, normal
 from .registry import broadcast_shapes, declare, dtype_of, shape_of
 
+#: The ops `import pullback as pb` offers as `pb.<name>` (and `pullback.ops` too).
+__all__ = ["broadcast_to", "concatenate", "reshape", "stack", "transpose"]
+
 # ---------------------------------------------------------------- reshape / transpose
 
 
