@@ -24,7 +24,8 @@ def main(
     specs: Mapping[str, Any] | None = None,
 ) -> int:
     """Run the command line; returns the exit status. `primitives` and `specs` replace
-    the registry and the sample table for `check` (for testing the command itself)."""
+    the registry and the specs its primitives declare for `check` (for testing the
+    command itself)."""
     parser = _parser()
     args = parser.parse_args(argv)
     if args.command is None:

@@ -102,7 +102,9 @@ class Primitive:
       result's shape independent of the mask's values (where's condition); False: such
       a mask, computed from a plan's inputs, is refused (a getitem by mask);
     - `method`: the function that `Tensor.<its __name__>` is; None: no method;
-    - `exporter`: what ONNX export registered for it; None: it does not export.
+    - `exporter`: what ONNX export registered for it; None: it does not export;
+    - `check`: how `pullback check` samples and applies it (an ops.checks.Spec); None:
+      no check declared, which `pullback check` reports as a failure.
     """
 
     __slots__ = (
@@ -110,6 +112,7 @@ class Primitive:
         "abstract_eval",
         "aliasing",
         "bilinear",
+        "check",
         "ct_into",
         "differentiable",
         "exact_inputs",
@@ -162,6 +165,7 @@ class Primitive:
         self.masks_keep_shape = False
         self.method: Rule | None = None
         self.exporter: Any = None
+        self.check: Any = None
 
     def __repr__(self) -> str:
         return f"Primitive({self.name})"

@@ -4,7 +4,8 @@ Every primitive, on each backend and float dtype: gradcheck through the fused
 backward kernels and, separately, through the rules (transpose of the JVP);
 the derivative of the vjp; and the adjoint test between jvp and vjp.
 Primitives without a gradient only run forward, against NumPy where the
-spec names a reference. A primitive without a spec is a failure.
+spec names a reference. Each primitive's spec is declared beside it in the ops
+layer (`ops.checks.declare_check`); a primitive without one is a failure.
 """
 
 from __future__ import annotations
@@ -19,11 +20,11 @@ import numpy as np
 from ..backend import CpuBackend, ThreadedCpuBackend
 from ..backend.current import use_backend
 from ..ops import PRIMITIVES
+from ..ops.checks import Spec
 from ..tensor import Tensor, tensor
 from ..tensor.backward import fused_kernels
 from .gradcheck import adjoint_check, measure
 from .problem import Finding
-from .specs import SPECS, Spec
 
 DTYPES = ("float32", "float64")
 
@@ -52,6 +53,12 @@ class Row:
     detail: str = ""
 
 
+def declared_specs(primitives: Mapping[str, Any]) -> dict[str, Spec]:
+    """The specs the primitives declare, by name; those without one are left out (and
+    fail in `run_checks`)."""
+    return {name: prim.check for name, prim in primitives.items() if prim.check is not None}
+
+
 def run_checks(
     names: Iterable[str] | None = None,
     backends: Iterable[str] = ("cpu", "threaded"),
@@ -59,9 +66,10 @@ def run_checks(
     primitives: Mapping[str, Any] | None = None,
     specs: Mapping[str, Spec] | None = None,
 ) -> list[Row]:
-    """Check the named primitives (all of them by default) on the named backends."""
+    """Check the named primitives (all of them by default) on the named backends, with
+    the specs they declare unless `specs` replaces them."""
     primitives = PRIMITIVES if primitives is None else primitives
-    specs = SPECS if specs is None else specs
+    specs = declared_specs(primitives) if specs is None else specs
     chosen = sorted(primitives) if names is None else list(dict.fromkeys(names))
     unknown = [n for n in chosen if n not in primitives]
     if unknown:
@@ -77,7 +85,8 @@ def run_checks(
             for name in chosen:
                 if name not in specs:
                     rows.append(Row(name, backend_name, "-", "spec", None, None, False,
-                                    "no sample inputs: add a row to pullback/check/specs.py"))
+                                    "no sample inputs: declare them with "
+                                    "pullback.ops.checks.declare_check beside the primitive"))
                     continue
                 for dtype in DTYPES:
                     with use_backend(backend):

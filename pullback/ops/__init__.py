@@ -3,127 +3,43 @@
 The functions here accept tensors, NumPy arrays and Python scalars and return
 what the installed evaluator makes of them (tensors, under `pullback.tensor`).
 `PRIMITIVES` maps each primitive's public name to its declaration.
+
+The ops come from their declaration modules: each module's `__all__` names the
+ones `import pullback as pb` offers as `pb.<name>`, and this package's `__all__`
+gathers them, so adding an op edits only its own module. The building blocks the
+layers above call as `ops.<name>` (indexing, folds, the loss primitives) are
+re-exported by name below but are not `pb`'s.
 """
 
 from ..ad import set_tangent_add
-from .conv import avg_pool2d, conv2d, fold2d, max_pool2d, unfold2d
-from .custom import CustomOp
-from .elementwise import (
-    abs,
-    add,
-    add_p,
-    astype,
-    clip,
-    cos,
-    div,
-    equal,
-    erf,
-    exp,
-    gelu,
-    greater,
-    greater_equal,
-    less,
-    less_equal,
-    log,
-    maximum,
-    minimum,
-    mul,
-    neg,
-    not_equal,
-    pow,
-    relu,
-    sigmoid,
-    sign,
-    silu,
-    sin,
-    softplus,
-    sqrt,
-    sub,
-    tanh,
-    where,
-)
-from .kernel_op import KernelOp  # installs kernel pairs as ops on tensors
-from .linalg import matmul
-from .loss import cross_entropy, dropout_mask, one_hot
-from .norm import layer_norm
-from .reduce import cumsum, log_softmax, logsumexp, max, mean, softmax, sum
-from .registry import PRIMITIVES, declare
-from .shape import (
-    broadcast_to,
-    concatenate,
-    getitem,
-    pad2d,
-    reshape,
-    scatter_add,
-    stack,
-    sum_to_shape,
-    swap_last,
-    transpose,
-)
+from . import conv, custom, elementwise, linalg, loss, norm, reduce, shape
+from .conv import *  # noqa: F403
+from .conv import fold2d as fold2d
+from .conv import unfold2d as unfold2d
+from .custom import *  # noqa: F403
+from .elementwise import *  # noqa: F403
+from .elementwise import add_p
+from .elementwise import astype as astype
+from .elementwise import erf as erf
+from .elementwise import sign as sign
+from .kernel_op import KernelOp as KernelOp  # installs kernel pairs as ops on tensors
+from .linalg import *  # noqa: F403
+from .loss import *  # noqa: F403
+from .loss import cross_entropy as cross_entropy
+from .loss import dropout_mask as dropout_mask
+from .loss import one_hot as one_hot
+from .norm import *  # noqa: F403
+from .reduce import *  # noqa: F403
+from .registry import PRIMITIVES as PRIMITIVES
+from .registry import declare as declare
+from .shape import *  # noqa: F403
+from .shape import getitem as getitem
+from .shape import pad2d as pad2d
+from .shape import scatter_add as scatter_add
+from .shape import sum_to_shape as sum_to_shape
+from .shape import swap_last as swap_last
 
 set_tangent_add(add_p)
 
-__all__ = [
-    "PRIMITIVES",
-    "CustomOp",
-    "KernelOp",
-    "abs",
-    "add",
-    "astype",
-    "avg_pool2d",
-    "broadcast_to",
-    "clip",
-    "concatenate",
-    "conv2d",
-    "cos",
-    "cross_entropy",
-    "cumsum",
-    "declare",
-    "div",
-    "dropout_mask",
-    "equal",
-    "erf",
-    "exp",
-    "fold2d",
-    "gelu",
-    "getitem",
-    "greater",
-    "greater_equal",
-    "layer_norm",
-    "less",
-    "less_equal",
-    "log",
-    "log_softmax",
-    "logsumexp",
-    "matmul",
-    "max",
-    "max_pool2d",
-    "maximum",
-    "mean",
-    "minimum",
-    "mul",
-    "neg",
-    "not_equal",
-    "one_hot",
-    "pad2d",
-    "pow",
-    "relu",
-    "reshape",
-    "scatter_add",
-    "sigmoid",
-    "sign",
-    "silu",
-    "sin",
-    "softmax",
-    "softplus",
-    "sqrt",
-    "stack",
-    "sub",
-    "sum",
-    "sum_to_shape",
-    "swap_last",
-    "tanh",
-    "transpose",
-    "unfold2d",
-    "where",
-]
+__all__ = (conv.__all__ + custom.__all__ + elementwise.__all__ + linalg.__all__ + loss.__all__
+           + norm.__all__ + reduce.__all__ + shape.__all__)

@@ -12,10 +12,13 @@ from __future__ import annotations
 import operator
 from typing import Any
 
+import numpy as np
+
 from ..ad import defbilinear, defjvp, deflinear, defvjp
 from ..backend.current import get_backend
 from ..errors import KernelError
 from .backward_defaults import backward_kernel
+from .checks import declare_check, distinct, inputs, normal
 from .elementwise import add, astype, equal, mul, relu_p
 from .linalg import matmul
 from .reduce import max as reduce_max
@@ -29,6 +32,9 @@ from .registry import (
     writes_into,
 )
 from .shape import broadcast_to, reshape, swap_last, transpose
+
+#: The ops `import pullback as pb` offers as `pb.<name>` (and `pullback.ops` too).
+__all__ = ["avg_pool2d", "conv2d", "max_pool2d"]
 
 NO_DILATION = (1, 1)
 
@@ -371,3 +377,39 @@ def max_pool2d(x: Any, kernel_size: Any, stride: Any = None, padding: Any = 0,
 def avg_pool2d(x: Any, kernel_size: Any, stride: Any = None, padding: Any = 0) -> Any:
     """Mean over each window, padding counted as zeros (count_include_pad=True)."""
     return avg_pool2d_p.bind(x, **_pool_args("avg_pool2d", kernel_size, stride, padding))
+
+
+# ---------------------------------------------------------------- samples for `pullback check`
+
+_CONV = {"stride": (2, 1), "padding": (1, 0)}
+_WINDOW = {"kernel": (2, 3), "stride": (2, 1), "padding": (1, 0)}
+
+
+def _conv_variants(x: Any, w: Any, b: Any) -> tuple:
+    """conv2d plain, dilated, grouped and depthwise: w (2, 4, 3, 2) reshaped to each
+    grouping's (O, C / groups, kh, kw)."""
+    return (
+        conv2d(x, w, b, **_CONV),
+        conv2d(x, w, b, padding=(2, 1), dilation=(2, 3)),
+        conv2d(x, reshape(w, (4, 2, 3, 2)), stride=(1, 2), groups=2),
+        conv2d(x, reshape(w, (8, 1, 3, 2)), padding=1, dilation=(1, 2), groups=4),
+    )
+
+
+def _fold_sample(rng: np.random.Generator) -> tuple:
+    return (rng.standard_normal((1, 2, 2, 3, 3, 3)),)
+
+
+declare_check(unfold2d_p, lambda x: (unfold2d(x, **_WINDOW),
+                                     unfold2d(x, **_WINDOW, dilation=(2, 1))),
+              inputs(normal(1, 2, 5, 5)))
+declare_check(fold2d_p, lambda c: (fold2d(c, (1, 2, 5, 5), **_WINDOW),
+                                   fold2d(c, (1, 2, 5, 5), **_WINDOW, dilation=(2, 1))),
+              _fold_sample)
+declare_check(conv2d_p, _conv_variants,
+              inputs(normal(2, 4, 6, 5), normal(2, 4, 3, 2), normal(2)))
+declare_check(max_pool2d_p, lambda x: (max_pool2d(x, 2), max_pool2d(x, 3, 2, 1),
+                                       max_pool2d(x, 2, 1, 1, dilation=(2, 3))),
+              inputs(distinct(1, 2, 5, 6)))
+declare_check(avg_pool2d_p, lambda x: (avg_pool2d(x, 2), avg_pool2d(x, 3, 2, 1)),
+              inputs(normal(1, 2, 5, 6)))

@@ -27,6 +27,9 @@ from ..ad import (
 from ..errors import KernelError
 from .registry import declare
 
+#: The ops `import pullback as pb` offers as `pb.<name>` (and `pullback.ops` too).
+__all__ = ["CustomOp"]
+
 
 class CustomOp:
     """Subclass with `forward(self, *arrays) -> array` and, to be trainable,

@@ -16,6 +16,16 @@ from ..ad import LinearVar, Zero, defbilinear, defjvp, defjvp_full, deflinear, d
 from ..errors import KernelError
 from ..kernels import scalar_math
 from .backward_defaults import backward_kernel
+from .checks import (
+    constant,
+    declare_check,
+    distinct,
+    inputs,
+    nonzero,
+    normal,
+    positive,
+    separated,
+)
 from .registry import (
     Fusion,
     broadcast_shapes,
@@ -29,6 +39,38 @@ from .registry import (
     writes_cotangent_into,
 )
 from .shape import broadcast_to, sum_to_shape
+
+#: The ops `import pullback as pb` offers as `pb.<name>` (and `pullback.ops` too).
+__all__ = [
+    "abs",
+    "add",
+    "clip",
+    "cos",
+    "div",
+    "equal",
+    "exp",
+    "gelu",
+    "greater",
+    "greater_equal",
+    "less",
+    "less_equal",
+    "log",
+    "maximum",
+    "minimum",
+    "mul",
+    "neg",
+    "not_equal",
+    "pow",
+    "relu",
+    "sigmoid",
+    "silu",
+    "sin",
+    "softplus",
+    "sqrt",
+    "sub",
+    "tanh",
+    "where",
+]
 
 
 def _same(x: Any, **params: Any) -> tuple:
@@ -572,3 +614,58 @@ def sin(x: Any) -> Any:
 def cos(x: Any) -> Any:
     """Cosine, elementwise (radians)."""
     return cos_p.bind1(x)
+
+
+# ---------------------------------------------------------------- samples for `pullback check`
+
+# Comparisons see equal values too: distinct entries, some of them repeated in b.
+_compared = inputs(distinct(3, 4), constant([0.0, 0.05, -0.1, 7.0]))
+
+
+def _clip_sample(rng: np.random.Generator) -> tuple:
+    """Inside and outside [-0.5, 0.5], and at least 0.1 from either bound."""
+    x = rng.uniform(-1.5, 1.5, (3, 5))
+    near = np.abs(np.abs(x) - 0.5) < 0.1
+    return (np.where(near, x * 0.5, x),)
+
+
+def _other_float(x: Any) -> Any:
+    return np.float32 if x.dtype == np.float64 else np.float64
+
+
+# binary arithmetic: both operands broadcast
+declare_check(add_p, add, inputs(normal(2, 1, 4), normal(3, 1)))
+declare_check(sub_p, sub, inputs(normal(2, 1, 4), normal(3, 1)))
+declare_check(mul_p, mul, inputs(normal(2, 1, 4), normal(3, 1)))
+declare_check(div_p, div, inputs(normal(2, 1, 4), nonzero(3, 1)))
+declare_check(pow_p, pow, inputs(positive(2, 3), normal(3)))
+declare_check(maximum_p, maximum, separated((3, 4), (4,)))
+declare_check(minimum_p, minimum, separated((3, 4), (4,)))
+# comparisons: bool results, no gradient
+declare_check(less_p, less, _compared, reference=np.less)
+declare_check(less_equal_p, less_equal, _compared, reference=np.less_equal)
+declare_check(greater_p, greater, _compared, reference=np.greater)
+declare_check(greater_equal_p, greater_equal, _compared, reference=np.greater_equal)
+declare_check(equal_p, equal, _compared, reference=np.equal)
+declare_check(not_equal_p, not_equal, _compared, reference=np.not_equal)
+# unary
+declare_check(neg_p, neg, inputs(normal(3, 4)))
+declare_check(sign_p, sign, inputs(nonzero(3, 4)), reference=np.sign)
+declare_check(exp_p, exp, inputs(normal(3, 4)))
+declare_check(log_p, log, inputs(positive(3, 4)))
+declare_check(sqrt_p, sqrt, inputs(positive(3, 4)))
+declare_check(abs_p, abs, inputs(nonzero(3, 4)))
+declare_check(relu_p, relu, inputs(nonzero(3, 4)))
+declare_check(sigmoid_p, sigmoid, inputs(normal(3, 4)))
+declare_check(tanh_p, tanh, inputs(normal(3, 4)))
+declare_check(silu_p, silu, inputs(normal(3, 4)))
+declare_check(softplus_p, softplus, inputs(normal(3, 4)))
+declare_check(erf_p, erf, inputs(normal(3, 4)))
+declare_check(gelu_p, lambda x: (gelu(x), gelu(x, approximate="tanh")), inputs(normal(3, 4)))
+declare_check(sin_p, sin, inputs(normal(3, 4)))
+declare_check(cos_p, cos, inputs(normal(3, 4)))
+# selection and casts; where's condition is a bool input, held fixed
+declare_check(where_p, where, inputs(constant(np.array([[True], [False], [True]])),
+                                     normal(3, 4), normal(4)))
+declare_check(clip_p, lambda x: (clip(x, -0.5, 0.5), clip(x, lo=-0.5)), _clip_sample)
+declare_check(astype_p, lambda x: astype(x, _other_float(x)), inputs(normal(3, 4)))

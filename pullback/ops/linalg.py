@@ -12,6 +12,7 @@ from ..ad import defbilinear, defvjp
 from ..backend.gemm import result_order
 from ..errors import KernelError
 from .backward_defaults import backward_kernel
+from .checks import declare_check, inputs, normal
 from .registry import (
     broadcast_shapes,
     declare,
@@ -21,6 +22,9 @@ from .registry import (
     writes_into,
 )
 from .shape import _Shape, reshape, sum_to_shape, swap_last
+
+#: The ops `import pullback as pb` offers as `pb.<name>` (and `pullback.ops` too).
+__all__ = ["matmul"]
 
 
 def _as_matrices(sa: tuple, sb: tuple) -> tuple[tuple, tuple]:
@@ -125,3 +129,9 @@ writes_cotangent_into(matmul_p, _ct_order, _ct_into)
 
 def matmul(a: Any, b: Any) -> Any:
     return matmul_p.bind(a, b)
+
+
+# ---------------------------------------------------------------- samples for `pullback check`
+
+declare_check(matmul_p, lambda a, b, v: (matmul(a, b), matmul(a, v), matmul(v, b)),
+              inputs(normal(2, 3, 4), normal(4, 5), normal(4)))

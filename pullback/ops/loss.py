@@ -10,13 +10,18 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import numpy as np
+
 from ..ad import defjvp, defvjp
 from ..backend.fused import fused_ops
 from ..errors import KernelError
+from .checks import declare_check, inputs, labels, normal
 from .elementwise import exp, mul, sub
 from .reduce import log_softmax
 from .reduce import sum as reduce_sum
 from .registry import declare, dtype_of, is_float, shape_of
+
+__all__: list[str] = []  # its primitives are building blocks the layers above call
 
 
 def _one_hot_shape(labels: Any, depth: int, dtype: Any) -> tuple:
@@ -109,3 +114,11 @@ def dropout_mask(x: Any, p: float, rng: Any) -> Any:
     return dropout_mask_p.bind(x, p=p, rng=rng)
 
 
+# ---------------------------------------------------------------- samples for `pullback check`
+
+# labels and masks are operands without gradients
+declare_check(cross_entropy_p, cross_entropy, inputs(normal(4, 5), labels(5, 4)))
+declare_check(one_hot_p, lambda y: one_hot(y, 5, np.dtype(np.float64)), inputs(labels(5, 6)),
+              reference=lambda y: np.eye(5)[y])
+declare_check(dropout_mask_p, lambda x: dropout_mask(x, 0.0, np.random.default_rng),
+              inputs(normal(3, 4)), reference=np.ones_like)

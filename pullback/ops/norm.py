@@ -13,10 +13,14 @@ from typing import Any
 from ..ad import defjvp, defvjp
 from ..backend.fused import fused_ops
 from ..errors import KernelError
+from .checks import declare_check, inputs, normal
 from .elementwise import add, div, mul, sqrt, sub
 from .reduce import mean
 from .registry import declare, dtype_of, is_float, shape_of
 from .shape import broadcast_to
+
+#: The ops `import pullback as pb` offers as `pb.<name>` (and `pullback.ops` too).
+__all__ = ["layer_norm"]
 
 
 def _shape(x: Any, weight: Any, bias: Any, eps: float) -> tuple:
@@ -91,3 +95,9 @@ def layer_norm(x: Any, weight: Any, bias: Any, eps: float = 1e-5) -> Any:
     """(x - mean) / sqrt(var + eps) * weight + bias over the last axis, as
     torch.nn.functional.layer_norm(x, (n,), weight, bias, eps)."""
     return layer_norm_p.bind(x, weight, bias, eps=float(eps))
+
+
+# ---------------------------------------------------------------- samples for `pullback check`
+
+declare_check(layer_norm_p, lambda x, w, b: (layer_norm(x, w, b), layer_norm(x, w, b, 0.1)),
+              inputs(normal(2, 3, 5), normal(5), normal(5)))

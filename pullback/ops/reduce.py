@@ -11,6 +11,7 @@ import numpy as np
 from ..ad import defjvp, deflinear, defvjp
 from ..errors import KernelError
 from .backward_defaults import backward_kernel
+from .checks import declare_check, distinct, inputs, normal
 from .elementwise import astype, div, equal, exp, mul, sub
 from .registry import (
     declare,
@@ -22,6 +23,9 @@ from .registry import (
     tensor_method,
 )
 from .shape import broadcast_to, reshape
+
+#: The ops `import pullback as pb` offers as `pb.<name>` (and `pullback.ops` too).
+__all__ = ["cumsum", "log_softmax", "logsumexp", "max", "mean", "softmax", "sum"]
 
 
 def _reduce_shape(op: str) -> Any:
@@ -201,3 +205,19 @@ def cumsum(x: Any, axis: int) -> Any:
     if not axes:  # a 0-d tensor is a one-element row (PyTorch gives it back)
         return reshape(cumsum_p.bind(reshape(x, (1,)), axis=0, reverse=False), ())
     return cumsum_p.bind(x, axis=axes[0], reverse=False)
+
+
+# ---------------------------------------------------------------- samples for `pullback check`
+
+# reductions and row-wise normalizations
+declare_check(reduce_sum_p, lambda x: (sum(x, axis=1), sum(x, axis=(0, 2), keepdims=True), sum(x)),
+              inputs(normal(2, 3, 4)))
+declare_check(reduce_max_p, lambda x: (max(x, axis=2), max(x, axis=(0, 1), keepdims=True)),
+              inputs(distinct(2, 3, 4)))
+declare_check(softmax_p, lambda x: (softmax(x), softmax(x, axis=0)), inputs(normal(3, 5)))
+declare_check(log_softmax_p, lambda x: (log_softmax(x), log_softmax(x, axis=0)),
+              inputs(normal(3, 5)))
+declare_check(logsumexp_p, lambda x: (logsumexp(x), logsumexp(x, axis=1),
+                                      logsumexp(x, axis=(0, 2), keepdims=True)),
+              inputs(normal(2, 3, 4)))
+declare_check(cumsum_p, lambda x: (cumsum(x, 1), cumsum(x, -1)), inputs(normal(2, 3, 4)))

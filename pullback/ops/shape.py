@@ -10,9 +10,15 @@ from __future__ import annotations
 import operator
 from typing import Any
 
+import numpy as np
+
 from ..ad import ALL_ARGS, LinearVar, Zero, add_tangents, defjvp, defjvp_full, deflinear, defvjp
 from ..errors import KernelError, index_error
+from .checks import declare_check, inputs, normal
 from .registry import broadcast_shapes, declare, dtype_of, shape_of
+
+#: The ops `import pullback as pb` offers as `pb.<name>` (and `pullback.ops` too).
+__all__ = ["broadcast_to", "concatenate", "reshape", "stack", "transpose"]
 
 # ---------------------------------------------------------------- reshape / transpose
 
@@ -345,3 +351,20 @@ def identity(x: Any) -> Any:
 stop_gradient_p = declare("stop_gradient", lambda backend, x: x,
                           lambda x: (shape_of(x), dtype_of(x)), differentiable=False,
                           register=False)
+
+
+# ---------------------------------------------------------------- samples for `pullback check`
+
+_INDEX = (np.array([0, 2, 2]), slice(1, 4))  # a repeated row: scatter_add must accumulate
+
+declare_check(reshape_p, lambda x: reshape(x, (6, 4)), inputs(normal(2, 3, 4)))
+declare_check(transpose_p, lambda x: transpose(x, (2, 0, 1)), inputs(normal(2, 3, 4)))
+declare_check(broadcast_to_p, lambda x: broadcast_to(x, (2, 3, 4)), inputs(normal(3, 1)))
+declare_check(sum_to_shape_p, lambda x: sum_to_shape(x, (3, 1)), inputs(normal(2, 3, 4)))
+declare_check(getitem_p, lambda x: (getitem(x, 1), getitem(x, _INDEX),
+                                    getitem(x, (Ellipsis, slice(None, None, 2)))),
+              inputs(normal(4, 5)))
+declare_check(scatter_add_p, lambda v: scatter_add(v, _INDEX, (4, 5)), inputs(normal(3, 3)))
+declare_check(concatenate_p, lambda a, b, c: concatenate((a, b, c), axis=1),
+              inputs(normal(2, 3), normal(2, 1), normal(2, 2)))
+declare_check(pad2d_p, lambda x: pad2d(x, (1, 2)), inputs(normal(1, 2, 3, 3)))

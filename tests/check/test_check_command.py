@@ -11,10 +11,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pullback.check.runner import format_table, run_checks
-from pullback.check.specs import SPECS, Spec, inputs, normal
+from pullback.check.runner import declared_specs, format_table, run_checks
 from pullback.cli import main
 from pullback.ops import PRIMITIVES
+from pullback.ops.checks import Spec, declare_check, inputs, normal
+
+SPECS = declared_specs(PRIMITIVES)
 
 
 # astype's gradient comes back in the output's dtype, not the input's (a bug in the
@@ -49,7 +51,22 @@ def test_a_primitive_without_a_spec_fails(bad_square, capsys):
     primitives = {"tanh": PRIMITIVES["tanh"], "bad_square": bad_square}
     assert main(["check", "--backend", "cpu"], primitives=primitives,
                 specs={"tanh": SPECS["tanh"]}) == 1
-    assert "add a row to pullback/check/specs.py" in capsys.readouterr().out
+    assert "declare them with pullback.ops.checks.declare_check" in capsys.readouterr().out
+
+
+def test_a_primitive_that_declares_no_check_fails(bad_square):
+    rows = run_checks(backends=["cpu"], primitives={"tanh": PRIMITIVES["tanh"],
+                                                    "bad_square": bad_square})
+    failed = [r for r in rows if not r.passed]
+    assert [(r.op, r.check) for r in failed] == [("bad_square", "spec")]
+    assert "declare_check" in failed[0].detail
+
+
+def test_a_check_without_a_gradient_needs_a_reference(bad_square):
+    bad_square.differentiable = False
+    with pytest.raises(ValueError, match="reference"):
+        declare_check(bad_square, bad_square.bind, inputs(normal(2, 3)))
+    assert bad_square.check is None
 
 
 def test_a_spec_without_a_primitive_fails():
