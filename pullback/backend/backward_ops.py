@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from pullback.backend.base import Array, Pair, Shape
+from pullback.backend.base import Array, Pair, Shape, check_gelu_mode
 from pullback.errors import KernelError
 
 Needed = tuple[bool, bool]
@@ -122,10 +122,8 @@ class BackwardOps:
     def gelu_backward(
         self, upstream: Array, forward_input: Array, approximate: str = "none"
     ) -> Array:
-        """upstream * d gelu / dx, exact (erf) or for the tanh approximation."""
-        if approximate not in ("none", "tanh"):
-            raise KernelError("gelu_backward", [upstream, forward_input],
-                              f"approximate must be 'none' or 'tanh', not {approximate!r}")
+        """upstream * d gelu / dx, exact or approximated, as `Backend.gelu`."""
+        check_gelu_mode("gelu_backward", [upstream, forward_input], approximate)
         return self._one_from_rule("gelu_backward", upstream, forward_input,
                                    approximate=approximate)
 

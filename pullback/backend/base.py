@@ -15,6 +15,16 @@ Array = Any
 Shape = tuple[int, ...]
 Pair = tuple[int, int]
 
+# gelu's modes, as PyTorch names them: exact (erf), or its tanh approximation.
+GELU_MODES = ("none", "tanh")
+
+
+def check_gelu_mode(op: str, operands: list, approximate: Any) -> None:
+    """A KernelError naming `op` unless `approximate` is one of gelu's modes."""
+    if approximate not in GELU_MODES:
+        raise KernelError(op, operands, f"approximate must be 'none' or 'tanh', "
+                          f"not {approximate!r}")
+
 
 class Backend:
     """Forward ops on arrays. Arguments arrive normalized: `axes` is a sorted tuple of

@@ -17,7 +17,7 @@ import numpy as np
 
 from pullback.backend import conv, gemm
 from pullback.backend.backward_ops import BackwardOps, Grads, Needed, check_matmul_backward
-from pullback.backend.base import Backend, Pair, Shape
+from pullback.backend.base import Backend, Pair, Shape, check_gelu_mode
 from pullback.backend.fused import FusedOps, check_labels, check_rows
 from pullback.errors import KernelError, index_error
 from pullback.kernels import activations as compiled
@@ -850,21 +850,14 @@ def gelu_kernel_for(op: str, x: np.ndarray, approximate: str) -> Callable:
     """The gelu kernel for `approximate`, after checking x and the mode."""
     if x.dtype.kind != "f":
         raise KernelError(op, [x], "expected a floating dtype")
-    if approximate == "none":
-        return gelu_kernel
-    if approximate == "tanh":
-        return gelu_tanh_kernel
-    raise KernelError(op, [x], f"approximate must be 'none' or 'tanh', not {approximate!r}")
+    check_gelu_mode(op, [x], approximate)
+    return gelu_kernel if approximate == "none" else gelu_tanh_kernel
 
 
 def gelu_backward_kernel_for(upstream: np.ndarray, x: np.ndarray, approximate: str) -> Callable:
     """The gelu backward kernel for `approximate`, after checking the mode."""
-    if approximate == "none":
-        return gelu_backward_kernel
-    if approximate == "tanh":
-        return gelu_tanh_backward_kernel
-    raise KernelError("gelu_backward", [upstream, x],
-                      f"approximate must be 'none' or 'tanh', not {approximate!r}")
+    check_gelu_mode("gelu_backward", [upstream, x], approximate)
+    return gelu_backward_kernel if approximate == "none" else gelu_tanh_backward_kernel
 
 
 def rowwise_op(op: str, kernel: Callable, x: np.ndarray, axis: int) -> np.ndarray:

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from ..ad import LinearVar, Zero, defbilinear, defjvp, defjvp_full, deflinear, defvjp
+from ..backend.base import check_gelu_mode
 from ..errors import KernelError
 from ..kernels import scalar_math
 from .backward_defaults import backward_kernel
@@ -48,6 +49,7 @@ __all__ = [
     "cos",
     "div",
     "equal",
+    "erf",
     "exp",
     "gelu",
     "greater",
@@ -63,6 +65,7 @@ __all__ = [
     "pow",
     "relu",
     "sigmoid",
+    "sign",
     "silu",
     "sin",
     "softplus",
@@ -432,10 +435,7 @@ def _gelu_derivative(x: Any, approximate: str) -> Any:
 
 
 def _gelu_shape(x: Any, approximate: str) -> tuple:
-    if approximate not in ("none", "tanh"):
-        raise KernelError(
-            "gelu", (x,), f'approximate must be "none" or "tanh", not {approximate!r}'
-        )
+    check_gelu_mode("gelu", [x], approximate)
     return _same(x)
 
 

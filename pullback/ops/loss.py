@@ -21,7 +21,7 @@ from .reduce import log_softmax
 from .reduce import sum as reduce_sum
 from .registry import declare, dtype_of, is_float, shape_of
 
-__all__: list[str] = []  # its primitives are building blocks the layers above call
+__all__ = ["one_hot"]  # the rest are building blocks the layers above call
 
 
 def _one_hot_shape(labels: Any, depth: int, dtype: Any) -> tuple:
@@ -38,9 +38,26 @@ one_hot_p = declare("one_hot", _one_hot_impl, _one_hot_shape, differentiable=Fal
                     aliasing="fresh")
 
 
-def one_hot(labels: Any, depth: int, dtype: Any) -> Any:
-    """Rows of zeros with a one at each label; no gradient."""
-    return one_hot_p.bind(labels, depth=depth, dtype=dtype)
+def one_hot(labels: Any, num_classes: int = -1, dtype: Any = None) -> Any:
+    """Rows of zeros with a one at each integer label, as `torch.nn.functional.one_hot`:
+    `num_classes=-1` takes the largest label plus one, and the result is int64 unless
+    `dtype` says otherwise; no gradient."""
+    label_dtype = dtype_of(labels)
+    if label_dtype is None or np.dtype(label_dtype).kind not in "iu":
+        raise KernelError("one_hot", (labels,), "labels must be an integer tensor")
+    if not isinstance(num_classes, (int, np.integer)) or isinstance(num_classes, bool) or \
+            num_classes < -1:
+        raise KernelError("one_hot", (labels,), f"num_classes must be a non-negative int or "
+                          f"-1, not {num_classes!r}")
+    values = np.asarray(labels)
+    if num_classes == -1:
+        num_classes = int(values.max()) + 1 if values.size else 0
+    if values.size and (values.min() < 0 or values.max() >= num_classes):
+        # PyTorch refuses these too; the primitive would give a row of zeros.
+        raise KernelError("one_hot", (labels,), f"class values must be in [0, {num_classes}), "
+                          f"got {values.min()} to {values.max()}")
+    return one_hot_p.bind(labels, depth=int(num_classes),
+                          dtype=np.dtype(np.int64) if dtype is None else np.dtype(dtype))
 
 
 def _cross_entropy_shape(logits: Any, labels: Any) -> tuple:
@@ -72,7 +89,7 @@ cross_entropy_p.exact_inputs = True  # labels stay integers for the fused backwa
 
 def _softmax_minus_target(logits: Any, labels: Any) -> Any:
     n, c = shape_of(logits)
-    target = one_hot(labels, c, dtype_of(logits))
+    target = one_hot_p.bind(labels, depth=c, dtype=dtype_of(logits))
     return mul(sub(exp(log_softmax(logits, -1)), target), _mean_scale(n))
 
 
@@ -118,7 +135,7 @@ def dropout_mask(x: Any, p: float, rng: Any) -> Any:
 
 # labels and masks are operands without gradients
 declare_check(cross_entropy_p, cross_entropy, inputs(normal(4, 5), labels(5, 4)))
-declare_check(one_hot_p, lambda y: one_hot(y, 5, np.dtype(np.float64)), inputs(labels(5, 6)),
+declare_check(one_hot_p, lambda y: one_hot(y, 5, np.float64), inputs(labels(5, 6)),
               reference=lambda y: np.eye(5)[y])
 declare_check(dropout_mask_p, lambda x: dropout_mask(x, 0.0, np.random.default_rng),
               inputs(normal(3, 4)), reference=np.ones_like)
