@@ -12,7 +12,7 @@ import numpy as np
 from .. import ops, optim
 from ..tensor import Tensor
 from ..tensor.eager import wrap
-from .module import Module
+from .module import GraphTrace, Module
 
 
 def _data(x: Any) -> np.ndarray:
@@ -62,6 +62,11 @@ class Sequential(Module):
         return x
 
     def traced_forward(self, x: Any) -> tuple[Any, Any]:
+        if _traced_by_graph(self):
+            # Each child's trace would be its own part of the recorded graph: one graph
+            # for the whole chain takes one backward pass where a trace per child takes
+            # one pass (and one copy of the saved parameters) per child.
+            return super().traced_forward(x)
         traces = []
         for m in self._modules.values():
             x, trace = m.traced_forward(x)
@@ -69,6 +74,8 @@ class Sequential(Module):
         return x, LayerTrace(self, traces)
 
     def backprop(self, trace: Any, grad_output: Any) -> tuple[Tensor | None, dict]:
+        if isinstance(trace, GraphTrace):
+            return super().backprop(trace, grad_output)
         (traces,) = _own_trace(self, trace)
         grads: dict = {}
         g = grad_output
@@ -77,6 +84,15 @@ class Sequential(Module):
             if child_grads:
                 grads[name] = child_grads
         return g, dict(reversed(list(grads.items())))
+
+
+def _traced_by_graph(module: Module) -> bool:
+    """Whether `module`'s trace is the recorded graph all through: Module's own
+    traced_forward and backprop, or a Sequential of such modules."""
+    cls = type(module)
+    if cls.traced_forward is Sequential.traced_forward and cls.backprop is Sequential.backprop:
+        return all(_traced_by_graph(m) for m in module._modules.values())
+    return cls.traced_forward is Module.traced_forward and cls.backprop is Module.backprop
 
 
 class Residual(Module):
