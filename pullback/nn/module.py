@@ -138,18 +138,22 @@ class Module:
         return self.forward(*args, **kwargs)
 
     def traced_forward(self, x: Any) -> tuple[Tensor, Any]:
-        """`(output, trace)`: the output and what `backprop` needs (here, the recorded graph)."""
+        """`(output, trace)`: the output and what `backprop` needs (here, the recorded graph).
+
+        The output is a value cut from that graph, as the trace alone is what `backprop`
+        differentiates: a loss computed from it (by `pb.vjp`, say) is then a first-order
+        computation of its own, not one nested inside the module's recording."""
         data = x._data if isinstance(x, Tensor) else np.asarray(x)
         if data.dtype.kind != "f":
             # An integer input (token ids, indices) gets no gradient; the parameters do.
             with enable_grad():
                 y = self(wrap(data, None))
-            return y, GraphTrace(self, None, y)
+            return _value(y), GraphTrace(self, None, y)
         traced = wrap(data, None)
         traced._node = Leaf(data.shape, data.dtype, None, "input")
         with enable_grad():
             y = self(traced)
-        return y, GraphTrace(self, traced, y)
+        return _value(y), GraphTrace(self, traced, y)
 
     def backprop(self, trace: Any, grad_output: Any) -> tuple[Tensor | None, dict]:
         """`(grad_input, grads)` from the output's gradient; mutates nothing, so the
@@ -192,6 +196,11 @@ class Module:
 
     def extra_repr(self) -> str:
         return ""
+
+
+def _value(y: Any) -> Any:
+    """The traced output without its recorded graph (which the trace keeps)."""
+    return wrap(y._data, None) if isinstance(y, Tensor) else y
 
 
 def _prefix_names(child: Module, name: str) -> None:

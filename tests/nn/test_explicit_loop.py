@@ -91,3 +91,21 @@ def test_a_trainable_onnx_model_updates_while_its_trace_is_alive(tmp_path) -> No
     flat = list(nn.flatten_tree(grads).values())
     for p, b, g in zip(model.parameters(), before, flat):
         np.testing.assert_allclose(p.numpy(), b - 0.1 * g.numpy(), rtol=1e-6, atol=1e-7)
+
+
+def test_traced_output_is_a_value_so_a_loss_on_it_is_first_order() -> None:
+    # The trace keeps the recorded graph; the output is cut from it, so a loss's vjp on
+    # it takes the fused first-order path instead of recording its own backward.
+    model = nn.Sequential(nn.Dense(4, 3, dtype=np.float64), nn.ReLU())
+    logits, trace = model.traced_forward(pb.randn(5, 4, seed=1, dtype=np.float64))
+    assert logits._node is None and not logits.requires_grad
+    labels = pb.tensor(np.array([0, 1, 2, 0, 1]))
+    loss, vjp_fn = pb.vjp(lambda z: nn.cross_entropy(z, labels), logits)
+    (grad_logits,) = vjp_fn(pb.ones_like(loss))
+    assert grad_logits._node is None
+    _, grads = model.backprop(trace, grad_logits)
+    eager_loss = nn.cross_entropy(model(pb.tensor(trace.input._data)), labels)
+    eager_loss.backward()
+    for name, p in model.named_parameters():
+        np.testing.assert_allclose(nn.module.flatten_tree(grads)[name].numpy(), p.grad.numpy(),
+                                   rtol=1e-12)
