@@ -58,6 +58,7 @@ def clip_grad_norm(params: Tensor | Iterable[Tensor], max_norm: float,
     if coef != 1.0:
         for g in grads:
             g._check_writeable(where)
-        for g in grads:
-            np.multiply(g._data, coef, out=g._data)
+        with np.errstate(invalid="ignore"):  # inf * 0 is NaN, as in PyTorch
+            for g in grads:
+                np.multiply(g._data, coef, out=g._data)
     return Tensor(np.array(total, dtype=dtype))
