@@ -47,7 +47,7 @@ def test_clip_grad_norm_takes_one_tensor_and_no_gradients() -> None:
 def test_a_non_finite_norm_raises_only_when_asked() -> None:
     p = pb.tensor([1.0, 2.0], requires_grad=True)
     p.grad = pb.tensor([math.inf, 1.0])
-    with pytest.raises(RuntimeError, match="clip_grad_norm: the total 2.0-norm .* is inf"):
+    with pytest.raises(RuntimeError, match=r"clip_grad_norm: the total 2\.0-norm .* is inf"):
         optim.clip_grad_norm([p], 1.0, error_if_nonfinite=True)
     t = torch.tensor([1.0, 2.0], requires_grad=True)
     t.grad = torch.tensor([math.inf, 1.0])
