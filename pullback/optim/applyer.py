@@ -9,9 +9,11 @@ count and the per-parameter buffers, and saves them with the groups as a flat
 A group's "lr" is its base rate: the `TrainParams` schedule, if any, multiplies
 every group's at each step (`factor_at(step)`, as torch's LambdaLR), so
 `param_groups[i]["lr"] = x` rescales that group from the next step on and the
-schedule keeps running. Updates are written into the parameters' arrays in place, through reused scratch arrays, so a step makes
-no large temporaries (large temporaries page-fault on every step; see
-PERFORMANCE.md).
+schedule keeps running.
+
+Updates are written into the parameters' arrays in place, through reused scratch
+arrays, so a step makes no large temporaries (large temporaries page-fault on
+every step; see PERFORMANCE.md).
 """
 
 from __future__ import annotations
