@@ -1,10 +1,34 @@
 """Modules, layers and losses (`from pullback import nn`)."""
 
-from .activations import GELU, Dropout, Flatten, MaxPool2d, ReLU, Sigmoid, Tanh
-from .containers import LR, Residual, Sequential
+from . import init
+from .activations import (
+    GELU,
+    Dropout,
+    Flatten,
+    Identity,
+    LogSoftmax,
+    MaxPool2d,
+    ReLU,
+    Sigmoid,
+    SiLU,
+    Softmax,
+    Tanh,
+)
+from .containers import LR, ModuleDict, Residual, Sequential
 from .layers import GLU, Bias1d, Conv2d, Dense, LayerNorm
 from .losses import cross_entropy, mse_loss
-from .module import Module, ModuleList, NoGradientError, Parameter, flatten_tree, unflatten_tree
+from .module import (
+    IncompatibleKeys,
+    Module,
+    ModuleList,
+    NoGradientError,
+    Parameter,
+    flatten_tree,
+    unflatten_tree,
+)
+
+# PyTorch's name for the same layer: y = x @ weight.T + bias, weight (out, in).
+Linear = Dense
 
 __all__ = [
     "GELU",
@@ -15,19 +39,27 @@ __all__ = [
     "Dense",
     "Dropout",
     "Flatten",
+    "Identity",
+    "IncompatibleKeys",
     "LayerNorm",
+    "Linear",
+    "LogSoftmax",
     "MaxPool2d",
     "Module",
+    "ModuleDict",
     "ModuleList",
     "NoGradientError",
     "Parameter",
     "ReLU",
     "Residual",
     "Sequential",
+    "SiLU",
     "Sigmoid",
+    "Softmax",
     "Tanh",
     "cross_entropy",
     "flatten_tree",
+    "init",
     "mse_loss",
     "unflatten_tree",
 ]

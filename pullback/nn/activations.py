@@ -1,4 +1,4 @@
-"""Modules without parameters: activations, Flatten, MaxPool2d, Dropout.
+"""Modules without parameters: activations, Identity, Flatten, MaxPool2d, Dropout.
 
 They trace through the autodiff core (the default path) and differentiate by
 the primitives' rules and fused kernels.
@@ -16,6 +16,16 @@ from ..tensor.creation import default_generator
 from .module import Module
 
 
+class Identity(Module):
+    """Returns its input unchanged (a placeholder, as PyTorch's; arguments are ignored)."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__()
+
+    def forward(self, x: Any) -> Any:
+        return x
+
+
 class ReLU(Module):
     def forward(self, x: Any) -> Tensor:
         return ops.relu(x)
@@ -29,6 +39,34 @@ class Sigmoid(Module):
 class Tanh(Module):
     def forward(self, x: Any) -> Tensor:
         return ops.tanh(x)
+
+
+class SiLU(Module):
+    """x * sigmoid(x)."""
+
+    def forward(self, x: Any) -> Tensor:
+        return ops.silu(x)
+
+
+class Softmax(Module):
+    """Softmax along `dim` (required: PyTorch's implicit choice is deprecated)."""
+
+    def __init__(self, dim: int):
+        super().__init__()
+        self.dim = dim
+
+    def forward(self, x: Any) -> Tensor:
+        return ops.softmax(x, self.dim)
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}"
+
+
+class LogSoftmax(Softmax):
+    """log(softmax(x)) along `dim`, computed stably."""
+
+    def forward(self, x: Any) -> Tensor:
+        return ops.log_softmax(x, self.dim)
 
 
 class GELU(Module):

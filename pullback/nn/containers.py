@@ -1,10 +1,12 @@
-"""Modules made of modules: Sequential, Residual, LR. Each traces and backprops
-by composing its children's traced forwards and backprops."""
+"""Modules made of modules: Sequential, Residual, LR, each tracing and backpropagating
+by composing its children's traced forwards and backprops; and ModuleDict, which
+only holds children by name (it has no forward, as PyTorch's)."""
 
 from __future__ import annotations
 
 import math
 import numbers
+from collections.abc import ItemsView, Iterable, Iterator, KeysView, Mapping, ValuesView
 from typing import Any
 
 import numpy as np
@@ -147,3 +149,75 @@ class LR(Module):
 
     def extra_repr(self) -> str:
         return f"scale={self.scale}"
+
+
+class ModuleDict(Module):
+    """Modules by name, as PyTorch's ModuleDict: registered children in insertion order,
+    so the state dict names their parameters "name.weight"; `md[name]`,
+    `md[name] = module`, `del md[name]`, `in`, `len`, iteration over the names,
+    `keys()`, `values()`, `items()`, `update()`, `pop()` and `clear()`."""
+
+    def __init__(self, modules: Mapping[str, Module] | Iterable[tuple[str, Module]] | None = None):
+        super().__init__()
+        if modules is not None:
+            self.update(modules)
+
+    def _check_key(self, key: Any) -> str:
+        if not isinstance(key, str):
+            raise TypeError(f"ModuleDict: keys are strings, not {type(key).__name__}")
+        if not key or "." in key:
+            raise KeyError(f"ModuleDict: key {key!r} must be a non-empty name without '.'")
+        if key not in self._modules and hasattr(self, key):
+            raise KeyError(f"ModuleDict: key {key!r} would hide the attribute of that name")
+        return key
+
+    def __getitem__(self, key: str) -> Module:
+        if key not in self._modules:
+            raise KeyError(f"ModuleDict: no module named {key!r}; it has {list(self._modules)}")
+        return self._modules[key]
+
+    def __setitem__(self, key: str, module: Module) -> None:
+        if not isinstance(module, Module):
+            raise TypeError(f"ModuleDict: {key!r} must be a Module, not {type(module).__name__}")
+        setattr(self, self._check_key(key), module)
+
+    def __delitem__(self, key: str) -> None:
+        self.pop(key)
+
+    def __len__(self) -> int:
+        return len(self._modules)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._modules)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._modules
+
+    def keys(self) -> KeysView[str]:
+        return self._modules.keys()
+
+    def values(self) -> ValuesView[Module]:
+        return self._modules.values()
+
+    def items(self) -> ItemsView[str, Module]:
+        return self._modules.items()
+
+    def update(self, modules: Mapping[str, Module] | Iterable[tuple[str, Module]]) -> None:
+        pairs = modules.items() if isinstance(modules, Mapping) else modules
+        for entry in pairs:
+            try:
+                key, module = entry
+            except (TypeError, ValueError):
+                raise TypeError(f"ModuleDict.update: expected (name, module) pairs, got "
+                                f"{entry!r}") from None
+            self[key] = module
+
+    def pop(self, key: str) -> Module:
+        module = self[key]
+        del self._modules[key]
+        object.__delattr__(self, key)
+        return module
+
+    def clear(self) -> None:
+        for key in list(self._modules):
+            self.pop(key)

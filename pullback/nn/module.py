@@ -9,14 +9,14 @@ records; layers may provide their own by composition.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from .. import optim
 from ..ad import Leaf, backward_pass
-from ..tensor import Tensor, enable_grad
+from ..tensor import Tensor, enable_grad, float32, float64
 from ..tensor.backward import EagerExecutor, initial_cotangent, owned
 from ..tensor.eager import wrap
 from .snapshot import own_saved_parameters
@@ -25,6 +25,13 @@ from .state import state_dict_mismatch
 
 class NoGradientError(RuntimeError):
     """Backprop found parameters that the output does not depend on."""
+
+
+class IncompatibleKeys(NamedTuple):
+    """What `load_state_dict` did not match, as PyTorch's `_IncompatibleKeys`."""
+
+    missing_keys: list[str]
+    unexpected_keys: list[str]
 
 
 def Parameter(data: Any, name: str | None = None) -> Tensor:
@@ -77,7 +84,42 @@ class Module:
     # ------------------------------------------------------------ the tree
 
     def named_children(self) -> Iterator[tuple[str, Module]]:
-        yield from self._modules.items()
+        """Each direct child once, with its attribute name."""
+        seen: set[int] = set()
+        for name, child in self._modules.items():
+            if id(child) not in seen:
+                seen.add(id(child))
+                yield name, child
+
+    def children(self) -> Iterator[Module]:
+        for _, child in self.named_children():
+            yield child
+
+    def named_modules(self, prefix: str = "") -> Iterator[tuple[str, Module]]:
+        """This module ("" or `prefix`) and every module below it, each once, with its
+        dotted name, parents before children (as PyTorch's)."""
+        seen: set[int] = set()
+        stack = [(prefix, self)]
+        while stack:
+            name, module = stack.pop()
+            if id(module) in seen:
+                continue
+            seen.add(id(module))
+            yield name, module
+            stack.extend(reversed([(f"{name}.{n}" if name else n, m)
+                                   for n, m in module._modules.items()]))
+
+    def modules(self) -> Iterator[Module]:
+        for _, module in self.named_modules():
+            yield module
+
+    def apply(self, fn: Callable[[Module], Any]) -> Module:
+        """`fn(m)` for every child module, recursively, then for this one (as PyTorch's,
+        e.g. to initialize weights); returns this module."""
+        for child in self.children():
+            child.apply(fn)
+        fn(self)
+        return self
 
     def named_parameters(self, prefix: str = "") -> Iterator[tuple[str, Tensor]]:
         """Each parameter once, with its dotted name, in registration order."""
@@ -99,26 +141,99 @@ class Module:
         for name, child in self._modules.items():
             yield from child._named(kind, f"{prefix}{name}.")
 
-    def state_dict(self) -> dict[str, Tensor]:
-        """Parameters and buffers by dotted name (the `named_parameters()` names)."""
-        state = dict(self.named_parameters())
-        state.update(self.named_buffers())
+    def state_dict(self, prefix: str = "") -> dict[str, Tensor]:
+        """Parameters and buffers by dotted name, as PyTorch lays them out: each module's
+        own parameters, then its buffers, then its children's; a module or parameter
+        reached by two names (tied weights) is listed under both."""
+        state: dict[str, Tensor] = {}
+        self._collect_state(prefix, state)
         return state
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Copy values into the parameters and buffers; names, shapes and dtypes must
-        match exactly (every problem is listed in one error)."""
+    def _collect_state(self, prefix: str, state: dict[str, Tensor]) -> None:
+        for registry in (self._parameters, self._buffers):
+            for name, value in registry.items():
+                state[prefix + name] = value
+        for name, child in self._modules.items():
+            child._collect_state(f"{prefix}{name}.", state)
+
+    def load_state_dict(self, state: dict[str, Any], strict: bool = True) -> IncompatibleKeys:
+        """Copy values into the parameters and buffers; shapes and dtypes must match
+        exactly, and with `strict` so must the names (every problem is listed in one
+        error, and nothing is written unless all fit). Without `strict`, the names
+        that match are loaded; returns the missing and unexpected names."""
         own = self.state_dict()
+        given = {name: np.asarray(value) for name, value in state.items()}
+        missing = [name for name in own if name not in given]
+        unexpected = [name for name in given if name not in own]
+        expected = {name: (t.shape, t.dtype) for name, t in own.items()
+                    if strict or name in given}
         message = state_dict_mismatch(
-            {name: (t.shape, t.dtype) for name, t in own.items()},
-            {name: np.asarray(value) for name, value in state.items()},
+            expected, given if strict else {n: v for n, v in given.items() if n in own},
             what=f"load_state_dict: {type(self).__name__}",
         )
         if message is not None:
             raise ValueError(message)
-        for name, target in own.items():
+        targets = [(own[name], value) for name, value in given.items() if name in own]
+        for target, _ in targets:
             target._check_writeable("load_state_dict")
-            np.copyto(target._data, np.asarray(state[name]))
+        for target, value in targets:
+            np.copyto(target._data, value)
+        return IncompatibleKeys(missing, unexpected)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Forget every parameter's gradient (`p.grad = None`, PyTorch's default), or
+        with `set_to_none=False` fill the existing gradients with zeros."""
+        for p in self.parameters():
+            if set_to_none or p.grad is None:
+                p.grad = None
+            else:
+                p.grad._check_writeable("zero_grad")
+                p.grad._data.fill(0)
+
+    def to(self, *args: Any, dtype: Any = None, device: Any = None) -> Module:
+        """Convert the parameters, their gradients and the float buffers to a float
+        dtype in place (integer buffers such as counts stay as they are), as
+        PyTorch's: `to(pb.float64)`, `to("float64")`, `to(np.float64)`,
+        `to(dtype=...)`; "cpu" as a device is accepted (pullback runs there).
+
+        Each parameter stays the same Tensor (optimizers and `nn.LR` know parameters
+        by identity); its array is replaced by a converted copy, so NumPy views taken
+        before (`p.numpy()`) keep the old values, and a plan compiled before the
+        conversion should be compiled again. An optimizer converts a parameter's
+        buffers to its new dtype at its next step. Returns this module."""
+        for arg in args:
+            if isinstance(arg, str) and arg.split(":")[0] in _DEVICES:
+                device = arg
+            elif dtype is None:
+                dtype = arg
+            else:
+                raise TypeError(f"to: expected a dtype and/or the device 'cpu', got {args!r}")
+        if device is not None and device != "cpu":
+            raise ValueError(f"to: pullback runs on the CPU; device {device!r} is not available")
+        if dtype is None:
+            return self
+        target = _float_dtype(dtype)
+        # Each tensor once (tied weights are one), all checked before any is converted,
+        # so that a refusal leaves the module whole.
+        changing = list({id(t): t for t in self.state_dict().values()
+                         if t.dtype.kind == "f" and t.dtype != target}.values())
+        for t in changing:
+            t._check_writeable("to")
+        for t in changing:
+            t._data = t._data.astype(target)
+            if t._node is not None:
+                t._node.dtype = target
+            if t.grad is not None and t.grad.dtype != target:
+                t.grad = Tensor(t.grad._data.astype(target))
+        return self
+
+    def double(self) -> Module:
+        """`to(pb.float64)`."""
+        return self.to(float64)
+
+    def float(self) -> Module:
+        """`to(pb.float32)`."""
+        return self.to(float32)
 
     def train(self, mode: bool = True) -> Module:
         object.__setattr__(self, "training", mode)
@@ -201,6 +316,22 @@ class Module:
 def _value(y: Any) -> Any:
     """The traced output without its recorded graph (which the trace keeps)."""
     return wrap(y._data, None) if isinstance(y, Tensor) else y
+
+
+# Device names PyTorch code passes to `to`; only the CPU is pullback's.
+_DEVICES = ("cpu", "cuda", "mps", "xpu", "meta")
+
+
+def _float_dtype(dtype: Any) -> np.dtype:
+    """`dtype` as float32 or float64, or a TypeError naming what `to` accepts."""
+    try:
+        resolved = np.dtype(dtype)
+    except TypeError:
+        resolved = None
+    if resolved not in (float32, float64):
+        raise TypeError(f"to: a module converts to a float dtype (pb.float32, pb.float64, "
+                        f"'float32', 'float64'), not {dtype!r}")
+    return resolved
 
 
 def _prefix_names(child: Module, name: str) -> None:

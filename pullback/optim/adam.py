@@ -8,16 +8,15 @@ arithmetic in NumPy."""
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any, ClassVar
 
 import numpy as np
 
 from ..kernels import updates
 from ..kernels.core import SUPPORTED_DTYPES
-from ..tensor import Tensor
 from ._checks import real
-from .applyer import GradApplyer
+from .applyer import GradApplyer, _Default
 from .train_params import TrainParams
 
 
@@ -27,48 +26,50 @@ class Adam(GradApplyer):
     counted per parameter (a parameter without a gradient in a step keeps its t)."""
 
     _decoupled: ClassVar[bool] = False
+    _buffer_names: ClassVar[tuple[str, ...]] = ("step", "exp_avg", "exp_avg_sq")
     _count_buffers: ClassVar[tuple[str, ...]] = ("step",)
+    betas = _Default()
+    eps = _Default()
+    weight_decay = _Default()
 
-    def __init__(self, params: Iterable[Tensor], lr: float | TrainParams,
+    def __init__(self, params: Iterable[Any], lr: float | TrainParams,
                  betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
                  weight_decay: float = 0.0) -> None:
-        super().__init__(params, lr)
-        name = type(self).__name__
+        super().__init__(params, lr, betas=betas, eps=eps, weight_decay=weight_decay)
+
+    @staticmethod
+    def _check_group(where: str, group: Mapping[str, Any]) -> dict[str, Any]:
         try:
-            beta1, beta2 = betas
+            beta1, beta2 = group["betas"]
         except (TypeError, ValueError):
             raise ValueError(
-                f"{name}: betas must be a pair (beta1, beta2), got {betas!r}"
+                f"{where}: betas must be a pair (beta1, beta2), got {group['betas']!r}"
             ) from None
-        self.betas = (real(name, "betas[0]", beta1, low=0.0, high=1.0, high_open=True),
-                      real(name, "betas[1]", beta2, low=0.0, high=1.0, high_open=True))
-        self.eps = real(name, "eps", eps, low=0.0)
-        self.weight_decay = real(name, "weight_decay", weight_decay, low=0.0)
-        # Both decays happen inside _rule, fused into the step.
-        self._buffer_names = ("step", "exp_avg", "exp_avg_sq")
-
-    def _hyper(self) -> dict[str, Any]:
-        return {"betas": self.betas, "eps": self.eps, "weight_decay": self.weight_decay}
+        betas = (real(where, "betas[0]", beta1, low=0.0, high=1.0, high_open=True),
+                 real(where, "betas[1]", beta2, low=0.0, high=1.0, high_open=True))
+        return {"lr": real(where, "lr", group["lr"], low=0.0), "betas": betas,
+                "eps": real(where, "eps", group["eps"], low=0.0),
+                "weight_decay": real(where, "weight_decay", group["weight_decay"], low=0.0)}
 
     def _rule(self, index: int, param: np.ndarray, grad: np.ndarray, lr: float, scale: float,
-              tmp: np.ndarray, out: np.ndarray) -> None:
-        state = self._state.get(index)
-        if state is None:
-            state = self._state[index] = self._new_state(param)
+              tmp: np.ndarray, out: np.ndarray, group: dict[str, Any]) -> None:
+        # Both decays happen here, fused into the step.
+        state = self._state_of(index, param, self._buffer_names)
         step_array, exp_avg, exp_avg_sq = state["step"], state["exp_avg"], state["exp_avg_sq"]
         step_array += 1
         step = int(step_array)
-        beta1, beta2 = self.betas
+        beta1, beta2 = group["betas"]
+        eps, weight_decay = group["eps"], group["weight_decay"]
         weight = 1.0 - beta1
         step_size = lr / (1.0 - beta1**step)
         correction2_sqrt = math.sqrt(1.0 - beta2**step)
-        coupled = 0.0 if self._decoupled else self.weight_decay
-        decoupled = lr * self.weight_decay if self._decoupled else 0.0
+        coupled = 0.0 if self._decoupled else weight_decay
+        decoupled = lr * weight_decay if self._decoupled else 0.0
         if param.dtype in SUPPORTED_DTYPES:
             self._fused(index, updates.adam_update,
                         (param, grad, exp_avg, exp_avg_sq, coupled, weight, 1.0 - weight,
                          weight < 0.5, beta2, 1.0 - beta2, step_size * scale, correction2_sqrt,
-                         self.eps, decoupled * scale), (param, exp_avg, exp_avg_sq))
+                         eps, decoupled * scale), (param, exp_avg, exp_avg_sq))
             return
         if coupled:
             grad = np.add(grad, np.multiply(param, coupled, out=out), out=out)
@@ -83,7 +84,7 @@ class Adam(GradApplyer):
         np.add(exp_avg_sq, np.multiply(tmp, grad, out=tmp), out=exp_avg_sq)
 
         denom = np.sqrt(exp_avg_sq, out=tmp)
-        np.add(np.divide(denom, correction2_sqrt, out=denom), self.eps, out=denom)
+        np.add(np.divide(denom, correction2_sqrt, out=denom), eps, out=denom)
         update = np.divide(np.multiply(exp_avg, step_size, out=out), denom, out=out)
         if decoupled:
             # Part of the update, so a parameter's lr scale scales the decay as well.
@@ -96,7 +97,7 @@ class AdamW(Adam):
 
     _decoupled: ClassVar[bool] = True
 
-    def __init__(self, params: Iterable[Tensor], lr: float | TrainParams,
+    def __init__(self, params: Iterable[Any], lr: float | TrainParams,
                  betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
                  weight_decay: float = 0.01) -> None:
         super().__init__(params, lr, betas=betas, eps=eps, weight_decay=weight_decay)

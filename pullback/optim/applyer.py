@@ -1,12 +1,19 @@
 """`GradApplyer`: what every optimizer shares.
 
-It checks parameters and gradients, runs `TrainParams`' gradient treatments
-(clip_value, clip_norm, l2, l1) and the per-parameter learning-rate scale
-around a subclass's update rule, owns the step count and the per-parameter
-buffers, and saves them as a flat `state_dict`. Updates are written into the
-parameters' arrays in place, through reused scratch arrays, so a step makes
-no large temporaries (large temporaries page-fault on every step; see
-PERFORMANCE.md).
+It checks parameters and gradients, keeps them in parameter groups (groups.py),
+runs `TrainParams`' gradient treatments (clip_value, clip_norm, l2, l1) and the
+per-parameter learning-rate scale around a subclass's update rule, owns the step
+count and the per-parameter buffers, and saves them with the groups as a flat
+`state_dict`.
+
+A group's "lr" is its base rate: the `TrainParams` schedule, if any, multiplies
+every group's at each step (`factor_at(step)`, as torch's LambdaLR), so
+`param_groups[i]["lr"] = x` rescales that group from the next step on and the
+schedule keeps running.
+
+Updates are written into the parameters' arrays in place, through reused scratch
+arrays, so a step makes no large temporaries (large temporaries page-fault on
+every step; see PERFORMANCE.md).
 """
 
 from __future__ import annotations
@@ -20,14 +27,14 @@ import numpy as np
 
 from ..tensor import Tensor
 from ._checks import real
+from .clip import NORM_EPS
+from .groups import GROUP_PREFIX, groups_state, load_groups, split_groups
 from .scales import lr_scales
 from .train_params import TrainParams
 
 # Scratch arrays per dtype, each as large as the largest parameter: the working
 # gradient, and two for the rule (the last holds the update it returns).
 _SCRATCH_SLOTS = 3
-# As torch.nn.utils.clip_grad_norm_: keeps the coefficient finite for zero gradients.
-_NORM_EPS = 1e-6
 
 
 class StateDictError(KeyError, ValueError):
@@ -42,18 +49,7 @@ def _describe(shape: tuple, dtype: Any) -> str:
     return f"{shape} {np.dtype(dtype)}"
 
 
-def _check_params(where: str, params: Any) -> list[Tensor]:
-    if isinstance(params, (Tensor, np.ndarray)):
-        raise TypeError(
-            f"{where}: params must be an iterable of Tensors (as from module.parameters()), "
-            f"got a single {type(params).__name__}; wrap it in a list"
-        )
-    try:
-        params = list(params)
-    except TypeError:
-        raise TypeError(
-            f"{where}: params must be an iterable of Tensors, got {type(params).__name__}"
-        ) from None
+def _check_params(where: str, params: list[Any]) -> list[Tensor]:
     if not params:
         raise ValueError(f"{where}: got an empty parameter list")
     seen: dict[int, int] = {}
@@ -71,7 +67,8 @@ def _check_params(where: str, params: Any) -> list[Tensor]:
             )
         # By identity: a Tensor's == is elementwise, so `p in list` would not work.
         if id(p) in seen:
-            raise ValueError(f"{where}: parameters {seen[id(p)]} and {i} are the same tensor")
+            raise ValueError(f"{where}: parameters {seen[id(p)]} and {i} are the same tensor "
+                             "(a parameter may be in one group only, once)")
         seen[id(p)] = i
     return params
 
@@ -88,28 +85,56 @@ def _as_array(where: str, what: str, value: Any) -> np.ndarray:
     )
 
 
+class _Default:
+    """A constructor setting, read as `opt.momentum`: the default of parameter groups
+    that do not set their own. Not assignable: the groups hold what steps use."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, opt: Any, owner: type | None = None) -> Any:
+        return self if opt is None else opt.defaults[self.name]
+
+    def __set__(self, opt: Any, value: Any) -> None:
+        raise AttributeError(
+            f"{type(opt).__name__}.{self.name} is the default of parameter groups; set "
+            f"opt.param_groups[i][{self.name!r}] to change what the next step uses"
+        )
+
+
 class GradApplyer:
     """Turns gradients into in-place parameter updates.
 
-    `lr` is a float or a `TrainParams` (which also brings its schedule, l1, l2,
-    clip_norm and clip_value). Subclasses supply `_rule`; the base class does
-    everything around it.
+    `params` is an iterable of tensors, or PyTorch's list of parameter groups (dicts
+    with "params" and settings that override the constructor's). `lr` is a float or a
+    `TrainParams` (which also brings its schedule, l1, l2, clip_norm and clip_value,
+    for all groups). Subclasses supply `_check_group`, `_buffers_for` and `_rule`; the
+    base class does everything around them.
     """
 
-    # Set by subclasses: the coupled weight decay added to the gradient (as
-    # PyTorch's SGD and Adam do), and the per-parameter buffers, by state_dict name.
-    _coupled_decay: float = 0.0
-    _buffer_names: tuple[str, ...] = ()
+    # Set by subclasses: every per-parameter buffer a rule may keep, by state_dict name.
+    _buffer_names: ClassVar[tuple[str, ...]] = ()
     # Buffers that are 0-d int64 counts rather than arrays shaped like the parameter.
     _count_buffers: ClassVar[tuple[str, ...]] = ()
 
-    def __init__(self, params: Iterable[Tensor], lr: float | TrainParams) -> None:
+    def __init__(self, params: Iterable[Any], lr: float | TrainParams, **settings: Any) -> None:
         where = type(self).__name__
-        self.params: list[Tensor] = _check_params(where, params)
         if isinstance(lr, TrainParams):
             self.train_params = lr
         else:
             self.train_params = TrainParams(real(where, "lr", lr, low=0.0))
+        self.defaults: dict[str, Any] = self._check_group(
+            where, {"lr": self.train_params.lr, **settings})
+        tensors, groups = split_groups(where, params, self.defaults, self._check_group)
+        self.params: list[Tensor] = _check_params(where, [p for ts in tensors for p in ts])
+        self.param_groups: list[dict[str, Any]] = [
+            {"params": ts, **group} for ts, group in zip(tensors, groups)]
+        self._group_of = [g for g, ts in enumerate(tensors) for _ in ts]
+        self._group_indices: list[list[int]] = []
+        first = 0
+        for ts in tensors:
+            self._group_indices.append(list(range(first, first + len(ts))))
+            first += len(ts)
         self.step_count = 0
         self._index = {id(p): i for i, p in enumerate(self.params)}
         self._state: dict[int, dict[str, np.ndarray]] = {}
@@ -121,17 +146,39 @@ class GradApplyer:
     # ------------------------------------------------------------ the update rule
 
     def _rule(self, index: int, param: np.ndarray, grad: np.ndarray, lr: float, scale: float,
-              tmp: np.ndarray, out: np.ndarray) -> None:
+              tmp: np.ndarray, out: np.ndarray, group: dict[str, Any]) -> None:
         """Update parameter `index` and its buffers in place: `param -= scale * step`,
-        with `scale` its lr scale. `tmp` and `out` are scratch; `grad` must not be
-        written. The float32/float64 rules do it in one fused pass."""
+        with `scale` its lr scale and `group` its group's checked settings. `tmp` and
+        `out` are scratch; `grad` must not be written. The float32/float64 rules do it
+        in one fused pass."""
         raise TypeError(
             f"{type(self).__name__} has no update rule: GradApplyer is the base of SGD, "
             "RMSProp, Adam and AdamW; use one of them, or subclass it and define _rule"
         )
 
-    def _hyper(self) -> dict[str, Any]:
-        return {}
+    @staticmethod
+    def _check_group(where: str, group: Mapping[str, Any]) -> dict[str, Any]:
+        """A group's settings (a dict without "params") checked and normalized; `where`
+        names the applyer and the group in errors."""
+        return {"lr": real(where, "lr", group["lr"], low=0.0)}
+
+    def _buffers_for(self, group: Mapping[str, Any]) -> tuple[str, ...]:
+        """The buffers a parameter of a group with these settings must have once stepped."""
+        return self._buffer_names
+
+    def _settings(self, where: str) -> list[dict[str, Any]]:
+        """Each group's settings as this step uses them: checked (a setting written into
+        `param_groups` is checked here), "lr" with the schedule's factor applied."""
+        factor = self.train_params.factor_at(self.step_count)
+        settings = []
+        for g, group in enumerate(self.param_groups):
+            missing = [k for k in self.defaults if k not in group]
+            if missing:
+                raise KeyError(f"{where}: parameter group {g} lost its settings {missing}")
+            checked = self._check_group(f"{where}: parameter group {g}", group)
+            checked["lr"] = checked["lr"] * factor if factor != 1.0 else checked["lr"]
+            settings.append(checked)
+        return settings
 
     def _fused(self, index: int, kernel: Any, args: tuple, out: tuple) -> None:
         """`kernel(*args, out=out)`, the outputs being inputs (the parameter and its
@@ -151,8 +198,9 @@ class GradApplyer:
 
     @property
     def lr(self) -> float:
-        """The learning rate the next step will use (the schedule applied)."""
-        return self.train_params.lr_at(self.step_count)
+        """The learning rate the next step will use for the first group (the schedule
+        applied); each group's base rate is `param_groups[i]["lr"]`."""
+        return self._settings(type(self).__name__)[0]["lr"]
 
     def zero_grad(self) -> None:
         """Forget every parameter's gradient (`p.grad = None`)."""
@@ -169,10 +217,19 @@ class GradApplyer:
         self._apply(pairs, "apply")
 
     def __repr__(self) -> str:
-        hyper = "".join(f", {k}={v!r}" for k, v in self._hyper().items())
+        hyper = "".join(f", {k}={v!r}" for k, v in self.defaults.items() if k != "lr")
         lr = self.train_params
         lr_text = repr(lr) if lr != TrainParams(lr.lr) else repr(lr.lr)
-        return f"{type(self).__name__}({len(self.params)} parameters, lr={lr_text}{hyper})"
+        count = f"{len(self.params)} parameters"
+        if len(self.param_groups) > 1:
+            count += f" in {len(self.param_groups)} groups"
+            groups = ", ".join(
+                "{" + ", ".join([f"{len(group['params'])} parameters"] + [
+                    f"{k}={v!r}" for k, v in group.items()
+                    if k != "params" and v != self.defaults.get(k)]) + "}"
+                for group in self.param_groups)
+            hyper += f", groups=[{groups}]"
+        return f"{type(self).__name__}({count}, lr={lr_text}{hyper})"
 
     # ------------------------------------------------------------ one step
 
@@ -189,15 +246,27 @@ class GradApplyer:
         # Every check before any write, so a failed step leaves nothing half-updated.
         for _, p, _ in items:
             p._check_writeable(where)
-        lr = self.train_params.lr_at(self.step_count)
+        settings = self._settings(where)
         coef = self._clip_coefficient(items)
         scales = lr_scales([p for _, p, _ in items])
         for (index, p, grad), scale in zip(items, scales):
             param = p._data
+            group = settings[self._group_of[index]]
+            self._follow_dtype(index, param)
             work, tmp, out = self._scratch_views(param)
             grad = self._prepare(param, grad, work, tmp, coef)
-            self._rule(index, param, grad, lr, scale, tmp, out)
+            self._rule(index, param, grad, group["lr"], scale, tmp, out, group)
         self.step_count += 1
+
+    def _follow_dtype(self, index: int, param: np.ndarray) -> None:
+        """A parameter converted to another float dtype (`module.to(dtype)`) takes its
+        buffers along, as PyTorch's load_state_dict casts them to the parameter's."""
+        state = self._state.get(index)
+        if state is None:
+            return
+        for name, array in state.items():
+            if array.dtype != param.dtype and name not in self._count_buffers:
+                state[name] = array.astype(param.dtype)
 
     def _resolve(self, where: str, pairs: Iterable[tuple[Tensor, Any]]
                  ) -> list[tuple[int, Tensor, np.ndarray]]:
@@ -257,16 +326,16 @@ class GradApplyer:
                 grad = work
             flat = grad.reshape(-1)
             total += float(np.dot(flat, flat))
-        coef = tp.clip_norm / (math.sqrt(total) + _NORM_EPS)
+        coef = tp.clip_norm / (math.sqrt(total) + NORM_EPS)
         return min(coef, 1.0)
 
     def _prepare(self, param: np.ndarray, grad: np.ndarray, work: np.ndarray, tmp: np.ndarray,
                  coef: float) -> np.ndarray:
-        """The gradient after clip_value, clip_norm, l2, l1 and coupled weight decay:
-        `grad` itself when none applies, else a treated copy in `work`."""
+        """The gradient after clip_value, clip_norm, l2 and l1 (each applyer's own weight
+        decay is part of its rule): `grad` itself when none applies, else a treated copy
+        in `work`."""
         tp = self.train_params
-        decay = self._coupled_decay
-        if tp.clip_value is None and coef == 1.0 and not tp.l2 and not tp.l1 and not decay:
+        if tp.clip_value is None and coef == 1.0 and not tp.l2 and not tp.l1:
             return grad
         if tp.clip_value is not None:
             np.clip(grad, -tp.clip_value, tp.clip_value, out=work)
@@ -279,24 +348,31 @@ class GradApplyer:
         if tp.l1:
             np.sign(param, out=tmp)
             np.add(work, np.multiply(tmp, tp.l1, out=tmp), out=work)
-        if decay:
-            np.add(work, np.multiply(param, decay, out=tmp), out=work)
         return work
 
     # ------------------------------------------------------------ state
 
-    def _new_state(self, param: np.ndarray) -> dict[str, np.ndarray]:
-        """Zeroed buffers for a parameter's first step, in its dtype."""
-        return {name: np.zeros((), np.int64) if name in self._count_buffers
-                else np.zeros(param.shape, param.dtype) for name in self._buffer_names}
+    def _state_of(self, index: int, param: np.ndarray, names: tuple[str, ...]
+                  ) -> dict[str, np.ndarray]:
+        """Parameter `index`'s buffers, with zeroed ones (in its dtype) for any of `names`
+        it does not have yet: all at its first step, or one its group's new settings
+        need (momentum turned on)."""
+        state = self._state.setdefault(index, {})
+        for name in names:
+            if name not in state:
+                state[name] = np.zeros((), np.int64) if name in self._count_buffers \
+                    else np.zeros(param.shape, param.dtype)
+        return state
 
     def state_dict(self) -> dict[str, np.ndarray]:
-        """Copies of the step count ("step_count", 0-d int64) and of each stepped
-        parameter's buffers ("state.<index in params>.<buffer>")."""
+        """Copies of the step count ("step_count", 0-d int64), of each stepped
+        parameter's buffers ("state.<index in params>.<buffer>") and of the groups
+        ("param_groups.<g>.params", "param_groups.<g>.<setting>"; see groups.py)."""
         out = {"step_count": np.array(self.step_count, dtype=np.int64)}
         for index in sorted(self._state):
             for name, array in self._state[index].items():
                 out[f"state.{index}.{name}"] = array.copy()
+        out.update(groups_state(self.param_groups, self._group_indices))
         return out
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -311,18 +387,24 @@ class GradApplyer:
         if step_count.shape != () or step_count.dtype.kind not in "iu" or step_count < 0:
             raise ValueError(f"{where}: 'step_count' must be a 0-d integer array >= 0, got "
                              f"{_describe(step_count.shape, step_count.dtype)} {step_count!r}")
+        group_arrays = {key: _as_array(where, repr(key), value) for key, value in state.items()
+                        if isinstance(key, str) and key.startswith(GROUP_PREFIX)}
+        groups = load_groups(where, group_arrays, self.param_groups, self._group_indices,
+                             self._check_group)
+        settings = groups if groups is not None else [
+            self._check_group(where, g) for g in self.param_groups]
         names = "|".join(map(re.escape, self._buffer_names)) or "(?!)"
         pattern = re.compile(rf"state\.(0|[1-9][0-9]*)\.({names})")
         new_state: dict[int, dict[str, np.ndarray]] = {}
         for key, value in state.items():
-            if key == "step_count":
+            if key == "step_count" or key in group_arrays:
                 continue
             match = pattern.fullmatch(key) if isinstance(key, str) else None
             if match is None or int(match[1]) >= len(self.params):
                 raise StateDictError(
                     f"{where}: unexpected key {key!r}; expected 'step_count' and "
                     f"'state.<i>.<buffer>' with i < {len(self.params)} and buffer one of "
-                    f"{list(self._buffer_names)}"
+                    f"{list(self._buffer_names)}, and 'param_groups.<g>.<setting>'"
                 )
             index, name = int(match[1]), match[2]
             array = _as_array(where, repr(key), value)
@@ -339,13 +421,17 @@ class GradApplyer:
             dtype = np.int64 if is_count else param.dtype
             new_state.setdefault(index, {})[name] = np.array(array, dtype=dtype, order="C")
         for index, buffers in new_state.items():
-            missing = [n for n in self._buffer_names if n not in buffers]
+            needed = self._buffers_for(settings[self._group_of[index]])
+            missing = [n for n in needed if n not in buffers]
             if missing:
                 raise StateDictError(
                     f"{where}: parameter {index} has {sorted(buffers)} but is missing "
                     + ", ".join(repr(f"state.{index}.{n}") for n in missing)
                 )
             # Buffers in _buffer_names order, as a fresh step would make them.
-            new_state[index] = {n: buffers[n] for n in self._buffer_names}
+            new_state[index] = {n: buffers[n] for n in self._buffer_names if n in buffers}
         self._state = new_state
         self.step_count = int(step_count)
+        if groups is not None:
+            for group, loaded in zip(self.param_groups, groups):
+                group.update(loaded)

@@ -46,9 +46,18 @@ class TrainParams:
 
     def lr_at(self, step: int) -> float:
         """The learning rate of update number `step` (counted from 0)."""
-        step = count("TrainParams.lr_at", "step", step)
+        factor = self._factor("TrainParams.lr_at", step)
+        return self.lr * factor if self.schedule is not None else self.lr
+
+    def factor_at(self, step: int) -> float:
+        """The schedule's factor on the learning rate at update number `step` (1 without
+        a schedule); an applyer multiplies each parameter group's lr by it."""
+        return self._factor("TrainParams.factor_at", step)
+
+    def _factor(self, where: str, step: int) -> float:
+        step = count(where, "step", step)
         if self.schedule is None:
-            return self.lr
+            return 1.0
         factor = self.schedule(step)
         try:
             factor = float(factor)
@@ -56,7 +65,7 @@ class TrainParams:
             factor = math.nan
         if not (math.isfinite(factor) and factor >= 0.0):
             raise ValueError(
-                f"TrainParams.lr_at: schedule {self.schedule!r} gave factor {factor!r} at step "
+                f"{where}: schedule {self.schedule!r} gave factor {factor!r} at step "
                 f"{step}; a factor must be a finite number >= 0"
             )
-        return self.lr * factor
+        return factor

@@ -250,7 +250,7 @@ def test_a_bad_optimizer_state_leaves_the_model_untouched(tmp_path: Path) -> Non
     assert str(path) in str(error.value)
     for name, p in other.named_parameters():
         np.testing.assert_array_equal(p.numpy(), before[name], err_msg=name)
-    assert optimizer.state_dict().keys() == {"step_count"}
+    assert not any(k.startswith("state.") for k in optimizer.state_dict())
 
 
 def test_a_model_that_refuses_its_state_gets_the_optimizer_state_back(tmp_path: Path) -> None:

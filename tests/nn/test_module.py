@@ -35,7 +35,9 @@ def test_parameters_are_registered_from_attributes_children_and_lists() -> None:
 def test_state_dict_holds_parameters_and_buffers_by_name() -> None:
     model = Tower()
     state = model.state_dict()
-    assert list(state) == [n for n, _ in model.named_parameters()] + ["steps"]
+    # PyTorch's order: a module's parameters, its buffers, then its children's.
+    names = [n for n, _ in model.named_parameters()]
+    assert list(state) == names[:1] + ["steps"] + names[1:]
     assert state["stem.weight"] is model.stem.weight
 
 

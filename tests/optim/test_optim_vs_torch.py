@@ -94,5 +94,7 @@ def test_applyer_keeps_float32_parameters_and_buffers_float32(case: str) -> None
         assert p.dtype == np.float32
         assert p._data is array  # updated in place, never rebound
     for key, value in opt.state_dict().items():
+        if key.startswith("param_groups."):
+            continue  # float64 settings and int64 indices (test_optim_groups.py)
         assert value.dtype == (np.int64 if key.endswith("step") or key == "step_count"
                                else np.float32), key
