@@ -23,6 +23,7 @@ from ..errors import KernelError
 from ..ops.elementwise import add_p, div_p, mul_p, sub_p
 from ..ops.registry import PRIMITIVES
 from .arrays import as_array
+from .methods import ElementCount, TorchMethods
 from .protect import TensorNode, protect, saved_by, writeable_if_free
 from .state import grad_enabled
 
@@ -179,7 +180,7 @@ def _binary_operator(prim: Any, reflected: bool) -> Any:
     return operator
 
 
-class _Operators:
+class _Operators(TorchMethods):
     """Operators and methods shared by `Tensor` and the linear variables of transforms."""
 
     __slots__ = ()
@@ -247,7 +248,7 @@ for _prim in PRIMITIVES.values():
         setattr(_Operators, _prim.method.__name__, _prim.method)
 
 # A linear variable behaves like a tensor inside `linear_transpose`'s function.
-for _name, _value in vars(_Operators).items():
+for _name, _value in {**vars(TorchMethods), **vars(_Operators)}.items():
     if _name not in ("__slots__", "__doc__", "__module__", "__dict__", "__qualname__"):
         setattr(LinearVar, _name, _value)
 
@@ -283,8 +284,10 @@ class Tensor(_Operators):
         return self._data.ndim
 
     @property
-    def size(self) -> int:
-        return self._data.size
+    def size(self) -> ElementCount:
+        """The element count (an int, as NumPy's `a.size`); called, the shape (as
+        PyTorch's `x.size()`), or one dimension's length (`x.size(1)`)."""
+        return ElementCount(self._data.shape)
 
     def __len__(self) -> int:
         if not self._data.ndim:
