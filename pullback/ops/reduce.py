@@ -72,10 +72,17 @@ def mean(x: Any, axis: Any = None, keepdims: bool = False) -> Any:
     return mul(sum(x, axes, keepdims), 1.0 / count)
 
 
+def _refuse_empty(op: str, x: Any, axes: tuple) -> tuple:
+    """`axes`, unless one of them is empty: a max or min of nothing is refused (as in
+    PyTorch), here where the op is named, rather than by the backend."""
+    if any(shape_of(x)[a] == 0 for a in axes):
+        raise KernelError(op, (x,), f"{op} of an empty selection")
+    return axes
+
+
 def _extremum_shape(op: str) -> Any:
     def rule(x: Any, axes: tuple, keepdims: bool) -> tuple:
-        if any(shape_of(x)[a] == 0 for a in axes):
-            raise KernelError(op, (x,), f"{op} of an empty selection")
+        _refuse_empty(op, x, axes)
         return reduced_shape(shape_of(x), axes, keepdims), dtype_of(x)
 
     return rule
@@ -112,7 +119,8 @@ backward_kernel(reduce_max_p, "reduce_max_backward")
 
 @tensor_method(reduce_max_p)
 def max(x: Any, axis: Any = None, keepdims: bool = False) -> Any:
-    return reduce_max_p.bind(x, axes=normalize_axes("max", x, axis), keepdims=keepdims)
+    axes = _refuse_empty("max", x, normalize_axes("max", x, axis))
+    return reduce_max_p.bind(x, axes=axes, keepdims=keepdims)
 
 
 reduce_min_p = declare(
@@ -132,7 +140,8 @@ def min(x: Any, axis: Any = None, keepdims: bool = False) -> Any:
     """The smallest values over `axis` (None: every axis), as torch.amin: ties share the
     gradient equally. `x.min(axis)` gives the values only, as `x.max(axis)` does (PyTorch's
     `x.min(dim)` also gives indices: `argmin` has them)."""
-    return reduce_min_p.bind(x, axes=normalize_axes("min", x, axis), keepdims=keepdims)
+    axes = _refuse_empty("min", x, normalize_axes("min", x, axis))
+    return reduce_min_p.bind(x, axes=axes, keepdims=keepdims)
 
 
 # ---------------------------------------------------------------- prod
@@ -203,27 +212,31 @@ argmin_p = declare("argmin", lambda backend, x, axis, keepdims: backend.argmin(x
                    _arg_shape("argmin"), differentiable=False, aliasing="fresh")
 
 
-def _one_axis_or_none(op: str, x: Any, axis: Any) -> int | None:
-    if axis is None:
-        return None
-    if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)):
-        raise KernelError(op, (x,), f"axis must be an int or None, not {axis!r}")
-    axes = normalize_axes(op, x, int(axis))
-    return axes[0] if axes else None  # a 0-d tensor's axis 0 is all of it
+def _one_axis_or_none(op: str, x: Any, axis: Any, keepdims: bool) -> int | None:
+    """`axis` as a non-negative int, or None (every axis); refused where it is empty."""
+    if axis is not None:
+        if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)):
+            raise KernelError(op, (x,), f"axis must be an int or None, not {axis!r}")
+        axes = normalize_axes(op, x, int(axis))
+        axis = axes[0] if axes else None  # a 0-d tensor's axis 0 is all of it
+    _arg_shape(op)(x, axis, keepdims)
+    return axis
 
 
 @tensor_method(argmax_p)
 def argmax(x: Any, axis: Any = None, keepdims: bool = False) -> Any:
     """int64 index of the first largest value along `axis` (None: in the flattened
     tensor), as torch.argmax; no gradient."""
-    return argmax_p.bind(x, axis=_one_axis_or_none("argmax", x, axis), keepdims=keepdims)
+    return argmax_p.bind(x, axis=_one_axis_or_none("argmax", x, axis, keepdims),
+                         keepdims=keepdims)
 
 
 @tensor_method(argmin_p)
 def argmin(x: Any, axis: Any = None, keepdims: bool = False) -> Any:
     """int64 index of the first smallest value along `axis` (None: in the flattened
     tensor), as torch.argmin; no gradient."""
-    return argmin_p.bind(x, axis=_one_axis_or_none("argmin", x, axis), keepdims=keepdims)
+    return argmin_p.bind(x, axis=_one_axis_or_none("argmin", x, axis, keepdims),
+                         keepdims=keepdims)
 
 
 def _row_shape(op: str) -> Any:

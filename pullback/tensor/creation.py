@@ -199,6 +199,18 @@ def multinomial(probs: Any, n: Any, seed: Any = None, replacement: bool = False)
                          f"row with {(rows > 0).sum(axis=1).min()} categories of nonzero "
                          "probability")
     rng = _rng(seed)
-    drawn = np.stack([rng.choice(rows.shape[1], size=int(n), replace=replacement,
-                                 p=row / row.sum()) for row in rows])
+    if replacement:
+        # Inverse CDF per row, all rows in one search: row r's CDF is shifted up by r.
+        cdf = np.cumsum(rows, axis=1)
+        cdf = cdf / cdf[:, -1:] + np.arange(len(rows))[:, None]
+        u = rng.random((len(rows), int(n))) + np.arange(len(rows))[:, None]
+        drawn = np.searchsorted(cdf.ravel(), u.ravel(), side="right").reshape(u.shape)
+        drawn -= np.arange(len(rows))[:, None] * rows.shape[1]
+    else:
+        # Exponential races (as PyTorch draws without replacement): the n categories with
+        # the largest p / E, E ~ Exp(1), are drawn in that order, as successive draws
+        # without replacement would give them; a category of probability 0 never is.
+        with np.errstate(divide="ignore"):
+            keys = rows / rng.exponential(size=rows.shape)
+        drawn = np.argsort(-keys, axis=1, kind="stable")[:, :int(n)]
     return _finish(drawn.reshape(weights.shape[:-1] + (int(n),)).astype(np.int64), False)

@@ -347,9 +347,18 @@ class Tensor(_Operators):
         return self._data.copy() if copy else self._data
 
     def __dlpack__(self, *args: Any, **kwargs: Any) -> Any:
-        """DLPack export, sharing memory (how `torch.tensor(t)` and `torch.from_dlpack(t)`
-        read a tensor); an array a pending backward needs is read-only and not exported."""
-        return self._data.__dlpack__(*args, **kwargs)
+        """DLPack export, sharing memory (how `torch.from_dlpack(t)` reads a tensor); an
+        array a pending backward needs is not exported: the importer could write into it
+        (NumPy marks it read-only, which PyTorch's import does not keep)."""
+        data = self._data
+        if not data.flags.writeable and not writeable_if_free(data):
+            saver = saved_by(data)
+            if saver is not None:
+                raise BufferError(
+                    f"__dlpack__: cannot share this tensor's memory (shape {self.shape}, "
+                    f"{self.dtype}): a pending backward of {saver} needs its values; run "
+                    "backward first, or share a copy (t.detach().clone())")
+        return data.__dlpack__(*args, **kwargs)
 
     def __dlpack_device__(self) -> tuple:
         return self._data.__dlpack_device__()
