@@ -196,6 +196,30 @@ class Backend:
         """Max over axes; axes=() copies; an empty reduced axis is an error."""
         self._unimplemented("reduce_max")
 
+    def reduce_min(self, x: Array, axes: Shape, keepdims: bool) -> Array:
+        """Min over axes; axes=() copies; an empty reduced axis is an error."""
+        self._unimplemented("reduce_min")
+
+    def reduce_prod(self, x: Array, axes: Shape, keepdims: bool) -> Array:
+        """Product over axes; floats keep their dtype, ints and bools multiply as NumPy's
+        prod does (as int64)."""
+        self._unimplemented("reduce_prod")
+
+    def argmax(self, x: Array, axis: int | None, keepdims: bool) -> Array:
+        """int64 index of the first largest element along axis (None: of the flattened
+        array); NaN counts as largest."""
+        self._unimplemented("argmax")
+
+    def argmin(self, x: Array, axis: int | None, keepdims: bool) -> Array:
+        """int64 index of the first smallest element along axis (None: of the flattened
+        array); NaN counts as smallest."""
+        self._unimplemented("argmin")
+
+    def argsort(self, x: Array, axis: int, descending: bool) -> Array:
+        """int64 indices that sort x along axis, stably (equal elements keep their
+        order, either way); NaN sorts as the largest value."""
+        self._unimplemented("argsort")
+
     def cumsum(self, x: Array, axis: int, reverse: bool = False) -> Array:
         """Running sums along axis (from its last element back when `reverse`), shape
         unchanged; floats keep their dtype, ints and bools sum as NumPy's cumsum does."""

@@ -498,6 +498,41 @@ class CpuBackend(BackwardOps, FusedOps, Backend):
         except (ValueError, TypeError) as exc:
             raise KernelError("reduce_max", [x], _axes_reason(x, axes, exc)) from None
 
+    def reduce_min(self, x: np.ndarray, axes: Shape, keepdims: bool) -> np.ndarray:
+        try:
+            return np.minimum.reduce(x, axis=axes, keepdims=keepdims, out=...)
+        except (ValueError, TypeError) as exc:
+            raise KernelError("reduce_min", [x], _axes_reason(x, axes, exc)) from None
+
+    def reduce_prod(self, x: np.ndarray, axes: Shape, keepdims: bool) -> np.ndarray:
+        try:
+            return np.asarray(np.prod(x, axis=axes, keepdims=keepdims))
+        except (ValueError, TypeError) as exc:
+            raise KernelError("reduce_prod", [x], _axes_reason(x, axes, exc)) from None
+
+    def argmax(self, x: np.ndarray, axis: int | None, keepdims: bool) -> np.ndarray:
+        try:
+            return np.asarray(np.argmax(x, axis=axis, keepdims=keepdims), np.int64)
+        except (ValueError, TypeError) as exc:
+            raise KernelError("argmax", [x], _axes_reason(x, axis, exc)) from None
+
+    def argmin(self, x: np.ndarray, axis: int | None, keepdims: bool) -> np.ndarray:
+        try:
+            return np.asarray(np.argmin(x, axis=axis, keepdims=keepdims), np.int64)
+        except (ValueError, TypeError) as exc:
+            raise KernelError("argmin", [x], _axes_reason(x, axis, exc)) from None
+
+    def argsort(self, x: np.ndarray, axis: int, descending: bool) -> np.ndarray:
+        if not 0 <= axis < x.ndim:
+            raise KernelError("argsort", [x], f"axis {axis} is out of range for {x.ndim} dims")
+        if not descending:
+            return np.argsort(x, axis=axis, kind="stable").astype(np.int64, copy=False)
+        # Descending and stable: sort the reversed axis ascending, then read the order
+        # backwards (equal elements keep their first-to-last order; NaN comes first).
+        n = x.shape[axis]
+        flipped = np.argsort(np.flip(x, axis), axis=axis, kind="stable")
+        return (n - 1 - np.flip(flipped, axis)).astype(np.int64, copy=False)
+
     def cumsum(self, x: np.ndarray, axis: int, reverse: bool = False) -> np.ndarray:
         if not 0 <= axis < x.ndim:
             raise KernelError("cumsum", [x], f"axis {axis} is out of range for {x.ndim} dimensions")

@@ -50,10 +50,14 @@ from ..ops.linalg import matmul_p
 from ..ops.loss import cross_entropy_p, dropout_mask_p, one_hot_p
 from ..ops.norm import layer_norm_p
 from ..ops.reduce import (
+    argmax_p,
+    argmin_p,
     cumsum_p,
     log_softmax_p,
     logsumexp_p,
     reduce_max_p,
+    reduce_min_p,
+    reduce_prod_p,
     reduce_sum_p,
     softmax_p,
 )
@@ -69,6 +73,7 @@ from ..ops.shape import (
     sum_to_shape_p,
     transpose_p,
 )
+from ..ops.stats import norm_p
 
 
 class ExportError(ValueError):
@@ -371,6 +376,37 @@ _register((sin_p,), _same("Sin"))
 _register((cos_p,), _same("Cos"))
 _register((logsumexp_p,), _reduce("ReduceLogSumExp"))  # axes an attribute until opset 18
 _register((cumsum_p,), _cumsum)
+
+
+def _norm(c: Context) -> str:
+    p, axes, keepdims = c.params["p"], list(c.params["axes"]), int(bool(c.params["keepdims"]))
+    if not axes:  # a norm over no axis: the magnitude
+        return c.node("Abs")
+    if p in (1.0, 2.0):
+        return c.node("ReduceL1" if p == 1.0 else "ReduceL2", axes=axes, keepdims=keepdims)
+    powered = c.node("Pow", [c.node("Abs"), c.scalar(p)])
+    total = c.node("ReduceSum", [powered, c.emit.ints(axes, "axes")], keepdims=keepdims)
+    return c.node("Pow", [total, c.scalar(1.0 / p)])
+
+
+def _arg_reduce(op_type: str) -> Exporter:
+    def export(c: Context) -> str:
+        axis, keepdims = c.params["axis"], bool(c.params["keepdims"])
+        if axis is not None:
+            return c.node(op_type, axis=int(axis), keepdims=int(keepdims))
+        # Over every axis: the index into the flattened tensor, as NumPy and PyTorch give.
+        flat = c.node("Reshape", [c.args[0], c.emit.ints((-1,), "shape")])
+        index = c.node(op_type, [flat], axis=0, keepdims=0)
+        return c.node("Reshape", [index, c.emit.ints(c.out.shape, "shape")])
+
+    return export
+
+
+_register((reduce_min_p,), _reduce("ReduceMin"))
+_register((reduce_prod_p,), _reduce("ReduceProd"))
+_register((norm_p,), _norm)
+_register((argmax_p,), _arg_reduce("ArgMax"))
+_register((argmin_p,), _arg_reduce("ArgMin"))
 
 
 def exporter_of(eqn: Eqn) -> Exporter | None:

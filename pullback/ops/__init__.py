@@ -12,7 +12,22 @@ re-exported by name below but are not `pb`'s.
 """
 
 from ..ad import set_tangent_add
-from . import conv, custom, elementwise, linalg, loss, norm, reduce, shape
+from . import (
+    contraction,
+    conv,
+    custom,
+    elementwise,
+    linalg,
+    loss,
+    masks,
+    reduce,
+    shape,
+    sorting,
+    stats,
+    views,
+)
+from . import norm as layer_norm_module  # `ops.norm` is the vector norm (stats.norm)
+from .contraction import *  # noqa: F403
 from .conv import *  # noqa: F403
 from .conv import fold2d as fold2d
 from .conv import unfold2d as unfold2d
@@ -28,6 +43,7 @@ from .loss import *  # noqa: F403
 from .loss import cross_entropy as cross_entropy
 from .loss import dropout_mask as dropout_mask
 from .loss import one_hot as one_hot
+from .masks import *  # noqa: F403
 from .norm import *  # noqa: F403
 from .reduce import *  # noqa: F403
 from .registry import PRIMITIVES as PRIMITIVES
@@ -38,8 +54,12 @@ from .shape import pad2d as pad2d
 from .shape import scatter_add as scatter_add
 from .shape import sum_to_shape as sum_to_shape
 from .shape import swap_last as swap_last
+from .sorting import *  # noqa: F403
+from .stats import *  # noqa: F403
+from .views import *  # noqa: F403
 
 set_tangent_add(add_p)
 
-__all__ = (conv.__all__ + custom.__all__ + elementwise.__all__ + linalg.__all__ + loss.__all__
-           + norm.__all__ + reduce.__all__ + shape.__all__)
+__all__ = (contraction.__all__ + conv.__all__ + custom.__all__ + elementwise.__all__
+           + layer_norm_module.__all__ + linalg.__all__ + loss.__all__ + masks.__all__
+           + reduce.__all__ + shape.__all__ + sorting.__all__ + stats.__all__ + views.__all__)

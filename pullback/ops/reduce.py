@@ -1,5 +1,6 @@
-"""Reductions and row-wise normalizations: sum, max, mean, softmax, log_softmax,
-logsumexp, and the running sum cumsum."""
+"""Reductions and row-wise normalizations: sum, max, min, prod, mean, softmax,
+log_softmax, logsumexp, the running sum cumsum, and the index reductions argmax
+and argmin (integer results, no gradient)."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ import numpy as np
 from ..ad import defjvp, deflinear, defvjp
 from ..errors import KernelError
 from .backward_defaults import backward_kernel
-from .checks import declare_check, distinct, inputs, normal
-from .elementwise import astype, div, equal, exp, mul, sub
+from .checks import declare_check, distinct, inputs, nonzero, normal
+from .elementwise import astype, div, equal, exp, mul, sub, where
 from .registry import (
     declare,
     dtype_of,
@@ -25,7 +26,8 @@ from .registry import (
 from .shape import broadcast_to, reshape
 
 #: The ops `import pullback as pb` offers as `pb.<name>` (and `pullback.ops` too).
-__all__ = ["cumsum", "log_softmax", "logsumexp", "max", "mean", "softmax", "sum"]
+__all__ = ["argmax", "argmin", "cumsum", "log_softmax", "logsumexp", "max", "mean", "min",
+           "prod", "softmax", "sum"]
 
 
 def _reduce_shape(op: str) -> Any:
@@ -70,38 +72,171 @@ def mean(x: Any, axis: Any = None, keepdims: bool = False) -> Any:
     return mul(sum(x, axes, keepdims), 1.0 / count)
 
 
-def _max_shape(x: Any, axes: tuple, keepdims: bool) -> tuple:
+def _refuse_empty(op: str, x: Any, axes: tuple) -> tuple:
+    """`axes`, unless one of them is empty: a max or min of nothing is refused (as in
+    PyTorch), here where the op is named, rather than by the backend."""
     if any(shape_of(x)[a] == 0 for a in axes):
-        raise KernelError("max", (x,), "max of an empty selection")
-    return reduced_shape(shape_of(x), axes, keepdims), dtype_of(x)
+        raise KernelError(op, (x,), f"{op} of an empty selection")
+    return axes
+
+
+def _extremum_shape(op: str) -> Any:
+    def rule(x: Any, axes: tuple, keepdims: bool) -> tuple:
+        _refuse_empty(op, x, axes)
+        return reduced_shape(shape_of(x), axes, keepdims), dtype_of(x)
+
+    return rule
 
 
 reduce_max_p = declare(
     "max",
     lambda backend, x, axes, keepdims: backend.reduce_max(x, axes, keepdims),
-    _max_shape,
+    _extremum_shape("max"),
     saves_inputs=True,
     saves_output=True,
     aliasing="fresh",
 )
 
 
-def _max_jvp(t: Any, out: Any, x: Any, axes: tuple, keepdims: bool) -> Any:
-    # Ties share the derivative equally, as torch.amax does.
+def _extremum_jvp(t: Any, out: Any, x: Any, axes: tuple, keepdims: bool) -> Any:
+    # Ties share the derivative equally, as torch.amax and torch.amin do.
     hits = astype(equal(x, _expand(out, shape_of(x), axes, keepdims)), dtype_of(x))
     share = div(hits, _expand(sum(hits, axes, keepdims), shape_of(x), axes, keepdims))
     return sum(mul(t, share), axes, keepdims)
 
 
-defjvp(reduce_max_p, _max_jvp)
-defvjp(reduce_max_p, lambda be, g, n: (be.reduce_max_backward(
-    g, n.inputs[0], n.output, n.params["axes"], n.params["keepdims"]),))
+def _extremum_vjp(be: Any, g: Any, n: Any) -> tuple:
+    # The kernel sends upstream to the elements equal to the result, split among ties:
+    # the same for a min as for a max.
+    return (be.reduce_max_backward(g, n.inputs[0], n.output, n.params["axes"],
+                                   n.params["keepdims"]),)
+
+
+defjvp(reduce_max_p, _extremum_jvp)
+defvjp(reduce_max_p, _extremum_vjp)
 backward_kernel(reduce_max_p, "reduce_max_backward")
 
 
 @tensor_method(reduce_max_p)
 def max(x: Any, axis: Any = None, keepdims: bool = False) -> Any:
-    return reduce_max_p.bind(x, axes=normalize_axes("max", x, axis), keepdims=keepdims)
+    axes = _refuse_empty("max", x, normalize_axes("max", x, axis))
+    return reduce_max_p.bind(x, axes=axes, keepdims=keepdims)
+
+
+reduce_min_p = declare(
+    "min",
+    lambda backend, x, axes, keepdims: backend.reduce_min(x, axes, keepdims),
+    _extremum_shape("min"),
+    saves_inputs=True,
+    saves_output=True,
+    aliasing="fresh",
+)
+defjvp(reduce_min_p, _extremum_jvp)
+defvjp(reduce_min_p, _extremum_vjp)
+
+
+@tensor_method(reduce_min_p)
+def min(x: Any, axis: Any = None, keepdims: bool = False) -> Any:
+    """The smallest values over `axis` (None: every axis), as torch.amin: ties share the
+    gradient equally. `x.min(axis)` gives the values only, as `x.max(axis)` does (PyTorch's
+    `x.min(dim)` also gives indices: `argmin` has them)."""
+    axes = _refuse_empty("min", x, normalize_axes("min", x, axis))
+    return reduce_min_p.bind(x, axes=axes, keepdims=keepdims)
+
+
+# ---------------------------------------------------------------- prod
+
+
+def _prod_shape(x: Any, axes: tuple, keepdims: bool) -> tuple:
+    dtype = dtype_of(x)
+    if dtype is not None and not is_float(dtype):  # bools and small ints widen, as NumPy
+        dtype = np.prod(np.zeros(1, dtype)).dtype
+    return reduced_shape(shape_of(x), axes, keepdims), dtype
+
+
+reduce_prod_p = declare(
+    "prod",
+    lambda backend, x, axes, keepdims: backend.reduce_prod(x, axes, keepdims),
+    _prod_shape,
+    saves_inputs=True,
+    aliasing="fresh",
+)
+
+
+def _prod_of_others(x: Any, axes: tuple) -> Any:
+    """Each element's derivative of the product over `axes`: the product of the other
+    elements of its slice, without dividing by zero. A slice without zeros gives
+    prod / x; with one zero, the zero's entry is the product of the rest and the others
+    are 0; with two or more, every entry is 0 (as PyTorch's prod backward). Second
+    derivatives come out right where no element is zero."""
+    shape = shape_of(x)
+    zero = equal(x, 0.0)
+    zeros = _expand(sum(astype(zero, np.dtype(np.int64)), axes, True), shape, axes, True)
+    safe = where(zero, 1.0, x)
+    rest = _expand(prod(safe, axes, True), shape, axes, True)  # of the nonzero elements
+    at_zero = where(equal(zeros, 1), rest, 0.0)
+    return where(zero, at_zero, where(equal(zeros, 0), div(rest, safe), 0.0))
+
+
+defjvp(reduce_prod_p, lambda t, out, x, axes, keepdims: sum(
+    mul(t, _prod_of_others(x, axes)), axes, keepdims))
+
+
+@tensor_method(reduce_prod_p)
+def prod(x: Any, axis: Any = None, keepdims: bool = False) -> Any:
+    """The product over `axis` (None: every axis); ints and bools multiply as int64."""
+    return reduce_prod_p.bind(x, axes=normalize_axes("prod", x, axis), keepdims=keepdims)
+
+
+# ---------------------------------------------------------------- argmax and argmin
+
+
+def _arg_shape(op: str) -> Any:
+    def rule(x: Any, axis: int | None, keepdims: bool) -> tuple:
+        shape = shape_of(x)
+        empty = any(d == 0 for d in shape) if axis is None else shape[axis] == 0
+        if empty:
+            raise KernelError(op, (x,), f"{op} of an empty selection")
+        if axis is None:
+            out = (1,) * len(shape) if keepdims else ()
+        else:
+            out = reduced_shape(shape, (axis,), keepdims)
+        return out, np.dtype(np.int64)
+
+    return rule
+
+
+argmax_p = declare("argmax", lambda backend, x, axis, keepdims: backend.argmax(x, axis, keepdims),
+                   _arg_shape("argmax"), differentiable=False, aliasing="fresh")
+argmin_p = declare("argmin", lambda backend, x, axis, keepdims: backend.argmin(x, axis, keepdims),
+                   _arg_shape("argmin"), differentiable=False, aliasing="fresh")
+
+
+def _one_axis_or_none(op: str, x: Any, axis: Any, keepdims: bool) -> int | None:
+    """`axis` as a non-negative int, or None (every axis); refused where it is empty."""
+    if axis is not None:
+        if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)):
+            raise KernelError(op, (x,), f"axis must be an int or None, not {axis!r}")
+        axes = normalize_axes(op, x, int(axis))
+        axis = axes[0] if axes else None  # a 0-d tensor's axis 0 is all of it
+    _arg_shape(op)(x, axis, keepdims)
+    return axis
+
+
+@tensor_method(argmax_p)
+def argmax(x: Any, axis: Any = None, keepdims: bool = False) -> Any:
+    """int64 index of the first largest value along `axis` (None: in the flattened
+    tensor), as torch.argmax; no gradient."""
+    return argmax_p.bind(x, axis=_one_axis_or_none("argmax", x, axis, keepdims),
+                         keepdims=keepdims)
+
+
+@tensor_method(argmin_p)
+def argmin(x: Any, axis: Any = None, keepdims: bool = False) -> Any:
+    """int64 index of the first smallest value along `axis` (None: in the flattened
+    tensor), as torch.argmin; no gradient."""
+    return argmin_p.bind(x, axis=_one_axis_or_none("argmin", x, axis, keepdims),
+                         keepdims=keepdims)
 
 
 def _row_shape(op: str) -> Any:
@@ -214,6 +349,13 @@ declare_check(reduce_sum_p, lambda x: (sum(x, axis=1), sum(x, axis=(0, 2), keepd
               inputs(normal(2, 3, 4)))
 declare_check(reduce_max_p, lambda x: (max(x, axis=2), max(x, axis=(0, 1), keepdims=True)),
               inputs(distinct(2, 3, 4)))
+declare_check(reduce_min_p, lambda x: (min(x, axis=2), min(x, axis=(0, 1), keepdims=True)),
+              inputs(distinct(2, 3, 4)))
+declare_check(reduce_prod_p, lambda x: (prod(x, axis=1), prod(x, axis=0, keepdims=True)),
+              inputs(nonzero(2, 3)))
+declare_check(argmax_p, lambda x: argmax(x, axis=1), inputs(distinct(3, 4, 2)),
+              reference=lambda x: np.argmax(x, axis=1))
+declare_check(argmin_p, lambda x: argmin(x), inputs(distinct(3, 4)), reference=np.argmin)
 declare_check(softmax_p, lambda x: (softmax(x), softmax(x, axis=0)), inputs(normal(3, 5)))
 declare_check(log_softmax_p, lambda x: (log_softmax(x), log_softmax(x, axis=0)),
               inputs(normal(3, 5)))

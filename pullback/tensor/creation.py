@@ -1,4 +1,5 @@
-"""Making tensors: `tensor`, `zeros`, `ones`, `full`, `*_like`, `arange`, `randn`, `rand`.
+"""Making tensors: `tensor`, `zeros`, `ones`, `full`, `*_like`, `arange`, and the random
+ones `randn`, `rand`, `randint` and `multinomial`.
 
 Python floats become float32 unless `dtype` says otherwise; NumPy arrays keep
 their dtype; integer and bool data stay so.
@@ -160,3 +161,56 @@ def rand(*shape: Any, seed: Any = None, dtype: Any = None, requires_grad: bool =
     """Uniform samples in [0, 1); the same `seed` gives the same values."""
     dtype = resolve_dtype(dtype, "rand") or float32
     return _finish(_rng(seed).random(_shape(shape, "rand")).astype(dtype), requires_grad)
+
+
+def randint(low: Any, high: Any, shape: Any, seed: Any = None, dtype: Any = None) -> Tensor:
+    """Integers drawn uniformly from [low, high), int64 unless `dtype` says otherwise, as
+    torch.randint; `shape` an int or a tuple. The same `seed` gives the same values."""
+    bounds = (low, high)
+    if not all(isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+               for v in bounds):
+        raise TypeError(f"randint: low and high must be ints, got {bounds}")
+    if low >= high:
+        raise ValueError(f"randint: low ({low}) must be below high ({high})")
+    dtype = resolve_dtype(dtype, "randint") or int64
+    shape = _shape(tuple(shape) if isinstance(shape, (list, tuple)) else (shape,), "randint")
+    values = _rng(seed).integers(low, high, shape)
+    return _finish(cast(values, dtype, "randint"), False)
+
+
+def multinomial(probs: Any, n: Any, seed: Any = None, replacement: bool = False) -> Tensor:
+    """`n` category indices (int64) drawn from each row of `probs` (a vector, or a matrix
+    of rows) with probabilities proportional to its entries, as torch.multinomial: without
+    replacement (the default) a category is drawn at most once per row. The same `seed`
+    gives the same draws."""
+    weights = np.asarray(probs._data if isinstance(probs, Tensor) else probs)
+    if weights.ndim not in (1, 2) or weights.dtype.kind not in "fiu":
+        raise ValueError(f"multinomial: probs must be a vector or a matrix of numbers, got "
+                         f"shape {weights.shape} of {weights.dtype}")
+    if not isinstance(n, (int, np.integer)) or isinstance(n, (bool, np.bool_)) or n < 0:
+        raise ValueError(f"multinomial: the number of samples must be a non-negative int, "
+                         f"got {n!r}")
+    rows = weights.reshape(-1, weights.shape[-1]).astype(np.float64)
+    if not np.isfinite(rows).all() or (rows < 0).any() or (rows.sum(axis=1) <= 0).any():
+        raise ValueError("multinomial: each row of probs must be finite, non-negative and "
+                         "have a positive sum")
+    if not replacement and n > (rows > 0).sum(axis=1).min():
+        raise ValueError(f"multinomial: cannot draw {n} samples without replacement from a "
+                         f"row with {(rows > 0).sum(axis=1).min()} categories of nonzero "
+                         "probability")
+    rng = _rng(seed)
+    if replacement:
+        # Inverse CDF per row, all rows in one search: row r's CDF is shifted up by r.
+        cdf = np.cumsum(rows, axis=1)
+        cdf = cdf / cdf[:, -1:] + np.arange(len(rows))[:, None]
+        u = rng.random((len(rows), int(n))) + np.arange(len(rows))[:, None]
+        drawn = np.searchsorted(cdf.ravel(), u.ravel(), side="right").reshape(u.shape)
+        drawn -= np.arange(len(rows))[:, None] * rows.shape[1]
+    else:
+        # Exponential races (as PyTorch draws without replacement): the n categories with
+        # the largest p / E, E ~ Exp(1), are drawn in that order, as successive draws
+        # without replacement would give them; a category of probability 0 never is.
+        with np.errstate(divide="ignore"):
+            keys = rows / rng.exponential(size=rows.shape)
+        drawn = np.argsort(-keys, axis=1, kind="stable")[:, :int(n)]
+    return _finish(drawn.reshape(weights.shape[:-1] + (int(n),)).astype(np.int64), False)

@@ -23,6 +23,7 @@ from ..errors import KernelError
 from ..ops.elementwise import add_p, div_p, mul_p, sub_p
 from ..ops.registry import PRIMITIVES
 from .arrays import as_array
+from .methods import ElementCount, TorchMethods
 from .protect import TensorNode, protect, saved_by, writeable_if_free
 from .state import grad_enabled
 
@@ -179,7 +180,7 @@ def _binary_operator(prim: Any, reflected: bool) -> Any:
     return operator
 
 
-class _Operators:
+class _Operators(TorchMethods):
     """Operators and methods shared by `Tensor` and the linear variables of transforms."""
 
     __slots__ = ()
@@ -247,7 +248,7 @@ for _prim in PRIMITIVES.values():
         setattr(_Operators, _prim.method.__name__, _prim.method)
 
 # A linear variable behaves like a tensor inside `linear_transpose`'s function.
-for _name, _value in vars(_Operators).items():
+for _name, _value in {**vars(TorchMethods), **vars(_Operators)}.items():
     if _name not in ("__slots__", "__doc__", "__module__", "__dict__", "__qualname__"):
         setattr(LinearVar, _name, _value)
 
@@ -283,8 +284,10 @@ class Tensor(_Operators):
         return self._data.ndim
 
     @property
-    def size(self) -> int:
-        return self._data.size
+    def size(self) -> ElementCount:
+        """The element count (an int, as NumPy's `a.size`); called, the shape (as
+        PyTorch's `x.size()`), or one dimension's length (`x.size(1)`)."""
+        return ElementCount(self._data.shape)
 
     def __len__(self) -> int:
         if not self._data.ndim:
@@ -344,9 +347,18 @@ class Tensor(_Operators):
         return self._data.copy() if copy else self._data
 
     def __dlpack__(self, *args: Any, **kwargs: Any) -> Any:
-        """DLPack export, sharing memory (how `torch.tensor(t)` and `torch.from_dlpack(t)`
-        read a tensor); an array a pending backward needs is read-only and not exported."""
-        return self._data.__dlpack__(*args, **kwargs)
+        """DLPack export, sharing memory (how `torch.from_dlpack(t)` reads a tensor); an
+        array a pending backward needs is not exported: the importer could write into it
+        (NumPy marks it read-only, which PyTorch's import does not keep)."""
+        data = self._data
+        if not data.flags.writeable and not writeable_if_free(data):
+            saver = saved_by(data)
+            if saver is not None:
+                raise BufferError(
+                    f"__dlpack__: cannot share this tensor's memory (shape {self.shape}, "
+                    f"{self.dtype}): a pending backward of {saver} needs its values; run "
+                    "backward first, or share a copy (t.detach().clone())")
+        return data.__dlpack__(*args, **kwargs)
 
     def __dlpack_device__(self) -> tuple:
         return self._data.__dlpack_device__()

@@ -429,6 +429,102 @@ SCAN_AND_LOGSUMEXP_ROWS = [
 ]
 
 
+# ---------------------------------------------------------------- the tensor API of today's models
+
+
+def with_zeros(rng: np.random.Generator, shape: tuple) -> np.ndarray:
+    """Away from 0 except: one zero in row 0, two in row 1 (a product's gradient there)."""
+    x = nonzero(rng, shape)
+    x[0, 1] = 0.0
+    x[1, :2] = 0.0
+    return x
+
+
+def zero_row(rng: np.random.Generator, shape: tuple) -> np.ndarray:
+    """Row 0 all zeros: a norm of 0, whose gradient PyTorch makes 0."""
+    x = rng.standard_normal(shape)
+    x[0] = 0.0
+    return x
+
+
+MASK = torch.tensor(COND_COL)
+
+
+def _split_product(split: Callable, x: object) -> object:
+    a, b = split(x)
+    return b * a
+
+
+TENSOR_API_ROWS = [
+    op("min_axis", lambda x: pb.min(x, axis=1), lambda x: x.amin(dim=1), (2, 3, 4),
+       domain=distinct),
+    op("min_method_axes_keepdims", lambda x: x.min(axis=(0, 2), keepdims=True),
+       lambda x: x.amin(dim=(0, 2), keepdim=True), (2, 3, 4), domain=distinct),
+    op("min_all_with_ties", pb.min, lambda x: x.amin(), (3, 4), domain=few_values, order=1),
+    op("prod_axis", lambda x: pb.prod(x, axis=1), lambda x: x.prod(dim=1), (3, 4),
+       domain=nonzero),
+    op("prod_all_method", lambda x: x.prod(), lambda x: x.prod(), (2, 3), domain=nonzero),
+    op("prod_with_zeros", lambda x: pb.prod(x, axis=1, keepdims=True),
+       lambda x: x.prod(dim=1, keepdim=True), (3, 4), domain=with_zeros, order=1),
+    op("var_axis", lambda x: pb.var(x, axis=1), lambda x: x.var(dim=1), (3, 5)),
+    op("var_population_keepdims", lambda x: pb.var(x, keepdims=True, correction=0),
+       lambda x: x.var(dim=None, correction=0, keepdim=True), (3, 4)),
+    op("std_method_axes", lambda x: x.std((0, 2)), lambda x: x.std(dim=(0, 2)), (2, 3, 4)),
+    op("norm_frobenius", pb.norm, torch.linalg.vector_norm, (3, 4)),
+    op("norm_p1_axis", lambda x: pb.norm(x, 1, axis=1),
+       lambda x: torch.linalg.vector_norm(x, 1, dim=1), (3, 4), domain=nonzero),
+    op("norm_p3_keepdims_method", lambda x: x.norm(3, axis=-1, keepdims=True),
+       lambda x: torch.linalg.vector_norm(x, 3, dim=-1, keepdim=True), (3, 4)),
+    op("norm_inf_axis_0", lambda x: pb.norm(x, float("inf"), axis=0),
+       lambda x: torch.linalg.vector_norm(x, float("inf"), dim=0), (3, 4), domain=distinct),
+    op("norm_of_a_zero_row", lambda x: pb.norm(x, axis=1),
+       lambda x: torch.linalg.vector_norm(x, dim=1), (3, 4), domain=zero_row, order=1),
+    op("sort_values", lambda x: pb.sort(x)[0], lambda x: torch.sort(x)[0], (3, 5),
+       domain=distinct),
+    op("sort_descending_axis_0_method", lambda x: x.sort(axis=0, descending=True)[0],
+       lambda x: x.sort(dim=0, descending=True)[0], (4, 3), domain=distinct),
+    op("topk_values", lambda x: pb.topk(x, 2)[0], lambda x: torch.topk(x, 2)[0], (3, 5),
+       domain=distinct),
+    op("topk_smallest_axis_0_method", lambda x: x.topk(2, axis=0, largest=False)[0],
+       lambda x: x.topk(2, dim=0, largest=False)[0], (4, 3), domain=distinct),
+    op("einsum_matmul", lambda a, b: pb.einsum("ij,jk->ik", a, b),
+       lambda a, b: torch.einsum("ij,jk->ik", a, b), (3, 4), (4, 5), sums=True),
+    op("einsum_batched_matmul", lambda a, b: pb.einsum("bij,bjk->bik", a, b),
+       lambda a, b: torch.einsum("bij,bjk->bik", a, b), (2, 3, 4), (2, 4, 5), sums=True),
+    op("einsum_outer_implicit", lambda a, b: pb.einsum("i,j", a, b),
+       lambda a, b: torch.einsum("i,j", a, b), (3,), (4,)),
+    op("einsum_attention_scores", lambda q, k: pb.einsum("bhqd,bhkd->bhqk", q, k),
+       lambda q, k: torch.einsum("bhqd,bhkd->bhqk", q, k), (2, 2, 3, 4), (2, 2, 5, 4),
+       sums=True),
+    op("einsum_transpose", lambda x: pb.einsum("ijk->kij", x),
+       lambda x: torch.einsum("ijk->kij", x), (2, 3, 4)),
+    op("einsum_sum", lambda x: pb.einsum("ijk->j", x), lambda x: torch.einsum("ijk->j", x),
+       (2, 3, 4), sums=True),
+    op("einsum_three_operands_ellipsis", lambda a, w, v: pb.einsum("...i,ij,j->...", a, w, v),
+       lambda a, w, v: torch.einsum("...i,ij,j->...", a, w, v), (2, 3), (3, 4), (4,),
+       sums=True),
+    op("einsum_diagonal", lambda x: pb.einsum("bii->bi", x),
+       lambda x: torch.einsum("bii->bi", x), (2, 3, 3)),
+    op("split_sizes_product", lambda x: _split_product(lambda y: pb.split(y, [1, 3], 1), x),
+       lambda x: _split_product(lambda y: torch.split(y, [1, 3], 1), x), (3, 4)),
+    op("chunk_method_product", lambda x: _split_product(lambda y: y.chunk(2), x),
+       lambda x: _split_product(lambda y: y.chunk(2), x), (4, 3)),
+    op("unbind_axis_1", lambda x: pb.unbind(x, 1)[0] * pb.unbind(x, 1)[2],
+       lambda x: torch.unbind(x, 1)[0] * torch.unbind(x, 1)[2], (2, 3)),
+    op("squeeze_unsqueeze_permute_flatten",
+       lambda x: pb.flatten(pb.permute(pb.unsqueeze(pb.squeeze(x, 1), 0), 0, 3, 1, 2), 1),
+       lambda x: x.squeeze(1).unsqueeze(0).permute(0, 3, 1, 2).flatten(1), (2, 1, 3, 4)),
+    op("view_permute_methods", lambda x: x.squeeze().permute((1, 0)).view(-1, 2),
+       lambda x: x.squeeze().permute((1, 0)).reshape(-1, 2), (1, 3, 4)),
+    op("tril_batched_k1", lambda x: pb.tril(x, 1), lambda x: torch.tril(x, 1), (2, 3, 4)),
+    op("triu_method_negative_k", lambda x: x.triu(-1), lambda x: x.triu(-1), (4, 3)),
+    op("masked_fill_broadcast_mask", lambda x: pb.masked_fill(x, pb.tensor(COND_COL), -2.0),
+       lambda x: x.masked_fill(MASK, -2.0), (3, 4)),
+    op("masked_fill_tensor_value_method", lambda x, v: x.masked_fill(pb.tensor(COND_COL), v),
+       lambda x, v: x.masked_fill(MASK, v), (3, 4), ()),
+]
+
+
 ROWS: list[OpSpec] = [
     *(op(name, f, g, (3, 4), domain=d) for name, f, g, d in UNARY),
     *_binary_rows(),
@@ -440,6 +536,7 @@ ROWS: list[OpSpec] = [
     *CONV_ROWS,
     *EDGE_ROWS,
     *SCAN_AND_LOGSUMEXP_ROWS,
+    *TENSOR_API_ROWS,
 ]
 
 SECOND_ORDER_ROWS = [row for row in ROWS if row.order >= 2]

@@ -1,4 +1,5 @@
-"""Neural-network ONNX ops composed of primitives: Gemm, MatMul, softmaxes, reductions,
+"""Neural-network ONNX ops composed of primitives: Gemm, MatMul, softmaxes, reductions
+(sums, means, extrema, products, L1 and L2 norms, ArgMax and ArgMin),
 CumSum, normalizations in inference mode (BatchNormalization, InstanceNormalization, LRN),
 Dropout as the identity."""
 
@@ -85,6 +86,27 @@ _reduce("ReduceSum", ops.sum, (1, 11, 13), 13)
 _reduce("ReduceMean", ops.mean, (1, 11, 13), 18)
 _reduce("ReduceMax", ops.max, (1, 11, 12, 13, 18), 18)
 _reduce("ReduceLogSumExp", ops.logsumexp, (1, 11, 13, 18), 18)
+_reduce("ReduceMin", ops.min, (1, 11, 12, 13, 18), 18)
+_reduce("ReduceProd", ops.prod, (1, 11, 13, 18), 18)
+_reduce("ReduceL1", lambda x, axes, keepdims: ops.norm(x, 1, axes, keepdims), (1, 11, 13, 18), 18)
+_reduce("ReduceL2", lambda x, axes, keepdims: ops.norm(x, 2, axes, keepdims), (1, 11, 13, 18), 18)
+
+
+def _arg_reduce(op_type: str, fn: Any) -> None:
+    @converter(op_type, (1, 11, 12, 13), ("axis", "keepdims", "select_last_index"))
+    def convert(node: Any, x: Any) -> Any:
+        sx = shape(x)
+        axis = axis_of(node, node.attr("axis", 0), len(sx))
+        keepdims = bool(node.attr("keepdims", 1))
+        if not node.attr("select_last_index", 0):
+            return fn(x, axis, keepdims)
+        # The last of ties: the first along the reversed axis, counted from the end.
+        flipped = ops.getitem(x, (slice(None),) * axis + (slice(None, None, -1),))
+        return ops.sub(sx[axis] - 1, fn(flipped, axis, keepdims))
+
+
+_arg_reduce("ArgMax", ops.argmax)
+_arg_reduce("ArgMin", ops.argmin)
 
 
 @converter("GlobalAveragePool", (1,))
