@@ -12,7 +12,7 @@ re-exported by name below but are not `pb`'s.
 """
 
 from ..ad import set_tangent_add
-from . import conv, custom, elementwise, linalg, loss, norm, reduce, shape
+from . import conv, custom, elementwise, linalg, loss, norm, recurrent, reduce, shape
 from .conv import *  # noqa: F403
 from .conv import fold2d as fold2d
 from .conv import unfold2d as unfold2d
@@ -29,6 +29,8 @@ from .loss import cross_entropy as cross_entropy
 from .loss import dropout_mask as dropout_mask
 from .loss import one_hot as one_hot
 from .norm import *  # noqa: F403
+from .recurrent import gru_sequence as gru_sequence
+from .recurrent import lstm_sequence as lstm_sequence
 from .reduce import *  # noqa: F403
 from .registry import PRIMITIVES as PRIMITIVES
 from .registry import declare as declare
