@@ -112,9 +112,9 @@ class RecurrentOps:
         for t in range(steps):
             a = self.getitem(xp, t)
             hw = self.add(self.matmul(hs, wt), b_hh)
-            part = [(self.getitem(v, (slice(None), slice(k * h, (k + 1) * h)))
-                     for k in range(GRU_GATES)) for v in (a, hw)]
-            (ar, az, an), (hr, hz, hn) = part
+            (ar, az, an), (hr, hz, hn) = (
+                tuple(self.getitem(v, (slice(None), slice(k * h, (k + 1) * h)))
+                      for k in range(GRU_GATES)) for v in (a, hw))
             r, z = self.sigmoid(self.add(ar, hr)), self.sigmoid(self.add(az, hz))
             g = self.tanh(self.add(an, self.mul(r, hn)))
             hs = self.add(g, self.mul(z, self.sub(hs, g)))

@@ -5,11 +5,14 @@ from .containers import LR, Residual, Sequential
 from .layers import GLU, Bias1d, Conv2d, Dense, LayerNorm
 from .losses import cross_entropy, mse_loss
 from .module import Module, ModuleList, NoGradientError, Parameter, flatten_tree, unflatten_tree
+from .recurrent import GRU, LSTM
 
 __all__ = [
     "GELU",
     "GLU",
+    "GRU",
     "LR",
+    "LSTM",
     "Bias1d",
     "Conv2d",
     "Dense",

@@ -12,7 +12,7 @@ re-exported by name below but are not `pb`'s.
 """
 
 from ..ad import set_tangent_add
-from . import conv, custom, elementwise, linalg, loss, norm, recurrent, reduce, shape
+from . import conv, custom, elementwise, linalg, loss, norm, reduce, shape
 from .conv import *  # noqa: F403
 from .conv import fold2d as fold2d
 from .conv import unfold2d as unfold2d

@@ -114,7 +114,7 @@ def _active(tangents: tuple) -> list:
 def _lstm_jvp(tangents: tuple, y: Any, operands: tuple) -> Any:
     dxp, dh, dc, dw = _active(tangents)
     _, h0, c0, w_hh = operands
-    _, steps, n, h = y.shape
+    _, steps, _, h = y.shape
     wt, dwt = swap_last(w_hh), None if dw is None else swap_last(dw)
     rows: list[list[Any]] = [[] for _ in range(LSTM_STATES)]
     for t in range(steps):
