@@ -59,5 +59,5 @@ def test_lstm_sequence_refuses_operands_that_do_not_fit(cpu, rng, index, shape, 
 def test_gru_sequence_refuses_mixed_dtypes(cpu, rng):
     xs = _operands("gru", np.float64, rng)
     xs[3] = xs[3].astype(np.float32)
-    with pytest.raises(KernelError, match="gru_sequence: .*one floating dtype"):
+    with pytest.raises(KernelError, match=r"gru_sequence: .*one floating dtype"):
         cpu.gru_sequence(*xs)
