@@ -151,9 +151,10 @@ class CpuRecurrentOps(RecurrentOps):
         xp = np.ascontiguousarray(xp)
         y = np.empty((LSTM_STATES, steps, n, h), dtype)
         hw = np.empty((n, LSTM_GATES * h), dtype)
+        wt = np.ascontiguousarray(w_hh.T)  # once: T products read it
         hs, cs = np.ascontiguousarray(h0), np.ascontiguousarray(c0)
         for t in range(steps):
-            np.matmul(hs, w_hh.T, out=hw)
+            np.matmul(hs, wt, out=hw)
             step(xp, hw, cs, y, t)
             hs, cs = y[0, t], y[1, t]
         return y
@@ -183,9 +184,10 @@ class CpuRecurrentOps(RecurrentOps):
         xp, b_hh = np.ascontiguousarray(xp), np.ascontiguousarray(b_hh)
         y = np.empty((GRU_STATES, steps, n, h), dtype)
         hw = np.empty((n, GRU_GATES * h), dtype)
+        wt = np.ascontiguousarray(w_hh.T)  # once: T products read it
         hs = np.ascontiguousarray(h0)
         for t in range(steps):
-            np.matmul(hs, w_hh.T, out=hw)
+            np.matmul(hs, wt, out=hw)
             step(xp, hw, b_hh, hs, y, t)
             hs = y[0, t]
         return y
