@@ -28,12 +28,26 @@ Grads = tuple[Any, Any]
 _FROM_RULES: dict[str, Callable[..., Any]] = {}
 
 
-def derive_default(kernel: str, body: Callable[..., Any]) -> None:
+def derive_default(kernel: str, body: Callable[..., Any], owner: type | None = None) -> None:
     """Make `body(backend, upstream, input_shape, inputs, output, params)` the default
-    of `BackwardOps.<kernel>`, one of the kernels whose default is derived from a rule."""
-    if not callable(getattr(BackwardOps, kernel, None)):
-        raise ValueError(f"BackwardOps has no kernel named {kernel!r}")
+    of `BackwardOps.<kernel>` (or of `owner.<kernel>`, a backward kernel another mixin
+    of this layer declares), one of the kernels whose default is derived from a rule."""
+    owner = owner or BackwardOps
+    if not callable(getattr(owner, kernel, None)):
+        raise ValueError(f"{owner.__name__} has no kernel named {kernel!r}")
     _FROM_RULES[kernel] = body
+
+
+def from_rule(backend: Any, name: str, upstream: Any, inputs: tuple, output: Any,
+              shapes: tuple, needed: tuple | None = None, **params: Any) -> tuple:
+    """The cotangents of the operands (of `shapes`) of the primitive whose kernel is
+    `name`, by its rule transposed on `backend`'s forward ops (`derive_default`); None
+    where one is not needed."""
+    body = _FROM_RULES.get(name)
+    if body is None:
+        raise KernelError(name, [upstream], "no rule is registered to derive this "
+                          "default from (pullback.ops registers them on import)")
+    return body(backend, upstream, inputs, output, params, shapes, needed)
 
 
 def _shape(value: Any) -> Shape:
@@ -296,11 +310,7 @@ class BackwardOps:
                    shapes: tuple, needed: Needed | None = None, **params: Any) -> Grads:
         # The primitive's rule transposed, on this backend's forward ops (`derive_default`):
         # one cotangent per operand of the given shapes, None where it is not needed.
-        body = _FROM_RULES.get(name)
-        if body is None:
-            raise KernelError(name, [upstream], "no rule is registered to derive this "
-                              "default from (pullback.ops registers them on import)")
-        return body(self, upstream, inputs, output, params, shapes, needed)
+        return from_rule(self, name, upstream, inputs, output, shapes, needed, **params)
 
     def _one_from_rule(self, name: str, upstream: Array, forward_input: Array | None = None,
                        output: Array | None = None, **params: Any) -> Array:

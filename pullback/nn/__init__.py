@@ -26,6 +26,7 @@ from .module import (
     flatten_tree,
     unflatten_tree,
 )
+from .recurrent import GRU, LSTM
 
 # PyTorch's name for the same layer: y = x @ weight.T + bias, weight (out, in).
 Linear = Dense
@@ -33,7 +34,9 @@ Linear = Dense
 __all__ = [
     "GELU",
     "GLU",
+    "GRU",
     "LR",
+    "LSTM",
     "Bias1d",
     "Conv2d",
     "Dense",

@@ -15,6 +15,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from . import ops as _ops  # noqa: F401  (fills the converter table)
+from . import recurrent as _recurrent  # noqa: F401  (registers the LSTM and GRU exporters)
 from .errors import BadModelError, NodeError, OnnxImportError, UnsupportedOperatorError
 from .export import ExportError, export, to_model
 from .loader import default_max_tensor_bytes, parse, read_model

@@ -45,6 +45,8 @@ from .loss import dropout_mask as dropout_mask
 from .loss import one_hot as one_hot
 from .masks import *  # noqa: F403
 from .norm import *  # noqa: F403
+from .recurrent import gru_sequence as gru_sequence
+from .recurrent import lstm_sequence as lstm_sequence
 from .reduce import *  # noqa: F403
 from .registry import PRIMITIVES as PRIMITIVES
 from .registry import declare as declare

@@ -525,6 +525,41 @@ TENSOR_API_ROWS = [
 ]
 
 
+def _torch_lstm_sequence(xp: torch.Tensor, h: torch.Tensor, c: torch.Tensor,
+                         w: torch.Tensor) -> torch.Tensor:
+    """pb.ops.lstm_sequence's state array (h, c, i, f, g, o per step), step by step."""
+    steps = []
+    for t in range(xp.shape[0]):
+        i, f, g, o = (xp[t] + h @ w.T).chunk(4, -1)
+        i, f, g, o = i.sigmoid(), f.sigmoid(), g.tanh(), o.sigmoid()
+        c = f * c + i * g
+        h = o * c.tanh()
+        steps.append(torch.stack([h, c, i, f, g, o]))
+    return torch.stack(steps, 1)
+
+
+def _torch_gru_sequence(xp: torch.Tensor, h: torch.Tensor, w: torch.Tensor,
+                        b: torch.Tensor) -> torch.Tensor:
+    """pb.ops.gru_sequence's state array (h, r, z, n, W_hn h + b_hn per step)."""
+    steps = []
+    for t in range(xp.shape[0]):
+        ar, az, an = xp[t].chunk(3, -1)
+        hr, hz, hn = (h @ w.T + b).chunk(3, -1)
+        r, z = (ar + hr).sigmoid(), (az + hz).sigmoid()
+        n = (an + r * hn).tanh()
+        h = (1 - z) * n + z * h
+        steps.append(torch.stack([h, r, z, n, hn]))
+    return torch.stack(steps, 1)
+
+
+RECURRENT_ROWS = [
+    op("lstm_sequence", pb.ops.lstm_sequence, _torch_lstm_sequence, (3, 2, 8), (2, 2), (2, 2),
+       (8, 2), sums=True),
+    op("gru_sequence", pb.ops.gru_sequence, _torch_gru_sequence, (3, 2, 9), (2, 3), (9, 3),
+       (9,), sums=True),
+]
+
+
 ROWS: list[OpSpec] = [
     *(op(name, f, g, (3, 4), domain=d) for name, f, g, d in UNARY),
     *_binary_rows(),
@@ -537,6 +572,7 @@ ROWS: list[OpSpec] = [
     *EDGE_ROWS,
     *SCAN_AND_LOGSUMEXP_ROWS,
     *TENSOR_API_ROWS,
+    *RECURRENT_ROWS,
 ]
 
 SECOND_ORDER_ROWS = [row for row in ROWS if row.order >= 2]

@@ -17,7 +17,7 @@ import pytest
 
 import pullback as pb
 from pullback.backend import backward_ops
-from pullback.ops import conv, elementwise, linalg, reduce
+from pullback.ops import conv, elementwise, linalg, recurrent, reduce
 from pullback.ops.backward_defaults import rule_vjp
 
 
@@ -104,6 +104,13 @@ def _cases() -> list[Case]:
             lambda be, u, xs, y, w=window: (
                 be.avg_pool2d_backward(u, xs[0].shape, *w.values()),),
             window))
+    # Every state's cotangent (h, c and the saved gates), a 4-step sequence.
+    cases.append(Case("lstm_sequence", recurrent.lstm_sequence_p,
+                      ((4, 3, 8), (3, 2), (3, 2), (8, 2)),
+                      lambda be, u, xs, y: be.lstm_sequence_backward(u, *xs, y), {}))
+    cases.append(Case("gru_sequence", recurrent.gru_sequence_p,
+                      ((4, 3, 6), (3, 2), (6, 2), (6,)),
+                      lambda be, u, xs, y: be.gru_sequence_backward(u, *xs, y), {}))
     return cases
 
 

@@ -1,0 +1,248 @@
+"""`RecurrentOps`: a whole LSTM or GRU sequence as one forward op and one backward op.
+
+The input projection of every step is the caller's (one matmul up front); these run
+the recurrence over T steps and return the sequence's state array `y` (see
+pullback.kernels.recurrent for its layout: h, c and the gates per step, so that the
+backward needs no recomputation). Defaults are written in forward ops on `self`
+(forward) or derived from the primitives' rules (backward: `derive_default`);
+`CpuRecurrentOps` runs each step as one BLAS product and one Numba kernel, and the
+backward's weight gradient as one product over all steps.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from pullback.backend.backward_ops import from_rule
+from pullback.backend.base import Array
+from pullback.errors import KernelError
+from pullback.kernels import recurrent as kernels
+
+LSTM_GATES, GRU_GATES = 4, 3
+LSTM_STATES, GRU_STATES = 6, 5  # the leading axis of y: h, c, i, f, g, o / h, r, z, n, hn
+
+
+def _shape(value: Any) -> tuple:
+    return tuple(getattr(value, "shape", ()))
+
+
+def _check(op: str, xp: Any, state: Any, w_hh: Any, gates: int, extra: tuple) -> tuple:
+    """(T, N, H) of a recurrence on xp (T, N, gates H) from `state` (N, H) with w_hh
+    (gates H, H); `extra` are further operands that must be (N, H) (LSTM's c0) or
+    (gates H,) (GRU's b_hh). A KernelError naming op and every operand otherwise."""
+    operands = (xp, state, w_hh, *extra)
+    shape, h_shape, w_shape = _shape(xp), _shape(state), _shape(w_hh)
+    if len(h_shape) != 2:
+        raise KernelError(op, operands, "the initial state must be (N, H)")
+    n, h = h_shape
+    if len(shape) != 3 or shape[1:] != (n, gates * h):
+        raise KernelError(op, operands, f"the projected input must be (T, N, {gates} H) = "
+                          f"(T, {n}, {gates * h}) for states (N, H) = {h_shape}")
+    if w_shape != (gates * h, h):
+        raise KernelError(op, operands, f"the recurrent weight must be ({gates} H, H) = "
+                          f"({gates * h}, {h})")
+    for value in extra:
+        want = h_shape if gates == LSTM_GATES else (gates * h,)
+        if _shape(value) != want:
+            what = "initial cell state" if gates == LSTM_GATES else "recurrent bias"
+            raise KernelError(op, operands, f"the {what} must have shape {want}")
+    dtypes = {str(getattr(v, "dtype", None)) for v in operands}
+    if len(dtypes) != 1 or dtypes.pop() not in ("float32", "float64"):
+        raise KernelError(op, operands, "operands must share one floating dtype")
+    return shape[0], n, h
+
+
+def check_lstm(op: str, xp: Any, h0: Any, c0: Any, w_hh: Any) -> tuple:
+    """(T, N, H) of an LSTM sequence, or a KernelError naming op (see `_check`)."""
+    return _check(op, xp, h0, w_hh, LSTM_GATES, (c0,))
+
+
+def check_gru(op: str, xp: Any, h0: Any, w_hh: Any, b_hh: Any) -> tuple:
+    """(T, N, H) of a GRU sequence, or a KernelError naming op (see `_check`)."""
+    return _check(op, xp, h0, w_hh, GRU_GATES, (b_hh,))
+
+
+def _check_upstream(op: str, upstream: Any, y: Any) -> None:
+    if _shape(upstream) != _shape(y):
+        raise KernelError(op, (upstream, y), "upstream must have the shape of the sequence's "
+                          "state array")
+
+
+class RecurrentOps:
+    """Whole-sequence LSTM and GRU, forward and backward; defaults in forward ops."""
+
+    def lstm_sequence(self, xp: Array, h0: Array, c0: Array, w_hh: Array) -> Array:
+        """y (6, T, N, H): h, c, i, f, g, o per step, from the projected input xp
+        (T, N, 4H: x W_ih^T + b_ih + b_hh), the initial states h0, c0 (N, H) and the
+        recurrent weight w_hh (4H, H), PyTorch's gate order i f g o."""
+        steps, n, h = check_lstm("lstm_sequence", xp, h0, c0, w_hh)
+        wt = self.transpose(w_hh, (1, 0))
+        rows: list[list[Array]] = [[] for _ in range(LSTM_STATES)]
+        hs, cs = h0, c0
+        for t in range(steps):
+            a = self.add(self.getitem(xp, t), self.matmul(hs, wt))
+            i, f, g, o = (self.getitem(a, (slice(None), slice(k * h, (k + 1) * h)))
+                          for k in range(LSTM_GATES))
+            i, f, g, o = self.sigmoid(i), self.sigmoid(f), self.tanh(g), self.sigmoid(o)
+            cs = self.add(self.mul(f, cs), self.mul(i, g))
+            hs = self.mul(o, self.tanh(cs))
+            for row, value in zip(rows, (hs, cs, i, f, g, o)):
+                row.append(value)
+        return self._states(rows, (LSTM_STATES, steps, n, h), xp.dtype)
+
+    def lstm_sequence_backward(self, upstream: Array, xp: Array, h0: Array, c0: Array,
+                               w_hh: Array, y: Array, needed: tuple | None = None) -> tuple:
+        """The cotangents of (xp, h0, c0, w_hh) from upstream, the cotangent of y; None
+        for an operand not `needed`."""
+        check_lstm("lstm_sequence_backward", xp, h0, c0, w_hh)
+        _check_upstream("lstm_sequence_backward", upstream, y)
+        return from_rule(self, "lstm_sequence_backward", upstream, (xp, h0, c0, w_hh), y,
+                         tuple(_shape(v) for v in (xp, h0, c0, w_hh)), needed)
+
+    def gru_sequence(self, xp: Array, h0: Array, w_hh: Array, b_hh: Array) -> Array:
+        """y (5, T, N, H): h, r, z, n, hn per step, from the projected input xp (T, N,
+        3H: x W_ih^T + b_ih), h0 (N, H), w_hh (3H, H) and b_hh (3H,), PyTorch's gate
+        order r z n and its n = tanh(x_n + r (W_hn h + b_hn))."""
+        steps, n, h = check_gru("gru_sequence", xp, h0, w_hh, b_hh)
+        wt = self.transpose(w_hh, (1, 0))
+        rows: list[list[Array]] = [[] for _ in range(GRU_STATES)]
+        hs = h0
+        for t in range(steps):
+            a = self.getitem(xp, t)
+            hw = self.add(self.matmul(hs, wt), b_hh)
+            (ar, az, an), (hr, hz, hn) = (
+                tuple(self.getitem(v, (slice(None), slice(k * h, (k + 1) * h)))
+                      for k in range(GRU_GATES)) for v in (a, hw))
+            r, z = self.sigmoid(self.add(ar, hr)), self.sigmoid(self.add(az, hz))
+            g = self.tanh(self.add(an, self.mul(r, hn)))
+            hs = self.add(g, self.mul(z, self.sub(hs, g)))
+            for row, value in zip(rows, (hs, r, z, g, hn)):
+                row.append(value)
+        return self._states(rows, (GRU_STATES, steps, n, h), xp.dtype)
+
+    def gru_sequence_backward(self, upstream: Array, xp: Array, h0: Array, w_hh: Array,
+                              b_hh: Array, y: Array, needed: tuple | None = None) -> tuple:
+        """The cotangents of (xp, h0, w_hh, b_hh) from upstream, the cotangent of y; None
+        for an operand not `needed`."""
+        check_gru("gru_sequence_backward", xp, h0, w_hh, b_hh)
+        _check_upstream("gru_sequence_backward", upstream, y)
+        return from_rule(self, "gru_sequence_backward", upstream, (xp, h0, w_hh, b_hh), y,
+                         tuple(_shape(v) for v in (xp, h0, w_hh, b_hh)), needed)
+
+    def _states(self, rows: list[list[Array]], shape: tuple, dtype: Any) -> Array:
+        # Per state, its T steps (N, H) stacked into the (K, T, N, H) state array.
+        if not shape[1]:
+            return self.zeros(shape, dtype)
+        one = (1, *shape[2:])
+        return self.reshape(self.concatenate(
+            [self.reshape(v, one) for row in rows for v in row], 0), shape)
+
+
+class CpuRecurrentOps(RecurrentOps):
+    """RecurrentOps on NumPy arrays: per step one BLAS product and one Numba kernel."""
+
+    def lstm_sequence(self, xp: np.ndarray, h0: np.ndarray, c0: np.ndarray,
+                      w_hh: np.ndarray) -> np.ndarray:
+        steps, n, h = check_lstm("lstm_sequence", xp, h0, c0, w_hh)
+        dtype = kernels.check_dtype("lstm_sequence", [xp, h0, c0, w_hh])
+        step = kernels.compiled(kernels.lstm_step, dtype)
+        xp = np.ascontiguousarray(xp)
+        y = np.empty((LSTM_STATES, steps, n, h), dtype)
+        hw = np.empty((n, LSTM_GATES * h), dtype)
+        wt = np.ascontiguousarray(w_hh.T)  # once: T products read it
+        hs, cs = np.ascontiguousarray(h0), np.ascontiguousarray(c0)
+        for t in range(steps):
+            np.matmul(hs, wt, out=hw)
+            step(xp, hw, cs, y, t)
+            hs, cs = y[0, t], y[1, t]
+        return y
+
+    def lstm_sequence_backward(self, upstream: np.ndarray, xp: np.ndarray, h0: np.ndarray,
+                               c0: np.ndarray, w_hh: np.ndarray, y: np.ndarray,
+                               needed: tuple | None = None) -> tuple:
+        steps, n, h = check_lstm("lstm_sequence_backward", xp, h0, c0, w_hh)
+        _check_upstream("lstm_sequence_backward", upstream, y)
+        dtype = kernels.check_dtype("lstm_sequence_backward", [upstream, xp, h0, c0, w_hh, y])
+        step = kernels.compiled(kernels.lstm_step_backward, dtype)
+        upstream, y = np.ascontiguousarray(upstream), np.ascontiguousarray(y)
+        c0 = np.ascontiguousarray(c0)
+        da = np.empty((steps, n, LSTM_GATES * h), dtype)
+        carry, dc = np.zeros((n, h), dtype), np.zeros((n, h), dtype)
+        for t in range(steps - 1, -1, -1):
+            step(upstream, y, c0 if t == 0 else y[1, t - 1], carry, dc, da, t)
+            np.matmul(da[t], w_hh, out=carry)
+        grads = (da, carry, dc, self._weight_grad(da, h0, y, _wants(needed, 3)))
+        return _only_needed(grads, needed)
+
+    def gru_sequence(self, xp: np.ndarray, h0: np.ndarray, w_hh: np.ndarray,
+                     b_hh: np.ndarray) -> np.ndarray:
+        steps, n, h = check_gru("gru_sequence", xp, h0, w_hh, b_hh)
+        dtype = kernels.check_dtype("gru_sequence", [xp, h0, w_hh, b_hh])
+        step = kernels.compiled(kernels.gru_step, dtype)
+        xp, b_hh = np.ascontiguousarray(xp), np.ascontiguousarray(b_hh)
+        y = np.empty((GRU_STATES, steps, n, h), dtype)
+        hw = np.empty((n, GRU_GATES * h), dtype)
+        wt = np.ascontiguousarray(w_hh.T)  # once: T products read it
+        hs = np.ascontiguousarray(h0)
+        for t in range(steps):
+            np.matmul(hs, wt, out=hw)
+            step(xp, hw, b_hh, hs, y, t)
+            hs = y[0, t]
+        return y
+
+    def gru_sequence_backward(self, upstream: np.ndarray, xp: np.ndarray, h0: np.ndarray,
+                              w_hh: np.ndarray, b_hh: np.ndarray, y: np.ndarray,
+                              needed: tuple | None = None) -> tuple:
+        steps, n, h = check_gru("gru_sequence_backward", xp, h0, w_hh, b_hh)
+        _check_upstream("gru_sequence_backward", upstream, y)
+        dtype = kernels.check_dtype("gru_sequence_backward", [upstream, xp, h0, w_hh, b_hh, y])
+        step = kernels.compiled(kernels.gru_step_backward, dtype)
+        upstream, y = np.ascontiguousarray(upstream), np.ascontiguousarray(y)
+        h0 = np.ascontiguousarray(h0)
+        dxp = np.empty((steps, n, GRU_GATES * h), dtype)
+        dhw = np.empty((steps, n, GRU_GATES * h), dtype)
+        carry, through_w = np.zeros((n, h), dtype), np.empty((n, h), dtype)
+        for t in range(steps - 1, -1, -1):
+            step(upstream, y, h0 if t == 0 else y[0, t - 1], carry, dxp, dhw, t)
+            np.matmul(dhw[t], w_hh, out=through_w)
+            carry += through_w
+        grads = (dxp, carry, self._weight_grad(dhw, h0, y, _wants(needed, 2)),
+                 dhw.reshape(steps * n, GRU_GATES * h).sum(axis=0))
+        return _only_needed(grads, needed)
+
+    @staticmethod
+    def _weight_grad(da: np.ndarray, h0: np.ndarray, y: np.ndarray,
+                     wanted: bool) -> np.ndarray | None:
+        """The recurrent weight's gradient, da[t]^T h_{t-1} summed over steps: one GEMM
+        over all T N rows."""
+        if not wanted:
+            return None
+        steps, n, width = da.shape
+        h_prev = np.concatenate([h0[None], y[0, :steps - 1]]) if steps else y[0]
+        return da.reshape(steps * n, width).T @ h_prev.reshape(steps * n, y.shape[-1])
+
+
+def _wants(needed: tuple | None, index: int) -> bool:
+    return needed is None or bool(needed[index])
+
+
+def _only_needed(grads: tuple, needed: tuple | None) -> tuple:
+    return grads if needed is None else tuple(g if wanted else None
+                                              for g, wanted in zip(grads, needed))
+
+
+def recurrent_ops(backend: Any) -> RecurrentOps:
+    """The backend's recurrent ops: its own, or the defaults written in its forward ops."""
+    return backend if isinstance(backend, RecurrentOps) else _Defaults(backend)
+
+
+class _Defaults(RecurrentOps):
+    """RecurrentOps' defaults over the forward ops of a backend without RecurrentOps."""
+
+    def __init__(self, backend: Any):
+        self._backend = backend
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._backend, name)

@@ -1,0 +1,167 @@
+"""One time step of an LSTM or a GRU, forward and backward, as Numba kernels.
+
+A recurrent layer's products (the input projection for every step, the state times
+the recurrent weight per step, the weight's gradient over all steps) are BLAS GEMMs
+its caller runs; what is left per step is elementwise: the gate activations, the new
+cell and hidden state, and, backwards, the gates' cotangents. Each kernel does that
+work in one pass over the batch, and saves what the backward reads (the gate
+activations) in the sequence's state array `y`:
+
+- LSTM, gate order i f g o (PyTorch's): `y` is (6, T, N, H) holding h, c, i, f, g, o;
+- GRU, gate order r z n: `y` is (5, T, N, H) holding h, r, z, n and hn = W_hn h + b_hn
+  (PyTorch's n = tanh(x_n + r * hn)).
+
+Compiled per dtype (float32, float64) with one explicit signature each and kept in
+Numba's disk cache; a float32 kernel computes in float32 (jit.in_precision).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from pullback.errors import KernelError
+from pullback.kernels import jit
+from pullback.kernels.base import _SUPPORTED, SUPPORTED_DTYPES
+from pullback.kernels.scalar_math import sigmoid, tanh
+
+# ---------------------------------------------------------------- kernel bodies
+
+
+def lstm_step(xp, hw, c_prev, y, t):
+    """Step t: gates = xp[t] + hw (pre-activations, N x 4H), then c = f c_prev + i g,
+    h = o tanh(c), written with the gates into y[:, t]."""
+    n_, h_ = c_prev.shape
+    for n in range(n_):
+        for j in range(h_):
+            i = sigmoid(xp[t, n, j] + hw[n, j])
+            f = sigmoid(xp[t, n, h_ + j] + hw[n, h_ + j])
+            g = tanh(xp[t, n, 2 * h_ + j] + hw[n, 2 * h_ + j])
+            o = sigmoid(xp[t, n, 3 * h_ + j] + hw[n, 3 * h_ + j])
+            c = f * c_prev[n, j] + i * g
+            y[0, t, n, j] = o * tanh(c)
+            y[1, t, n, j] = c
+            y[2, t, n, j] = i
+            y[3, t, n, j] = f
+            y[4, t, n, j] = g
+            y[5, t, n, j] = o
+
+
+def lstm_step_backward(upstream, y, c_prev, dh_carry, dc, da, t):
+    """Step t backwards: from the cotangents of y[:, t], dh_carry (what step t + 1 sends
+    h_t through the recurrent product) and dc (what it sends c_t), write the gates'
+    pre-activation cotangents da[t] and, in place, dc for c_{t-1}."""
+    n_, h_ = c_prev.shape
+    for n in range(n_):
+        for j in range(h_):
+            c = y[1, t, n, j]
+            i = y[2, t, n, j]
+            f = y[3, t, n, j]
+            g = y[4, t, n, j]
+            o = y[5, t, n, j]
+            tc = tanh(c)
+            dh = upstream[0, t, n, j] + dh_carry[n, j]
+            dcv = upstream[1, t, n, j] + dc[n, j] + dh * o * (1.0 - tc * tc)
+            di = upstream[2, t, n, j] + dcv * g
+            df = upstream[3, t, n, j] + dcv * c_prev[n, j]
+            dg = upstream[4, t, n, j] + dcv * i
+            do = upstream[5, t, n, j] + dh * tc
+            dc[n, j] = dcv * f
+            da[t, n, j] = di * i * (1.0 - i)
+            da[t, n, h_ + j] = df * f * (1.0 - f)
+            da[t, n, 2 * h_ + j] = dg * (1.0 - g * g)
+            da[t, n, 3 * h_ + j] = do * o * (1.0 - o)
+
+
+def gru_step(xp, hw, b_hh, h_prev, y, t):
+    """Step t: r, z from xp[t] + hw + b_hh, hn = hw_n + b_hn, n = tanh(xp_n + r hn),
+    h = (1 - z) n + z h_prev, written into y[:, t]; hw is h_prev @ W_hh^T."""
+    n_, h_ = h_prev.shape
+    for n in range(n_):
+        for j in range(h_):
+            r = sigmoid(xp[t, n, j] + hw[n, j] + b_hh[j])
+            z = sigmoid(xp[t, n, h_ + j] + hw[n, h_ + j] + b_hh[h_ + j])
+            hn = hw[n, 2 * h_ + j] + b_hh[2 * h_ + j]
+            g = tanh(xp[t, n, 2 * h_ + j] + r * hn)
+            y[0, t, n, j] = (1.0 - z) * g + z * h_prev[n, j]
+            y[1, t, n, j] = r
+            y[2, t, n, j] = z
+            y[3, t, n, j] = g
+            y[4, t, n, j] = hn
+
+
+def gru_step_backward(upstream, y, h_prev, carry, dxp, dhw, t):
+    """Step t backwards: `carry` holds what step t + 1 sends h_t; write the cotangents
+    of xp[t] (dxp[t]) and of the recurrent pre-activations hw + b_hh (dhw[t]), and
+    replace carry by the direct part of h_{t-1}'s cotangent, z dh (the caller adds
+    dhw[t] @ W_hh)."""
+    n_, h_ = h_prev.shape
+    for n in range(n_):
+        for j in range(h_):
+            r = y[1, t, n, j]
+            z = y[2, t, n, j]
+            g = y[3, t, n, j]
+            hn = y[4, t, n, j]
+            dh = upstream[0, t, n, j] + carry[n, j]
+            dn = upstream[3, t, n, j] + dh * (1.0 - z)
+            dz = upstream[2, t, n, j] + dh * (h_prev[n, j] - g)
+            dan = dn * (1.0 - g * g)
+            dr = upstream[1, t, n, j] + dan * hn
+            dar = dr * r * (1.0 - r)
+            daz = dz * z * (1.0 - z)
+            dxp[t, n, j] = dar
+            dxp[t, n, h_ + j] = daz
+            dxp[t, n, 2 * h_ + j] = dan
+            dhw[t, n, j] = dar
+            dhw[t, n, h_ + j] = daz
+            dhw[t, n, 2 * h_ + j] = upstream[4, t, n, j] + dan * r
+            carry[n, j] = dh * z
+
+
+# ---------------------------------------------------------------- compilation
+
+# Each body's parameters: "inK"/"outK" an array of K dims (read-only or written), "t"
+# the step number.
+_KINDS: dict[Callable, tuple[str, ...]] = {
+    lstm_step: ("in3", "in2", "in2", "out4", "t"),
+    lstm_step_backward: ("in4", "in4", "in2", "in2", "out2", "out3", "t"),
+    gru_step: ("in3", "in2", "in1", "in2", "out4", "t"),
+    gru_step_backward: ("in4", "in4", "in2", "out2", "out3", "out3", "t"),
+}
+_lock = threading.Lock()
+_compiled: dict[tuple, Any] = {}
+
+
+def _signature(dtype: np.dtype, kinds: tuple[str, ...]) -> tuple:
+    nb = jit.numba()
+    return tuple(nb.int64 if kind == "t" else
+                 jit.array_type(dtype, int(kind[-1]), "C", readonly=kind.startswith("in"))
+                 for kind in kinds)
+
+
+def compiled(body: Callable, dtype: np.dtype) -> Any:
+    """`body` compiled for `dtype` (computing in it), cached on disk; once per process."""
+    key = (body.__name__, dtype)
+    found = _compiled.get(key)
+    if found is None:
+        with _lock:
+            found = _compiled.get(key)
+            if found is None:
+                nb = jit.numba()
+                found = nb.njit(cache=True, **jit.JIT_OPTIONS)(jit.in_precision(body, dtype))
+                found.compile(_signature(dtype, _KINDS[body]))
+                found.disable_compile()
+                _compiled[key] = found
+    return found
+
+
+def check_dtype(op: str, arrays: list[np.ndarray]) -> np.dtype:
+    """The one supported float dtype of `arrays`, or a KernelError naming op."""
+    dtype = arrays[0].dtype
+    if any(a.dtype != dtype for a in arrays) or dtype not in SUPPORTED_DTYPES:
+        names = " and ".join(sorted({a.dtype.name for a in arrays}))
+        raise KernelError(op, arrays, f"dtypes {names}: one float dtype is needed; {_SUPPORTED}")
+    return dtype

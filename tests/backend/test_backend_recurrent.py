@@ -1,0 +1,63 @@
+"""RecurrentOps: the defaults written in forward ops (and derived from the rules) agree
+with CpuBackend's kernels, and bad operands are refused naming the op and shapes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import pullback  # noqa: F401 (the ops layer registers the rule-derived defaults)
+from pullback.backend.recurrent import recurrent_ops
+from pullback.errors import KernelError
+
+SHAPES = {
+    "lstm": ((3, 2, 8), (2, 2), (2, 2), (8, 2)),
+    "gru": ((3, 2, 9), (2, 3), (9, 3), (9,)),
+}
+
+
+def _operands(kind: str, dtype: type, rng: np.random.Generator) -> list[np.ndarray]:
+    return [rng.standard_normal(s).astype(dtype) for s in SHAPES[kind]]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("kind", ["lstm", "gru"])
+def test_defaults_in_forward_ops_match_the_cpu_kernels(kind, dtype, cpu, forward_only, rng):
+    xs = _operands(kind, dtype, rng)
+    default, fast = recurrent_ops(forward_only), recurrent_ops(cpu)
+    forward, backward = f"{kind}_sequence", f"{kind}_sequence_backward"
+    y = getattr(fast, forward)(*xs)
+    tol = {"rtol": 1e-5, "atol": 1e-6} if dtype == np.float32 else {"rtol": 1e-12, "atol": 1e-13}
+    np.testing.assert_allclose(getattr(default, forward)(*xs), y, **tol)
+    u = rng.standard_normal(y.shape).astype(dtype)
+    for got, want in zip(getattr(default, backward)(u, *xs, y),
+                         getattr(fast, backward)(u, *xs, y), strict=True):
+        np.testing.assert_allclose(got, want, **tol)
+
+
+def test_a_backward_computes_only_the_cotangents_needed(cpu, rng):
+    xs = _operands("lstm", np.float64, rng)
+    y = cpu.lstm_sequence(*xs)
+    grads = cpu.lstm_sequence_backward(np.ones_like(y), *xs, y, (True, False, True, False))
+    assert grads[1] is None and grads[3] is None
+    assert grads[0].shape == xs[0].shape and grads[2].shape == xs[2].shape
+
+
+@pytest.mark.parametrize("index, shape, message", [
+    (0, (3, 2, 7), r"projected input must be \(T, N, 4 H\) = \(T, 2, 8\)"),
+    (3, (8, 3), r"recurrent weight must be \(4 H, H\) = \(8, 2\)"),
+    (2, (2, 3), r"initial cell state must have shape \(2, 2\)"),
+])
+def test_lstm_sequence_refuses_operands_that_do_not_fit(cpu, rng, index, shape, message):
+    xs = _operands("lstm", np.float64, rng)
+    xs[index] = np.zeros(shape)
+    with pytest.raises(KernelError, match=r"^lstm_sequence: .*" + message) as err:
+        cpu.lstm_sequence(*xs)
+    assert shape in err.value.shapes
+
+
+def test_gru_sequence_refuses_mixed_dtypes(cpu, rng):
+    xs = _operands("gru", np.float64, rng)
+    xs[3] = xs[3].astype(np.float32)
+    with pytest.raises(KernelError, match=r"gru_sequence: .*one floating dtype"):
+        cpu.gru_sequence(*xs)
