@@ -36,11 +36,12 @@ _NAMES = ("running_mean", "running_var", "weight", "bias")
 def _shape(x: Any, running_mean: Any, running_var: Any, weight: Any, bias: Any,
            training: bool, eps: float) -> tuple:
     shape = shape_of(x)
-    operands = (x, running_mean, running_var, weight, bias)
+    given = (running_mean, running_var, weight, bias)
+    operands = tuple(v for v in (x, *given) if v is not None)  # what the error lists
     if len(shape) < 2 or not is_float(dtype_of(x)):
         raise KernelError("batch_norm", operands, "x must be floating, of shape (N, C) or "
                           "(N, C, *spatial)")
-    for name, v in zip(_NAMES, operands[1:]):
+    for name, v in zip(_NAMES, given):
         if v is not None and (shape_of(v) != shape[1:2] or dtype_of(v) != dtype_of(x)):
             raise KernelError("batch_norm", operands, f"{name} must have shape ({shape[1]},) "
                               "(one value per channel, axis 1) and x's dtype")
@@ -221,10 +222,9 @@ def batch_norm(x: Any, running_mean: Any, running_var: Any, weight: Any = None,
 
 
 def _both_modes(x: Any, mean_: Any, var: Any, w: Any, b: Any) -> tuple:
-    return (batch_norm(x, None, None, w, b, training=True),
-            batch_norm(x, None, None, training=True, eps=0.1),
-            batch_norm(x, mean_, var, w, b), batch_norm(x, mean_, var, eps=0.1))
+    return batch_norm(x, None, None, w, b, training=True), batch_norm(x, mean_, var, w, b)
 
 
+# Few elements and settings: the check differentiates along each element in turn.
 declare_check(batch_norm_p, _both_modes,
-              inputs(normal(3, 2, 4), normal(2), positive(2), normal(2), normal(2)))
+              inputs(normal(2, 2, 2), normal(2), positive(2), normal(2), normal(2)))
