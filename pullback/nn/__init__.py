@@ -10,15 +10,15 @@ from .normalization import BatchNorm1d, BatchNorm2d
 from .pooling import AdaptiveAvgPool2d, AvgPool2d
 
 __all__ = [
+    "GELU",
+    "GLU",
+    "LR",
     "AdaptiveAvgPool2d",
     "AvgPool2d",
     "BatchNorm1d",
     "BatchNorm2d",
-    "Conv1d",
-    "GELU",
-    "GLU",
-    "LR",
     "Bias1d",
+    "Conv1d",
     "Conv2d",
     "Dense",
     "Dropout",

@@ -40,7 +40,7 @@ def _export_and_compare(module: nn.Module, x: np.ndarray, tmp_path) -> onnx.Mode
 
 def test_cnn_block_with_batch_norm_and_pools_exports(tmp_path) -> None:
     pb.manual_seed(1)
-    shape = (2, 3, 8, 8)
+    shape = (2, 3, 10, 10)  # the global pool's 5x5 window: the general pooling kernel
     module = _trained(nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4),
                                     nn.ReLU(), nn.AvgPool2d(2), nn.AdaptiveAvgPool2d(1),
                                     nn.Flatten()), shape)
