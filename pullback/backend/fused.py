@@ -121,10 +121,12 @@ class FusedOps:
 
     def _channel_geometry(self, x: Array) -> tuple[tuple[int, ...], tuple[int, ...], int]:
         # (the axes but the channel axis, (1, C, 1, ...) to broadcast a (C,) vector,
-        # the number of values per channel)
+        # the number of values per channel, at least 1)
         shape = tuple(x.shape)
         column = (1, shape[1]) + (1,) * (len(shape) - 2)
-        count = math.prod(shape) // shape[1] if shape[1] else 0
+        # An empty batch has no statistics; dividing by 1 keeps its (empty) results free
+        # of 0 / 0 warnings.
+        count = max(math.prod(shape) // shape[1] if shape[1] else 0, 1)
         return (0, *range(2, len(shape))), column, count
 
     def batch_norm(self, x: Array, weight: Array | None, bias: Array | None,

@@ -216,7 +216,8 @@ def batch_norm(x: Any, running_mean: Any, running_var: Any, weight: Any = None,
                                  eps=eps)
     _shape(x, running_mean, running_var, weight, bias, True, eps)
     y = batch_norm_p.bind(x, None, None, weight, bias, training=True, eps=eps)
-    if running_mean is not None or running_var is not None:
+    # An empty batch leaves the running statistics as they are (as PyTorch's).
+    if (running_mean is not None or running_var is not None) and math.prod(shape_of(x)):
         _update_running(x, running_mean, running_var, float(momentum))
     return y
 

@@ -127,3 +127,10 @@ def test_compiled_eval_batch_norm_matches_eager_and_training_mode_says_why_not()
     # Plans do not carry module state yet: updating the running statistics is refused.
     with pytest.raises(RuntimeError, match="batch_norm: training mode updates running_mean"):
         pb.compile(module.train(), x)
+
+
+def test_an_empty_batch_counts_but_leaves_the_statistics_as_torch() -> None:
+    module, twin = nn.BatchNorm1d(3), torch.nn.BatchNorm1d(3)
+    assert module(pb.zeros(0, 3)).shape == tuple(twin(torch.zeros(0, 3)).shape) == (0, 3)
+    for name, want in _state(twin).items():
+        np.testing.assert_array_equal(module.state_dict()[name].numpy(), want, err_msg=name)
