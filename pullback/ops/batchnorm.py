@@ -160,7 +160,8 @@ defjvp(batch_norm_p, _jvp_x, _jvp_running_mean, _jvp_running_var, _jvp_weight, _
 def _vjp(be: Any, g: Any, n: Any) -> tuple:
     needed = tuple(p is not None for p in n.parents)
     if not n.params["training"]:
-        # An affine map per channel: the rule transposed is already one pass per operand.
+        # Eval mode, an affine map per channel and seldom differentiated (a frozen
+        # BatchNorm): its backward is its rule, transposed, on this backend.
         return rule_vjp(batch_norm_p, be, g, n.inputs, None, n.params, n.in_shapes, needed)
     x, _, _, weight, _ = n.inputs
     grad_x, grad_weight, grad_bias = fused_ops(be).batch_norm_backward(g, x, weight,
@@ -189,9 +190,6 @@ def _update_running(x: Any, running_mean: Any, running_var: Any, momentum: float
         centered = sub(data, _column(batch_mean, len(shape)))
         updates.append((running_var, div(sum_over(mul(centered, centered), axes), count - 1)))
     for running, batch in updates:
-        if not hasattr(running, "copy_"):
-            raise KernelError("batch_norm", (x, running), "training mode updates running_mean "
-                              "and running_var in place: they must be tensors (or None)")
         new = add(mul(running, 1.0 - momentum), mul(batch, momentum))
         try:
             running.copy_(new)
@@ -211,10 +209,14 @@ def batch_norm(x: Any, running_mean: Any, running_var: Any, weight: Any = None,
     batch's statistics and updates `running_mean`/`running_var` (tensors, or None) in
     place with `momentum`; eval mode uses the running statistics."""
     eps = float(eps)
-    if not training:
+    if not bool(training):
         return batch_norm_p.bind(x, running_mean, running_var, weight, bias, training=False,
                                  eps=eps)
     _shape(x, running_mean, running_var, weight, bias, True, eps)
+    for running in (running_mean, running_var):
+        if running is not None and not hasattr(running, "copy_"):
+            raise KernelError("batch_norm", (x, running), "training mode updates running_mean "
+                              "and running_var in place: they must be tensors (or None)")
     y = batch_norm_p.bind(x, None, None, weight, bias, training=True, eps=eps)
     # An empty batch leaves the running statistics as they are (as PyTorch's).
     if (running_mean is not None or running_var is not None) and math.prod(shape_of(x)):
