@@ -18,10 +18,11 @@ import numpy as np
 from pullback.backend import conv, gemm
 from pullback.backend.backward_ops import BackwardOps, Grads, Needed, check_matmul_backward
 from pullback.backend.base import Backend, Pair, Shape, check_gelu_mode
-from pullback.backend.fused import FusedOps, check_labels, check_rows
+from pullback.backend.fused import FusedOps, check_channels, check_labels, check_rows
 from pullback.backend.recurrent import CpuRecurrentOps
 from pullback.errors import KernelError, index_error
 from pullback.kernels import activations as compiled
+from pullback.kernels import channels as compiled_channels
 from pullback.kernels import rows as compiled_rows
 from pullback.kernels import scalar_math
 from pullback.kernels.core import SUPPORTED_DTYPES, Kernel
@@ -750,6 +751,46 @@ class CpuBackend(BackwardOps, FusedOps, CpuRecurrentOps, Backend):
             return super().layer_norm_backward(upstream, x, weight, mean, rstd)
         weight = np.ones(x.shape[-1], x.dtype) if weight is None else weight
         return self._fused(compiled_rows.layer_norm_backward, upstream, x, weight, mean, rstd)
+
+    def _channel_params(self, x: np.ndarray, *params: np.ndarray | None) -> bool:
+        # Whether (C,) parameters (None allowed) and x (N, C, ...) fit the channel kernels.
+        return (x.ndim >= 2 and x.dtype in _COMPILED_DTYPES and all(
+            p is None or (p.dtype is x.dtype and p.shape == x.shape[1:2]) for p in params))
+
+    def _channel_rows(self, x: np.ndarray) -> np.ndarray:
+        # (N, C, *spatial) as (C, N * prod(spatial)): a channel's values as one row. The
+        # copy is what lets the row kernels run over contiguous rows.
+        return np.ascontiguousarray(np.moveaxis(x, 1, 0)).reshape(x.shape[1], -1)
+
+    def _from_channel_rows(self, rows: np.ndarray, shape: tuple) -> np.ndarray:
+        moved = rows.reshape((shape[1], shape[0], *shape[2:]))
+        return np.ascontiguousarray(np.moveaxis(moved, 0, 1))
+
+    def batch_norm(
+        self, x: np.ndarray, weight: np.ndarray | None, bias: np.ndarray | None, eps: float
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        check_channels("batch_norm", x)
+        if not self._channel_params(x, weight, bias) or x.size == 0:
+            return super().batch_norm(x, weight, bias, eps)
+        channels = x.shape[1]
+        weight = np.ones(channels, x.dtype) if weight is None else weight
+        bias = np.zeros(channels, x.dtype) if bias is None else bias
+        y, mean, var = self._fused(compiled_channels.batch_norm, self._channel_rows(x), weight,
+                                   bias, float(eps))
+        return self._from_channel_rows(y, x.shape), mean, var
+
+    def batch_norm_backward(
+        self, upstream: np.ndarray, x: np.ndarray, weight: np.ndarray | None, eps: float
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        check_channels("batch_norm_backward", x)
+        if not (self._channel_params(x, weight) and x.size and upstream.shape == x.shape
+                and upstream.dtype is x.dtype):
+            return super().batch_norm_backward(upstream, x, weight, eps)
+        weight = np.ones(x.shape[1], x.dtype) if weight is None else weight
+        grad_x, grad_weight, grad_bias = self._fused(
+            compiled_channels.batch_norm_backward, self._channel_rows(upstream),
+            self._channel_rows(x), weight, float(eps))
+        return self._from_channel_rows(grad_x, x.shape), grad_weight, grad_bias
 
     # -- fused backward kernels ------------------------------------------------------------
 

@@ -3,7 +3,8 @@
 
 Mix it into a forward-only backend and these work there too; `CpuBackend` overrides
 them with one-pass Numba kernels (pullback.kernels) for float32 and float64. Rows are
-over the last axis; `upstream` is the cotangent at the op's output.
+over the last axis (batch norm's over every axis but the channel axis, 1);
+`upstream` is the cotangent at the op's output.
 """
 
 from __future__ import annotations
@@ -28,6 +29,14 @@ def check_labels(op: str, logits: Any, labels: Any) -> None:
         raise KernelError(op, [logits, labels], f"labels must lie in [0, {shape[-1]})")
 
 
+def check_channels(op: str, x: Any) -> None:
+    """A floating array of shape (N, C, *spatial), or a KernelError."""
+    if x.dtype.kind != "f":
+        raise KernelError(op, [x], "expected a floating dtype")
+    if len(tuple(x.shape)) < 2:
+        raise KernelError(op, [x], "expected (N, C) or (N, C, *spatial)")
+
+
 def check_rows(op: str, x: Any) -> None:
     """A floating array with a last axis to normalize over, or a KernelError."""
     if x.dtype.kind != "f":
@@ -37,7 +46,7 @@ def check_rows(op: str, x: Any) -> None:
 
 
 class FusedOps:
-    """Fused ops: cross-entropy, layer norm, with backward."""
+    """Fused ops: cross-entropy, layer norm, batch norm, with backward."""
 
     def _rows_of(self, x: Array) -> tuple[tuple[int, ...], int]:
         shape = tuple(x.shape)
@@ -106,6 +115,57 @@ class FusedOps:
         mean_gx = self.div(self.reduce_sum(self.mul(g, xhat), last, True), width)
         grad_x = self.mul(rstd_col, self.sub(self.sub(g, mean_g), self.mul(xhat, mean_gx)))
         return grad_x, grad_weight, grad_bias
+
+
+    # -- batch norm -------------------------------------------------------------------
+
+    def _channel_geometry(self, x: Array) -> tuple[tuple[int, ...], tuple[int, ...], int]:
+        # (the axes but the channel axis, (1, C, 1, ...) to broadcast a (C,) vector,
+        # the number of values per channel, at least 1)
+        shape = tuple(x.shape)
+        column = (1, shape[1]) + (1,) * (len(shape) - 2)
+        # An empty batch has no statistics; dividing by 1 keeps its (empty) results free
+        # of 0 / 0 warnings.
+        count = max(math.prod(shape) // shape[1] if shape[1] else 0, 1)
+        return (0, *range(2, len(shape))), column, count
+
+    def batch_norm(self, x: Array, weight: Array | None, bias: Array | None,
+                   eps: float) -> tuple[Array, Array, Array]:
+        """(x - mean) / sqrt(var + eps) * weight + bias per channel (axis 1), with the
+        batch's mean and biased variance over every other axis; returns (y, mean, var),
+        mean and var of shape (C,)."""
+        check_channels("batch_norm", x)
+        axes, column, count = self._channel_geometry(x)
+        mean = self.div(self.reduce_sum(x, axes, True), count)
+        centered = self.sub(x, mean)
+        var = self.div(self.reduce_sum(self.mul(centered, centered), axes, True), count)
+        y = self.mul(centered, self.div(1, self.sqrt(self.add(var, eps))))
+        if weight is not None:
+            y = self.mul(y, self.reshape(weight, column))
+        if bias is not None:
+            y = self.add(y, self.reshape(bias, column))
+        channels = column[1:2]
+        return y, self.reshape(mean, channels), self.reshape(var, channels)
+
+    def batch_norm_backward(self, upstream: Array, x: Array, weight: Array | None,
+                            eps: float) -> tuple[Array, Array, Array]:
+        """(grad_x, grad_weight, grad_bias) of batch_norm, its statistics recomputed from
+        x; the last two are what a weight and bias would get."""
+        check_channels("batch_norm_backward", x)
+        axes, column, count = self._channel_geometry(x)
+        mean = self.div(self.reduce_sum(x, axes, True), count)
+        centered = self.sub(x, mean)
+        var = self.div(self.reduce_sum(self.mul(centered, centered), axes, True), count)
+        rstd = self.div(1, self.sqrt(self.add(var, eps)))
+        xhat = self.mul(centered, rstd)
+        grad_weight = self.reduce_sum(self.mul(upstream, xhat), axes, True)
+        grad_bias = self.reduce_sum(upstream, axes, True)
+        scale = self.mul(rstd, self.reshape(weight, column)) if weight is not None else rstd
+        inner = self.sub(self.sub(upstream, self.div(grad_bias, count)),
+                         self.mul(xhat, self.div(grad_weight, count)))
+        channels = column[1:2]
+        return (self.mul(scale, inner), self.reshape(grad_weight, channels),
+                self.reshape(grad_bias, channels))
 
 
 class _Defaults(FusedOps):

@@ -473,8 +473,15 @@ def tile_bodies(kh: int, kw: int, zero: Any) -> dict[str, Callable]:
                             dst[base + U(i * w_ + j) + t * U(kw)] = share
         return grad
 
-    return {"max_forward": max_forward, "max_backward": max_backward,
-            "avg_forward": avg_forward, "avg_backward": avg_backward}
+    bodies = {"max_forward": max_forward, "max_backward": max_backward,
+              "avg_forward": avg_forward, "avg_backward": avg_backward}
+    for body in bodies.values():
+        # A name per size and dtype: Numba names a compiled function (and the
+        # environment holding its constants) after its qualified name, so closures of
+        # one name loaded together from the disk cache could read each other's, and a
+        # returned array then fails to box ("'descr' is NULL").
+        body.__qualname__ = f"{body.__name__}_{kh}x{kw}_{np.asarray(zero).dtype.name}"
+    return bodies
 
 
 def _zero_uncovered(dst, plane, h_, w_, covered_h, covered_w, zero):

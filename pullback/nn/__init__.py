@@ -15,6 +15,7 @@ from .activations import (
     Tanh,
 )
 from .containers import LR, ModuleDict, Residual, Sequential
+from .conv1d import Conv1d
 from .layers import GLU, Bias1d, Conv2d, Dense, LayerNorm
 from .losses import cross_entropy, mse_loss
 from .module import (
@@ -26,6 +27,8 @@ from .module import (
     flatten_tree,
     unflatten_tree,
 )
+from .normalization import BatchNorm1d, BatchNorm2d
+from .pooling import AdaptiveAvgPool2d, AvgPool2d
 from .recurrent import GRU, LSTM
 
 # PyTorch's name for the same layer: y = x @ weight.T + bias, weight (out, in).
@@ -37,7 +40,12 @@ __all__ = [
     "GRU",
     "LR",
     "LSTM",
+    "AdaptiveAvgPool2d",
+    "AvgPool2d",
+    "BatchNorm1d",
+    "BatchNorm2d",
     "Bias1d",
+    "Conv1d",
     "Conv2d",
     "Dense",
     "Dropout",

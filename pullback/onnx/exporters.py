@@ -12,6 +12,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ..lower.graph import Eqn, Var
+from ..ops.batchnorm import batch_norm_p
 from ..ops.conv import avg_pool2d_p, conv2d_p, fold2d_p, max_pool2d_p, unfold2d_p
 from ..ops.elementwise import (
     abs_p,
@@ -312,6 +313,20 @@ def _layer_norm(c: Context) -> str:
     return c.node("LayerNormalization", axis=-1, epsilon=float(c.params["eps"]))
 
 
+def _batch_norm(c: Context) -> str:
+    if c.params["training"]:
+        raise ExportError("batch_norm: training mode (batch statistics) does not export; "
+                          "export runs modules in eval mode, and pb.batch_norm exports with "
+                          "training=False (running statistics)")
+    x, mean, var, weight, bias = c.args
+    channels, dtype = c.vars[0].shape[1], c.out.dtype
+    # BatchNormalization takes a scale and a bias always: ones and zeros stand for none.
+    weight = weight or c.emit.const(np.ones(channels, dtype), "ones")
+    bias = bias or c.emit.const(np.zeros(channels, dtype), "zeros")
+    return c.node("BatchNormalization", [x, weight, bias, mean, var],
+                  epsilon=float(c.params["eps"]))
+
+
 def _softmax(op_type: str) -> Exporter:
     return lambda c: c.node(op_type, axis=int(c.params["axis"]))
 
@@ -352,7 +367,7 @@ for _prims, _write in (
     ((sum_to_shape_p,), _sum_to_shape), ((getitem_p,), _getitem),
     ((concatenate_p,), _concatenate), ((pad2d_p,), _pad2d), ((conv2d_p,), _conv2d),
     ((max_pool2d_p,), _max_pool2d), ((avg_pool2d_p,), _avg_pool2d),
-    ((layer_norm_p,), _layer_norm),
+    ((layer_norm_p,), _layer_norm), ((batch_norm_p,), _batch_norm),
 ):
     _register(_prims, _write)
 _register((where_p,), _where, traced_params=True)

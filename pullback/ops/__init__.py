@@ -13,6 +13,7 @@ re-exported by name below but are not `pb`'s.
 
 from ..ad import set_tangent_add
 from . import (
+    batchnorm,
     contraction,
     conv,
     custom,
@@ -27,6 +28,7 @@ from . import (
     views,
 )
 from . import norm as layer_norm_module  # `ops.norm` is the vector norm (stats.norm)
+from .batchnorm import *  # noqa: F403
 from .contraction import *  # noqa: F403
 from .conv import *  # noqa: F403
 from .conv import fold2d as fold2d
@@ -62,6 +64,7 @@ from .views import *  # noqa: F403
 
 set_tangent_add(add_p)
 
-__all__ = (contraction.__all__ + conv.__all__ + custom.__all__ + elementwise.__all__
-           + layer_norm_module.__all__ + linalg.__all__ + loss.__all__ + masks.__all__
-           + reduce.__all__ + shape.__all__ + sorting.__all__ + stats.__all__ + views.__all__)
+__all__ = (batchnorm.__all__ + contraction.__all__ + conv.__all__ + custom.__all__
+           + elementwise.__all__ + layer_norm_module.__all__ + linalg.__all__ + loss.__all__
+           + masks.__all__ + reduce.__all__ + shape.__all__ + sorting.__all__ + stats.__all__
+           + views.__all__)

@@ -560,6 +560,32 @@ RECURRENT_ROWS = [
 ]
 
 
+# ---------------------------------------------------------------- batch norm
+
+
+def _batch_norm_eval_by_hand(x: torch.Tensor, mean: torch.Tensor, var: torch.Tensor,
+                             w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """F.batch_norm in eval mode, in ops torch differentiates in the running statistics
+    too (its batch_norm does not)."""
+    column = (1, -1) + (1,) * (x.ndim - 2)
+    return (x - mean.reshape(column)) / torch.sqrt(var.reshape(column) + 1e-5) * \
+        w.reshape(column) + b.reshape(column)
+
+
+BATCH_NORM_ROWS = [
+    op("batch_norm_training_2d", lambda x, w, b: pb.batch_norm(x, None, None, w, b, True),
+       lambda x, w, b: F.batch_norm(x, None, None, w, b, True), (4, 3), (3,), (3,),
+       sums=True),
+    op("batch_norm_training_4d_eps_no_affine",
+       lambda x: pb.batch_norm(x, None, None, training=True, eps=0.1),
+       lambda x: F.batch_norm(x, None, None, training=True, eps=0.1), (2, 3, 2, 3),
+       sums=True),
+    op("batch_norm_eval_3d", lambda x, m, v, w, b: pb.batch_norm(x, m, v, w, b),
+       _batch_norm_eval_by_hand, (2, 3, 4), (3,), (3,), (3,), (3,),
+       domain=(real, real, positive, real, real)),
+]
+
+
 ROWS: list[OpSpec] = [
     *(op(name, f, g, (3, 4), domain=d) for name, f, g, d in UNARY),
     *_binary_rows(),
@@ -573,6 +599,7 @@ ROWS: list[OpSpec] = [
     *SCAN_AND_LOGSUMEXP_ROWS,
     *TENSOR_API_ROWS,
     *RECURRENT_ROWS,
+    *BATCH_NORM_ROWS,
 ]
 
 SECOND_ORDER_ROWS = [row for row in ROWS if row.order >= 2]

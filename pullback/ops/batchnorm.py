@@ -1,0 +1,236 @@
+"""batch_norm: normalize each channel (axis 1) of (N, C, *spatial), then scale and
+shift, as one primitive, with torch.nn.functional.batch_norm's meaning.
+
+In training mode it normalizes with the batch's mean and biased variance; forward and
+backward run as the backend's fused ops (`FusedOps.batch_norm` and
+`batch_norm_backward`: one Numba pass per channel on the CPU backends). In eval mode it
+normalizes with the running statistics, an affine map per channel; its backward is
+its rule transposed. The JVP rules are written in primitives, so forward mode and
+higher orders work in both modes. Updating the running statistics in training mode is
+a side effect of `batch_norm`, done in place outside differentiation; the primitive
+never sees them then, so a pending backward never holds the arrays it overwrites.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from ..ad import defjvp, defvjp
+from ..backend.fused import fused_ops
+from ..errors import KernelError
+from .backward_defaults import rule_vjp
+from .checks import declare_check, inputs, normal, positive
+from .elementwise import add, div, mul, sqrt, sub
+from .reduce import mean
+from .reduce import sum as sum_over
+from .registry import declare, dtype_of, is_float, shape_of
+from .shape import broadcast_to, reshape, stop_gradient_p
+
+#: The ops `import pullback as pb` offers as `pb.<name>` (and `pullback.ops` too).
+__all__ = ["batch_norm"]
+
+_NAMES = ("running_mean", "running_var", "weight", "bias")
+
+
+def _shape(x: Any, running_mean: Any, running_var: Any, weight: Any, bias: Any,
+           training: bool, eps: float) -> tuple:
+    shape = shape_of(x)
+    given = (running_mean, running_var, weight, bias)
+    operands = tuple(v for v in (x, *given) if v is not None)  # what the error lists
+    if len(shape) < 2 or not is_float(dtype_of(x)):
+        raise KernelError("batch_norm", operands, "x must be floating, of shape (N, C) or "
+                          "(N, C, *spatial)")
+    for name, v in zip(_NAMES, given):
+        if v is not None and (shape_of(v) != shape[1:2] or dtype_of(v) != dtype_of(x)):
+            raise KernelError("batch_norm", operands, f"{name} must have shape ({shape[1]},) "
+                              "(one value per channel, axis 1) and x's dtype")
+    if training and shape[1] and math.prod(shape) // shape[1] == 1:
+        raise KernelError("batch_norm", operands, "training mode needs more than one value "
+                          "per channel to compute a variance")
+    if not training and (running_mean is None or running_var is None):
+        raise KernelError("batch_norm", operands, "eval mode (training=False) normalizes with "
+                          "running_mean and running_var: pass both, or training=True")
+    return shape, dtype_of(x)
+
+
+def _eval_affine(backend: Any, x: Any, running_mean: Any, running_var: Any, weight: Any,
+                 bias: Any, eps: float) -> Any:
+    """x * scale + shift per channel, the running statistics folded into (C,) vectors."""
+    scale = backend.div(1.0, backend.sqrt(backend.add(running_var, eps)))
+    if weight is not None:
+        scale = backend.mul(scale, weight)
+    shift = backend.mul(backend.mul(running_mean, scale), -1.0)
+    if bias is not None:
+        shift = backend.add(shift, bias)
+    column = _column_shape(x.ndim, x.shape[1])
+    return backend.add(backend.mul(x, backend.reshape(scale, column)),
+                       backend.reshape(shift, column))
+
+
+def _impl(backend: Any, x: Any, running_mean: Any, running_var: Any, weight: Any, bias: Any,
+          training: bool, eps: float) -> Any:
+    # Eager calls skip shape rules; these shapes must agree.
+    _shape(x, running_mean, running_var, weight, bias, training, eps)
+    if training:
+        return fused_ops(backend).batch_norm(x, weight, bias, eps)[0]
+    return _eval_affine(backend, x, running_mean, running_var, weight, bias, eps)
+
+
+batch_norm_p = declare("batch_norm", _impl, _shape, saves_inputs=True, aliasing="fresh")
+
+
+# ---------------------------------------------------------------- derivative rules
+
+
+def _column_shape(ndim: int, channels: int) -> tuple:
+    return (1, channels) + (1,) * (ndim - 2)
+
+
+def _column(v: Any, ndim: int) -> Any:
+    """A (C,) vector shaped to broadcast over (N, C, *spatial)."""
+    return reshape(v, _column_shape(ndim, shape_of(v)[0]))
+
+
+def _axes(ndim: int) -> tuple:
+    return (0, *range(2, ndim))
+
+
+def _batch_normalized(x: Any, eps: float) -> tuple[Any, Any]:
+    """(x - mean) * rstd and rstd (shaped (1, C, 1, ...)) with the batch's statistics."""
+    axes = _axes(len(shape_of(x)))
+    centered = sub(x, mean(x, axes, True))
+    rstd = div(1.0, sqrt(add(mean(mul(centered, centered), axes, True), eps)))
+    return mul(centered, rstd), rstd
+
+
+def _running_scale(running_var: Any, weight: Any, eps: float) -> Any:
+    """weight / sqrt(running_var + eps), (C,): eval mode's slope per channel."""
+    scale = div(1.0, sqrt(add(running_var, eps)))
+    return scale if weight is None else mul(scale, weight)
+
+
+def _jvp_x(t: Any, out: Any, x: Any, running_mean: Any, running_var: Any, weight: Any,
+           bias: Any, training: bool, eps: float) -> Any:
+    ndim = len(shape_of(x))
+    if not training:
+        return mul(t, _column(_running_scale(running_var, weight, eps), ndim))
+    # d xhat = rstd * (t - mean(t) - xhat * mean(t * xhat)), means over the batch axes.
+    axes = _axes(ndim)
+    xhat, rstd = _batch_normalized(x, eps)
+    d = sub(sub(t, mean(t, axes, True)), mul(xhat, mean(mul(t, xhat), axes, True)))
+    d = mul(d, rstd)
+    return d if weight is None else mul(d, _column(weight, ndim))
+
+
+def _jvp_running_mean(t: Any, out: Any, x: Any, running_mean: Any, running_var: Any,
+                      weight: Any, bias: Any, training: bool, eps: float) -> Any:
+    # Only eval mode reads the running statistics (training mode binds None for them).
+    slope = mul(mul(t, _running_scale(running_var, weight, eps)), -1.0)
+    return broadcast_to(_column(slope, len(shape_of(x))), shape_of(x))
+
+
+def _jvp_running_var(t: Any, out: Any, x: Any, running_mean: Any, running_var: Any,
+                     weight: Any, bias: Any, training: bool, eps: float) -> Any:
+    # d/dvar of (x - mean) * (var + eps)**-1/2 * weight = -(x - mean) * weight * rstd**3 / 2.
+    ndim = len(shape_of(x))
+    rstd = div(1.0, sqrt(add(running_var, eps)))
+    slope = mul(mul(mul(rstd, mul(rstd, rstd)), t), -0.5)
+    slope = slope if weight is None else mul(slope, weight)
+    return mul(sub(x, _column(running_mean, ndim)), _column(slope, ndim))
+
+
+def _jvp_weight(t: Any, out: Any, x: Any, running_mean: Any, running_var: Any, weight: Any,
+                bias: Any, training: bool, eps: float) -> Any:
+    ndim = len(shape_of(x))
+    if training:
+        return mul(_batch_normalized(x, eps)[0], _column(t, ndim))
+    rstd = div(1.0, sqrt(add(running_var, eps)))
+    return mul(sub(x, _column(running_mean, ndim)), _column(mul(t, rstd), ndim))
+
+
+def _jvp_bias(t: Any, out: Any, x: Any, running_mean: Any, running_var: Any, weight: Any,
+              bias: Any, training: bool, eps: float) -> Any:
+    return broadcast_to(_column(t, len(shape_of(x))), shape_of(x))
+
+
+defjvp(batch_norm_p, _jvp_x, _jvp_running_mean, _jvp_running_var, _jvp_weight, _jvp_bias)
+
+
+def _vjp(be: Any, g: Any, n: Any) -> tuple:
+    needed = tuple(p is not None for p in n.parents)
+    if not n.params["training"]:
+        # Eval mode, an affine map per channel and seldom differentiated (a frozen
+        # BatchNorm): its backward is its rule, transposed, on this backend.
+        return rule_vjp(batch_norm_p, be, g, n.inputs, None, n.params, n.in_shapes, needed)
+    x, _, _, weight, _ = n.inputs
+    grad_x, grad_weight, grad_bias = fused_ops(be).batch_norm_backward(g, x, weight,
+                                                                       n.params["eps"])
+    return (grad_x if needed[0] else None, None, None, grad_weight if needed[3] else None,
+            grad_bias if needed[4] else None)
+
+
+defvjp(batch_norm_p, _vjp)
+
+
+# ---------------------------------------------------------------- the public function
+
+
+def _update_running(x: Any, running_mean: Any, running_var: Any, momentum: float) -> None:
+    """running = (1 - momentum) * running + momentum * batch statistic, in place; the
+    variance's statistic is the unbiased one, as PyTorch's."""
+    data = stop_gradient_p.bind(x)  # the update is no part of what is differentiated
+    shape = shape_of(x)
+    axes, count = _axes(len(shape)), math.prod(shape) // shape[1]
+    batch_mean = mean(data, axes)
+    updates = []
+    if running_mean is not None:
+        updates.append((running_mean, batch_mean))
+    if running_var is not None:
+        centered = sub(data, _column(batch_mean, len(shape)))
+        updates.append((running_var, div(sum_over(mul(centered, centered), axes), count - 1)))
+    for running, batch in updates:
+        new = add(mul(running, 1.0 - momentum), mul(batch, momentum))
+        try:
+            running.copy_(new)
+        except RuntimeError as err:
+            raise RuntimeError(
+                f"batch_norm: training mode updates running_mean and running_var in place, "
+                f"which failed ({err}); a traced or compiled function cannot update them "
+                "yet: trace the model in eval mode, or pass running_mean=None and "
+                "running_var=None") from None
+
+
+def batch_norm(x: Any, running_mean: Any, running_var: Any, weight: Any = None,
+               bias: Any = None, training: bool = False, momentum: float = 0.1,
+               eps: float = 1e-5) -> Any:
+    """torch.nn.functional.batch_norm: per channel (axis 1) of (N, C) or (N, C,
+    *spatial), (x - mean) / sqrt(var + eps) * weight + bias. Training mode uses the
+    batch's statistics and updates `running_mean`/`running_var` (tensors, or None) in
+    place with `momentum`; eval mode uses the running statistics."""
+    eps = float(eps)
+    if not bool(training):
+        return batch_norm_p.bind(x, running_mean, running_var, weight, bias, training=False,
+                                 eps=eps)
+    _shape(x, running_mean, running_var, weight, bias, True, eps)
+    for running in (running_mean, running_var):
+        if running is not None and not hasattr(running, "copy_"):
+            raise KernelError("batch_norm", (x, running), "training mode updates running_mean "
+                              "and running_var in place: they must be tensors (or None)")
+    y = batch_norm_p.bind(x, None, None, weight, bias, training=True, eps=eps)
+    # An empty batch leaves the running statistics as they are (as PyTorch's).
+    if (running_mean is not None or running_var is not None) and math.prod(shape_of(x)):
+        _update_running(x, running_mean, running_var, float(momentum))
+    return y
+
+
+# ---------------------------------------------------------------- samples for `pullback check`
+
+
+def _both_modes(x: Any, mean_: Any, var: Any, w: Any, b: Any) -> tuple:
+    return batch_norm(x, None, None, w, b, training=True), batch_norm(x, mean_, var, w, b)
+
+
+# Few elements and settings: the check differentiates along each element in turn.
+declare_check(batch_norm_p, _both_modes,
+              inputs(normal(2, 2), normal(2), positive(2), normal(2), normal(2)))

@@ -1,0 +1,103 @@
+"""Batch norm's channel kernels against NumPy formulas, their backward against central
+differences, serial against parallel, and the CpuBackend methods (x transposed into
+channel rows) against FusedOps' forward-op defaults."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from kernel_check import LARGE, vjp_check
+
+from pullback.backend import CpuBackend, KernelError, ThreadedCpuBackend
+from pullback.backend.fused import FusedOps
+from pullback.kernels import channels
+
+EPS = 1e-5
+TOL = {np.float32: {"rtol": 2e-5, "atol": 2e-6}, np.float64: {"rtol": 1e-12, "atol": 1e-13}}
+
+
+def batch_norm_ref(x, w, b, eps=EPS):
+    """(y, mean, biased var) over every axis but 1, in float64."""
+    x = x.astype(np.float64)
+    axes = (0, *range(2, x.ndim))
+    column = (1, -1) + (1,) * (x.ndim - 2)
+    mean, var = x.mean(axes), x.var(axes)
+    y = (x - mean.reshape(column)) / np.sqrt(var.reshape(column) + eps)
+    return y * np.reshape(w, column) + np.reshape(b, column), mean, var
+
+
+def _data(rng, shape, dtype, channel_axis=1):
+    """x, and a weight and bias per channel (axis 1; axis 0 for the kernels' rows)."""
+    x = (rng.standard_normal(shape) * 3 + 1).astype(dtype)
+    w, b = (rng.standard_normal(shape[channel_axis]).astype(dtype) for _ in range(2))
+    return x, w, b
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_channel_kernels_match_numpy_formulas(rng, dtype):
+    x, w, b = _data(rng, (3, 7), dtype, channel_axis=0)  # a row per channel
+    got = channels.batch_norm.serial(x, w, b, EPS)
+    want = batch_norm_ref(x.T, w, b)
+    for g, ref in zip(got, (want[0].T, want[1], want[2])):
+        assert g.dtype == dtype
+        np.testing.assert_allclose(g, ref, **TOL[dtype])
+
+
+def test_channel_backward_is_the_vjp_of_its_forward(rng):
+    x, w, b = _data(rng, (3, 7), np.float64, channel_axis=0)
+    vjp_check(lambda x, w, b: channels.batch_norm(x, w, b, EPS),
+              lambda u: channels.batch_norm_backward(u, x, w, EPS), [x, w, b], [0, 1, 2], rng)
+    assert channels.batch_norm.backward is channels.batch_norm_backward
+
+
+def test_large_channel_kernels_run_parallel_and_match_serial(rng):
+    x, w, b = _data(rng, LARGE, np.float32, channel_axis=0)
+    u = rng.standard_normal(LARGE).astype(np.float32)
+    for parallel, serial in zip(channels.batch_norm(x, w, b, EPS),
+                                channels.batch_norm.serial(x, w, b, EPS)):
+        np.testing.assert_array_equal(parallel, serial)  # one channel, one thread
+    for parallel, serial in zip(channels.batch_norm_backward(u, x, w, EPS),
+                                channels.batch_norm_backward.serial(u, x, w, EPS)):
+        np.testing.assert_array_equal(parallel, serial)
+
+
+class Defaults(CpuBackend):
+    """CpuBackend's forward ops with FusedOps' defaults instead of the kernels."""
+
+    batch_norm = FusedOps.batch_norm
+    batch_norm_backward = FusedOps.batch_norm_backward
+
+
+def _calls(backend, x, w, b, u):
+    return [*backend.batch_norm(x, w, b, EPS), *backend.batch_norm_backward(u, x, w, EPS),
+            backend.batch_norm(x, None, None, EPS)[0],
+            backend.batch_norm_backward(u, x, None, EPS)[0]]
+
+
+@pytest.mark.parametrize("shape", [(5, 3), (2, 3, 2, 3)])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16])
+def test_backend_batch_norm_matches_the_forward_op_defaults(rng, shape, dtype):
+    x, w, b = _data(rng, shape, dtype)
+    u = rng.standard_normal(shape).astype(dtype)
+    tol = {np.float16: {"rtol": 1e-2, "atol": 1e-2}}.get(dtype, TOL.get(dtype))
+    got, want = _calls(CpuBackend(), x, w, b, u), _calls(Defaults(), x, w, b, u)
+    for g, ref in zip(got, want, strict=True):
+        assert g.dtype == ref.dtype == dtype and g.shape == ref.shape
+        np.testing.assert_allclose(g, ref, **tol)
+    np.testing.assert_allclose(got[0], batch_norm_ref(x, w, b)[0], **tol)
+
+
+def test_threaded_backend_batch_norm_matches_cpu(rng):
+    shape = (8, 4, 32, 40)  # above the parallel threshold
+    x, w, b = _data(rng, shape, np.float32)
+    u = rng.standard_normal(shape).astype(np.float32)
+    for got, want in zip(_calls(ThreadedCpuBackend(num_threads=2), x, w, b, u),
+                         _calls(CpuBackend(), x, w, b, u)):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_backend_batch_norm_errors_name_the_op():
+    with pytest.raises(KernelError, match=r"batch_norm: .*\(N, C\)"):
+        CpuBackend().batch_norm(np.zeros(3), None, None, EPS)
+    with pytest.raises(KernelError, match=r"batch_norm_backward: .*floating"):
+        CpuBackend().batch_norm_backward(np.zeros((2, 3)), np.zeros((2, 3), np.int64), None, EPS)
