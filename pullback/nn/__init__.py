@@ -2,8 +2,17 @@
 
 from .activations import GELU, Dropout, Flatten, MaxPool2d, ReLU, Sigmoid, Tanh
 from .containers import LR, Residual, Sequential
+from .embedding import Embedding
 from .layers import GLU, Bias1d, Conv2d, Dense, LayerNorm
-from .losses import cross_entropy, mse_loss
+from .losses import (
+    binary_cross_entropy_with_logits,
+    cross_entropy,
+    huber_loss,
+    l1_loss,
+    mse_loss,
+    nll_loss,
+    smooth_l1_loss,
+)
 from .module import Module, ModuleList, NoGradientError, Parameter, flatten_tree, unflatten_tree
 
 __all__ = [
@@ -14,6 +23,7 @@ __all__ = [
     "Conv2d",
     "Dense",
     "Dropout",
+    "Embedding",
     "Flatten",
     "LayerNorm",
     "MaxPool2d",
@@ -26,8 +36,13 @@ __all__ = [
     "Sequential",
     "Sigmoid",
     "Tanh",
+    "binary_cross_entropy_with_logits",
     "cross_entropy",
     "flatten_tree",
+    "huber_loss",
+    "l1_loss",
     "mse_loss",
+    "nll_loss",
+    "smooth_l1_loss",
     "unflatten_tree",
 ]

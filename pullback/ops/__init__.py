@@ -12,7 +12,7 @@ re-exported by name below but are not `pb`'s.
 """
 
 from ..ad import set_tangent_add
-from . import conv, custom, elementwise, linalg, loss, norm, reduce, shape
+from . import conv, custom, elementwise, gather, linalg, loss, norm, reduce, shape
 from .conv import *  # noqa: F403
 from .conv import fold2d as fold2d
 from .conv import unfold2d as unfold2d
@@ -22,6 +22,9 @@ from .elementwise import add_p
 from .elementwise import astype as astype
 from .elementwise import erf as erf
 from .elementwise import sign as sign
+from .gather import *  # noqa: F403
+from .gather import take_along_axis_scatter_add as take_along_axis_scatter_add
+from .gather import take_scatter_add as take_scatter_add
 from .kernel_op import KernelOp as KernelOp  # installs kernel pairs as ops on tensors
 from .linalg import *  # noqa: F403
 from .loss import *  # noqa: F403
@@ -41,5 +44,5 @@ from .shape import swap_last as swap_last
 
 set_tangent_add(add_p)
 
-__all__ = (conv.__all__ + custom.__all__ + elementwise.__all__ + linalg.__all__ + loss.__all__
-           + norm.__all__ + reduce.__all__ + shape.__all__)
+__all__ = (conv.__all__ + custom.__all__ + elementwise.__all__ + gather.__all__ + linalg.__all__
+           + loss.__all__ + norm.__all__ + reduce.__all__ + shape.__all__)
