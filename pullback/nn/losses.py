@@ -67,16 +67,23 @@ def _class_layout(loss: str, x: Any, target: Any) -> tuple[int, tuple]:
     return (shape[1], shape[:1] + shape[2:]) if len(shape) > 1 else (shape[0], ())
 
 
-def _check_labels(loss: str, x: Any, target: Any, ignore_index: int) -> None:
+def _check_labels(loss: str, x: Any, target: Any, ignore_index: int) -> int:
+    """The class count, once the labels are checked: integers of the shape x needs, each
+    in [0, C) or ignore_index; else a KernelError."""
     classes, label_shape = _class_layout(loss, x, target)
     labels = _array(target)
+    if labels.dtype.kind not in "iu":
+        raise KernelError(loss, (x, target), "labels must be integers")
     if labels.shape != label_shape:
         raise KernelError(loss, (x, target), f"the input needs labels of shape {label_shape}")
+    if not labels.size or (labels.min() >= 0 and labels.max() < classes):
+        return classes
     counted = labels[labels != ignore_index]
     if counted.size and (counted.min() < 0 or counted.max() >= classes):
         raise KernelError(loss, (x, target), f"labels must lie in [0, {classes}) or be "
                           f"ignore_index ({ignore_index}), got values from {counted.min()} to "
                           f"{counted.max()}")
+    return classes
 
 
 def _classes_last(x: Any) -> Any:
@@ -104,13 +111,9 @@ def cross_entropy(logits: Any, target: Any, ignore_index: int = -100,
     if not isinstance(target, (Tensor, np.ndarray)):
         target = np.asarray(target)
     dtype = _float_input("cross_entropy", logits, target)
-    kind = _array(target).dtype.kind
-    if kind == "f":
+    if _array(target).dtype.kind == "f":
         return _cross_entropy_probabilities(logits, target, dtype, label_smoothing, reduction)
-    classes, _ = _class_layout("cross_entropy", logits, target)
-    if kind not in "iu":
-        raise KernelError("cross_entropy", (logits, target), "labels must be integers")
-    _check_labels("cross_entropy", logits, target, ignore_index)
+    classes = _check_labels("cross_entropy", logits, target, ignore_index)
     unbatched = len(logits.shape) == 1
     rows = ops.reshape(logits, (1, classes)) if unbatched else _classes_last(logits)
     labels = ops.reshape(target, (1,)) if unbatched else target
@@ -155,8 +158,6 @@ def nll_loss(input: Any, target: Any, ignore_index: int = -100,
     if not isinstance(target, (Tensor, np.ndarray)):
         target = np.asarray(target)
     dtype = _float_input("nll_loss", input, target)
-    if _array(target).dtype.kind not in "iu":
-        raise KernelError("nll_loss", (input, target), "labels must be integers")
     _check_labels("nll_loss", input, target, ignore_index)
     shape = tuple(input.shape)
     counted = _counted(target, ignore_index)

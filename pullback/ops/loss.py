@@ -8,6 +8,7 @@ lowered plan replays them correctly on new data.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -76,31 +77,41 @@ def _cross_entropy_shape(logits: Any, labels: Any, ignore_index: int, reduction:
     return (shape[:-1] if reduction == "none" else ()), dtype_of(logits)
 
 
-def _kept(backend: Any, labels: Any, ignore_index: int) -> tuple[Any, int]:
-    """The labels that count (not ignore_index) as a bool array, None when all of them
-    do, and how many count."""
+def _on_counted_rows(backend: Any, logits: Any, labels: Any, ignore_index: int,
+                     run: Callable[[Any, Any, int], Any]) -> Any:
+    """`run(labels, kept, count)`: on the labels as they are (kept None, count all of
+    them) when none is ignore_index, else on the labels with the ignored ones read as
+    class 0, `kept` the bool array of those that count and `count` how many do.
+
+    When ignore_index is no class (the default, -100), the fused kernels refuse a label
+    equal to it as out of range, so the common batch, without one, pays no extra pass
+    over its labels to find out; only a refused batch is looked at again."""
+    size = math.prod(labels.shape)
+    if not 0 <= ignore_index < logits.shape[-1]:
+        try:
+            return run(labels, None, size)
+        except KernelError:
+            pass  # an ignored label, or one out of range, refused again below
+    ignored = int(np.count_nonzero(backend.to_numpy(labels) == ignore_index))
+    if not ignored:
+        return run(labels, None, size)
     kept = backend.not_equal(labels, ignore_index)
-    every = tuple(range(len(shape_of(labels))))
-    count = int(backend.to_numpy(backend.reduce_sum(backend.astype(kept, "int64"), every,
-                                                    False)))
-    size = math.prod(shape_of(labels))
-    return (None if count == size else kept), count
+    return run(backend.where(kept, labels, 0), kept, size - ignored)
 
 
 def _cross_entropy_impl(backend: Any, logits: Any, labels: Any, ignore_index: int,
                         reduction: str) -> Any:
-    kept, count = _kept(backend, labels, ignore_index)
-    # One pass per row on the CPU backends (FusedOps); labels out of range raise. Ignored
-    # rows are computed with label 0 and then dropped.
-    if kept is None:
+    def run(labels: Any, kept: Any, count: int) -> Any:
+        # One pass per row on the CPU backends (FusedOps); labels out of range raise.
         per_row = fused_ops(backend).cross_entropy(logits, labels)
-    else:
-        safe = backend.where(kept, labels, 0)
-        per_row = backend.where(kept, fused_ops(backend).cross_entropy(logits, safe), 0.0)
-    if reduction == "none":
-        return per_row
-    total = backend.reduce_sum(per_row, tuple(range(len(shape_of(per_row)))), False)
-    return total if reduction == "sum" else backend.mul(total, _mean_scale(count))
+        if kept is not None:
+            per_row = backend.where(kept, per_row, 0.0)
+        if reduction == "none":
+            return per_row
+        total = backend.reduce_sum(per_row, tuple(range(labels.ndim)), False)
+        return total if reduction == "sum" else backend.mul(total, _mean_scale(count))
+
+    return _on_counted_rows(backend, logits, labels, ignore_index, run)
 
 
 def _mean_scale(n: int) -> float:
@@ -132,12 +143,14 @@ defjvp(cross_entropy_p, _cross_entropy_jvp, None)
 
 def _cross_entropy_vjp(be: Any, g: Any, node: Any) -> tuple:
     logits, labels = node.inputs
-    kept, count = _kept(be, labels, node.params["ignore_index"])
-    upstream = be.mul(g, _mean_scale(count)) if node.params["reduction"] == "mean" else g
-    if kept is not None:  # rows that do not count get no gradient
-        upstream = be.where(kept, upstream, 0.0)
-        labels = be.where(kept, labels, 0)
-    return fused_ops(be).cross_entropy_backward(upstream, logits, labels), None
+
+    def run(labels: Any, kept: Any, count: int) -> Any:
+        upstream = be.mul(g, _mean_scale(count)) if node.params["reduction"] == "mean" else g
+        if kept is not None:  # rows that do not count get no gradient
+            upstream = be.where(kept, upstream, 0.0)
+        return fused_ops(be).cross_entropy_backward(upstream, logits, labels)
+
+    return _on_counted_rows(be, logits, labels, node.params["ignore_index"], run), None
 
 
 defvjp(cross_entropy_p, _cross_entropy_vjp)
