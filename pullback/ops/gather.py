@@ -90,8 +90,9 @@ def take(x: Any, indices: Any, axis: int = 0) -> Any:
 def take_scatter_add(values: Any, indices: Any, axis: int, size: int) -> Any:
     """The transpose of take: zeros with `size` along `axis`, each slice of values added
     at its index (repeated indices accumulate)."""
-    return take_scatter_add_p.bind(values, indices=_indices("take", values, indices),
-                                   axis=axis, size=size)
+    indices = _indices("take", values, indices)
+    _take_scatter_shape(values, indices, axis, size)  # eager calls skip shape rules
+    return take_scatter_add_p.bind(values, indices=indices, axis=axis, size=size)
 
 
 # ---------------------------------------------------------------- take_along_axis
@@ -158,14 +159,17 @@ def take_along_axis(x: Any, indices: Any, axis: int) -> Any:
     and broadcast with x on the other axes. Differentiable in x; the indices get no
     gradient. Indices out of range are a KernelError."""
     indices = _indices("take_along_axis", x, indices)
-    return take_along_axis_p.bind(x, indices=indices, axis=_axis("take_along_axis", x, axis))
+    axis = _axis("take_along_axis", x, axis)
+    _along_shape("take_along_axis", x, indices, axis)  # eager calls skip shape rules
+    return take_along_axis_p.bind(x, indices=indices, axis=axis)
 
 
 def take_along_axis_scatter_add(values: Any, indices: Any, axis: int, size: int) -> Any:
     """The transpose of take_along_axis: zeros of values' shape with `size` along
     `axis`, each value added at its index (repeated indices accumulate)."""
-    return take_along_axis_scatter_add_p.bind(
-        values, indices=_indices("take_along_axis", values, indices), axis=axis, size=size)
+    indices = _indices("take_along_axis", values, indices)
+    _along_scatter_shape(values, indices, axis, size)  # eager calls skip shape rules
+    return take_along_axis_scatter_add_p.bind(values, indices=indices, axis=axis, size=size)
 
 
 # ---------------------------------------------------------------- samples for `pullback check`
