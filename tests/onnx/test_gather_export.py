@@ -1,12 +1,12 @@
 """take, take_along_axis and nn.Embedding export as ONNX Gather and GatherElements,
-their indices read from the graph's inputs, and run in onnxruntime to pullback's
-outputs."""
+their indices read from the graph's inputs, run in onnxruntime to pullback's outputs,
+and load back (GatherElements with ONNX's own rule for smaller indices)."""
 
 from __future__ import annotations
 
 import numpy as np
 import onnx
-from graphs import run_onnxruntime
+from graphs import node_model, run_onnxruntime
 
 import pullback as pb
 import pullback.onnx
@@ -56,6 +56,19 @@ def test_take_along_axis_exports_as_gather_elements_broadcasting_both_sides(tmp_
     for got, want in zip(outputs, expected, strict=True):
         assert got.shape == want.shape
         np.testing.assert_array_equal(got, want)
+    reloaded = pullback.onnx.load(tmp_path / "model.onnx")(x, along)
+    for got, want in zip(reloaded, expected, strict=True):
+        np.testing.assert_array_equal(np.asarray(got), want)
+
+
+def test_gather_elements_loads_with_onnx_semantics_for_smaller_indices() -> None:
+    # ONNX reads only the leading part of data on the other axes (no broadcasting).
+    x = rng.standard_normal((3, 4)).astype(np.float32)
+    indices = np.array([[2, -1], [0, 1]])
+    model = node_model("GatherElements", {"x": x, "i": indices}, {"axis": 0})
+    (want,) = run_onnxruntime(model, {"x": x, "i": indices})
+    (got,) = pullback.onnx.load(model)(x, indices)
+    np.testing.assert_array_equal(np.asarray(got), want)
 
 
 def test_an_embedding_with_padding_exports_and_runs_alike(tmp_path) -> None:
@@ -68,3 +81,8 @@ def test_an_embedding_with_padding_exports_and_runs_alike(tmp_path) -> None:
     assert "Gather" in _op_types(proto)
     assert "0.weight" in {t.name for t in proto.graph.initializer}
     np.testing.assert_allclose(out, expected, rtol=1e-6, atol=1e-6)
+    other = np.array([[1, 2, 0], [6, 6, 5]])  # the reloaded model reads its ids as an input
+    reloaded = pullback.onnx.load(tmp_path / "model.onnx")(other)[0]
+    with pb.no_grad():
+        np.testing.assert_allclose(np.asarray(reloaded), model(other).numpy(), rtol=1e-6,
+                                   atol=1e-6)
