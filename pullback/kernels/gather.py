@@ -3,9 +3,10 @@ Numba per dtype (float32, float64): out[p, idx[p, j, q], q] += values[p, j, q].
 
 Every gather reduces to that (P, J, Q) form: P the axes before the gathered axis, J
 the index positions, Q the axes after it; an index array with one entry across P or Q
-(`take`'s, shared by every row and column) is read once per (p, j). NumPy's own
-`np.add.at` is unbuffered and goes element by element through Python-level machinery,
-which makes an embedding's backward two orders of magnitude slower than this loop.
+(`take`'s, shared by every row and column) is read once per (p, j), and the row it
+picks is added as one contiguous, vectorized run. NumPy's `np.add.at` (unbuffered, one
+element at a time) and per-column `np.bincount` are both far slower at an embedding's
+backward.
 
 One file on purpose: Numba's disk cache notices an edit to a kernel's own file only.
 """

@@ -1,6 +1,7 @@
 """nn.Embedding against torch.nn.Embedding with copied weights: outputs, the weight's
 gradient (repeated ids accumulate, the padding row gets none), SGD steps, a torch
-state dict loaded through NumPy, initialization and bad arguments."""
+state dict loaded through NumPy, a training plan fed new ids, initialization and bad
+arguments."""
 
 from __future__ import annotations
 
@@ -60,6 +61,23 @@ def test_a_nonzero_padding_row_is_read_but_not_trained() -> None:
     np.testing.assert_array_equal(out.numpy(), reference(torch.from_numpy(IDS)).detach().numpy())
     out.sum().backward()
     assert not layer.weight.grad.numpy()[4].any() and layer.weight.grad.numpy()[1].all()
+
+
+def test_a_training_plan_reads_new_ids_and_keeps_the_padding_row_untrained() -> None:
+    layer, _ = _twins(2, np.float64)
+    step = pb.compile(lambda ids: (layer(ids) ** 2).sum(), IDS,
+                      mode=pb.LoweringMode.TRAINING)
+    step(IDS)
+    layer.weight.grad = None
+    ids = np.array([[2, 2, 5, 1], [0, 2, 5, 5]])
+    value = step(ids)
+    got = layer.weight.grad.numpy().copy()
+    layer.weight.grad = None
+    eager = (layer(ids) ** 2).sum()
+    eager.backward()
+    np.testing.assert_allclose(value.item(), eager.item(), rtol=1e-13)
+    np.testing.assert_allclose(got, layer.weight.grad.numpy(), rtol=1e-13)
+    assert not got[2].any() and got[5].all()
 
 
 def test_initialization_state_dict_and_repr_follow_torch() -> None:
