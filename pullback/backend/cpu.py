@@ -19,6 +19,7 @@ from pullback.backend import conv, gemm
 from pullback.backend.backward_ops import BackwardOps, Grads, Needed, check_matmul_backward
 from pullback.backend.base import Backend, Pair, Shape, check_gelu_mode
 from pullback.backend.fused import FusedOps, check_channels, check_labels, check_rows
+from pullback.backend.gather import CpuGatherOps
 from pullback.backend.recurrent import CpuRecurrentOps
 from pullback.errors import KernelError, index_error
 from pullback.kernels import activations as compiled
@@ -420,7 +421,7 @@ def _matmul_reason(a: Any, b: Any) -> str:
     return f"batch dimensions {sa[:-2]} and {sb[:-2]} cannot be broadcast together"
 
 
-class CpuBackend(BackwardOps, FusedOps, CpuRecurrentOps, Backend):
+class CpuBackend(BackwardOps, FusedOps, CpuRecurrentOps, CpuGatherOps, Backend):
     """NumPy (and Numba kernels) on the calling thread; deterministic. f32 stays f32."""
 
     name = "cpu"

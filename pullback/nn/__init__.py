@@ -16,8 +16,17 @@ from .activations import (
 )
 from .containers import LR, ModuleDict, Residual, Sequential
 from .conv1d import Conv1d
+from .embedding import Embedding
 from .layers import GLU, Bias1d, Conv2d, Dense, LayerNorm
-from .losses import cross_entropy, mse_loss
+from .losses import (
+    binary_cross_entropy_with_logits,
+    cross_entropy,
+    huber_loss,
+    l1_loss,
+    mse_loss,
+    nll_loss,
+    smooth_l1_loss,
+)
 from .module import (
     IncompatibleKeys,
     Module,
@@ -49,6 +58,7 @@ __all__ = [
     "Conv2d",
     "Dense",
     "Dropout",
+    "Embedding",
     "Flatten",
     "Identity",
     "IncompatibleKeys",
@@ -68,9 +78,14 @@ __all__ = [
     "Sigmoid",
     "Softmax",
     "Tanh",
+    "binary_cross_entropy_with_logits",
     "cross_entropy",
     "flatten_tree",
+    "huber_loss",
     "init",
+    "l1_loss",
     "mse_loss",
+    "nll_loss",
+    "smooth_l1_loss",
     "unflatten_tree",
 ]

@@ -47,6 +47,12 @@ from ..ops.elementwise import (
     tanh_p,
     where_p,
 )
+from ..ops.gather import (
+    take_along_axis_p,
+    take_along_axis_scatter_add_p,
+    take_p,
+    take_scatter_add_p,
+)
 from ..ops.linalg import matmul_p
 from ..ops.loss import cross_entropy_p, dropout_mask_p, one_hot_p
 from ..ops.norm import layer_norm_p
@@ -327,6 +333,39 @@ def _batch_norm(c: Context) -> str:
                   epsilon=float(c.params["eps"]))
 
 
+def _indices(c: Context) -> tuple[str, tuple]:
+    """A gather's indices as an int64 ONNX value and their shape: the value the inputs
+    give at each run (an embedding's token ids), or a constant."""
+    indices = c.params["indices"]
+    if isinstance(indices, Var):
+        name = c.names[indices.index]
+        if indices.dtype != np.int64:
+            name = c.emit.node("Cast", [name], to=c.emit.helper.np_dtype_to_tensor_dtype(
+                np.dtype(np.int64)))
+        return name, indices.shape
+    indices = np.asarray(indices, dtype=np.int64)
+    return c.emit.const(indices, "indices"), indices.shape
+
+
+def _take(c: Context) -> str:
+    indices, _ = _indices(c)
+    return c.node("Gather", [c.args[0], indices], axis=int(c.params["axis"]))
+
+
+def _take_along_axis(c: Context) -> str:
+    # GatherElements does not broadcast: indices and x are expanded to the result's shape
+    # (x keeps its own length along the axis) where they were broadcast.
+    axis, out = int(c.params["axis"]), tuple(c.out.shape)
+    indices, shape = _indices(c)
+    if tuple(shape) != out:
+        indices = c.emit.node("Expand", [indices, c.emit.ints(out, "shape")])
+    x, x_shape = c.args[0], tuple(c.vars[0].shape)
+    spread = out[:axis] + (x_shape[axis],) + out[axis + 1:]
+    if x_shape != spread:
+        x = c.emit.node("Expand", [x, c.emit.ints(spread, "shape")])
+    return c.node("GatherElements", [x, indices], axis=axis)
+
+
 def _softmax(op_type: str) -> Exporter:
     return lambda c: c.node(op_type, axis=int(c.params["axis"]))
 
@@ -371,6 +410,8 @@ for _prims, _write in (
 ):
     _register(_prims, _write)
 _register((where_p,), _where, traced_params=True)
+_register((take_p,), _take, traced_params=True)
+_register((take_along_axis_p,), _take_along_axis, traced_params=True)
 # Primitives that do not export, and why (any other without a mapping: "no ONNX mapping").
 _register((dropout_mask_p,), None, "random masks (a Dropout in training mode; export runs the "
           "module in eval mode, so something else draws them)")
@@ -378,7 +419,7 @@ _register((cross_entropy_p,), None, "a loss: export the model, not its training 
 _register((one_hot_p,), None, "a loss's helper: export the model, not its training objective")
 _register((unfold2d_p,), None, "im2col appears in derivatives, not in models")
 _register((fold2d_p,), None, "col2im appears in derivatives, not in models")
-_register((scatter_add_p,), None,
+_register((scatter_add_p, take_scatter_add_p, take_along_axis_scatter_add_p), None,
           "the transpose of indexing appears in derivatives, not in models")
 
 

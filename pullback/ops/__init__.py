@@ -18,6 +18,7 @@ from . import (
     conv,
     custom,
     elementwise,
+    gather,
     linalg,
     loss,
     masks,
@@ -39,6 +40,9 @@ from .elementwise import add_p
 from .elementwise import astype as astype
 from .elementwise import erf as erf
 from .elementwise import sign as sign
+from .gather import *  # noqa: F403
+from .gather import take_along_axis_scatter_add as take_along_axis_scatter_add
+from .gather import take_scatter_add as take_scatter_add
 from .kernel_op import KernelOp as KernelOp  # installs kernel pairs as ops on tensors
 from .linalg import *  # noqa: F403
 from .loss import *  # noqa: F403
@@ -64,7 +68,7 @@ from .views import *  # noqa: F403
 
 set_tangent_add(add_p)
 
-__all__ = (batchnorm.__all__ + contraction.__all__ + conv.__all__ + custom.__all__
-           + elementwise.__all__ + layer_norm_module.__all__ + linalg.__all__ + loss.__all__
-           + masks.__all__ + reduce.__all__ + shape.__all__ + sorting.__all__ + stats.__all__
-           + views.__all__)
+__all__ = [name for module in (batchnorm, contraction, conv, custom, elementwise, gather,
+                                layer_norm_module, linalg, loss, masks, reduce, shape, sorting,
+                                stats, views)
+           for name in module.__all__]

@@ -8,6 +8,7 @@ lowered plan replays them correctly on new data.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -16,7 +17,7 @@ from ..ad import defjvp, defvjp
 from ..backend.fused import fused_ops
 from ..errors import KernelError
 from .checks import declare_check, inputs, labels, normal
-from .elementwise import exp, mul, sub
+from .elementwise import astype, div, exp, mul, not_equal, sub
 from .reduce import log_softmax
 from .reduce import sum as reduce_sum
 from .registry import declare, dtype_of, is_float, shape_of
@@ -60,21 +61,57 @@ def one_hot(labels: Any, num_classes: int = -1, dtype: Any = None) -> Any:
                           dtype=np.dtype(np.int64) if dtype is None else np.dtype(dtype))
 
 
-def _cross_entropy_shape(logits: Any, labels: Any) -> tuple:
+REDUCTIONS = ("mean", "sum", "none")
+
+
+def _cross_entropy_shape(logits: Any, labels: Any, ignore_index: int, reduction: str) -> tuple:
     shape = shape_of(logits)
-    if len(shape) != 2 or not is_float(dtype_of(logits)):
-        raise KernelError("cross_entropy", (logits, labels), "logits must be (N, C) floating")
-    if shape_of(labels) != shape[:1]:
+    if not shape or not is_float(dtype_of(logits)):
+        raise KernelError("cross_entropy", (logits, labels), "logits must be (..., C) floating")
+    if shape_of(labels) != shape[:-1]:
         raise KernelError("cross_entropy", (logits, labels), f"labels must have shape "
-                          f"({shape[0]},)")
-    return (), dtype_of(logits)
+                          f"{shape[:-1]}")
+    if reduction not in REDUCTIONS:
+        raise KernelError("cross_entropy", (logits, labels), f"reduction must be 'mean', "
+                          f"'sum' or 'none', not {reduction!r}")
+    return (shape[:-1] if reduction == "none" else ()), dtype_of(logits)
 
 
-def _cross_entropy_impl(backend: Any, logits: Any, labels: Any) -> Any:
-    n = logits.shape[0]
-    # One pass per row on the CPU backends (FusedOps); labels out of range raise.
-    per_row = fused_ops(backend).cross_entropy(logits, labels)
-    return backend.mul(backend.reduce_sum(per_row, (0,), False), _mean_scale(n))
+def _on_counted_rows(backend: Any, logits: Any, labels: Any, ignore_index: int,
+                     run: Callable[[Any, Any, int], Any]) -> Any:
+    """`run(labels, kept, count)`: on the labels as they are (kept None, count all of
+    them) when none is ignore_index, else on the labels with the ignored ones read as
+    class 0, `kept` the bool array of those that count and `count` how many do.
+
+    When ignore_index is no class (the default, -100), the fused kernels refuse a label
+    equal to it as out of range, so the common batch, without one, pays no extra pass
+    over its labels to find out; only a refused batch is looked at again."""
+    size = math.prod(labels.shape)
+    if not 0 <= ignore_index < logits.shape[-1]:
+        try:
+            return run(labels, None, size)
+        except KernelError:
+            pass  # an ignored label, or one out of range, refused again below
+    ignored = int(np.count_nonzero(backend.to_numpy(labels) == ignore_index))
+    if not ignored:
+        return run(labels, None, size)
+    kept = backend.not_equal(labels, ignore_index)
+    return run(backend.where(kept, labels, 0), kept, size - ignored)
+
+
+def _cross_entropy_impl(backend: Any, logits: Any, labels: Any, ignore_index: int,
+                        reduction: str) -> Any:
+    def run(labels: Any, kept: Any, count: int) -> Any:
+        # One pass per row on the CPU backends (FusedOps); labels out of range raise.
+        per_row = fused_ops(backend).cross_entropy(logits, labels)
+        if kept is not None:
+            per_row = backend.where(kept, per_row, 0.0)
+        if reduction == "none":
+            return per_row
+        total = backend.reduce_sum(per_row, tuple(range(labels.ndim)), False)
+        return total if reduction == "sum" else backend.mul(total, _mean_scale(count))
+
+    return _on_counted_rows(backend, logits, labels, ignore_index, run)
 
 
 def _mean_scale(n: int) -> float:
@@ -87,29 +124,45 @@ cross_entropy_p = declare("cross_entropy", _cross_entropy_impl, _cross_entropy_s
 cross_entropy_p.exact_inputs = True  # labels stay integers for the fused backward kernel
 
 
-def _softmax_minus_target(logits: Any, labels: Any) -> Any:
-    n, c = shape_of(logits)
-    target = one_hot_p.bind(labels, depth=c, dtype=dtype_of(logits))
-    return mul(sub(exp(log_softmax(logits, -1)), target), _mean_scale(n))
+def _cross_entropy_jvp(t: Any, out: Any, logits: Any, labels: Any, ignore_index: int,
+                       reduction: str) -> Any:
+    # d loss_row / d logits_row = softmax(logits_row) - one_hot(label) for each row that
+    # counts; labels have no derivative.
+    dtype = dtype_of(logits)
+    kept = astype(not_equal(labels, ignore_index), dtype)
+    target = one_hot_p.bind(labels, depth=shape_of(logits)[-1], dtype=dtype)
+    per_row = mul(reduce_sum(mul(t, sub(exp(log_softmax(logits, -1)), target)), -1), kept)
+    if reduction == "none":
+        return per_row
+    total = reduce_sum(per_row)
+    return total if reduction == "sum" else div(total, reduce_sum(kept))
 
 
-# d loss / d logits = (softmax(logits) - one_hot(labels)) / N; labels have no derivative.
-defjvp(cross_entropy_p,
-       lambda t, out, logits, labels: reduce_sum(mul(t, _softmax_minus_target(logits, labels))),
-       None)
+defjvp(cross_entropy_p, _cross_entropy_jvp, None)
 
 
 def _cross_entropy_vjp(be: Any, g: Any, node: Any) -> tuple:
     logits, labels = node.inputs
-    upstream = be.mul(g, _mean_scale(logits.shape[0]))
-    return fused_ops(be).cross_entropy_backward(upstream, logits, labels), None
+
+    def run(labels: Any, kept: Any, count: int) -> Any:
+        upstream = be.mul(g, _mean_scale(count)) if node.params["reduction"] == "mean" else g
+        if kept is not None:  # rows that do not count get no gradient
+            upstream = be.where(kept, upstream, 0.0)
+        return fused_ops(be).cross_entropy_backward(upstream, logits, labels)
+
+    return _on_counted_rows(be, logits, labels, node.params["ignore_index"], run), None
 
 
 defvjp(cross_entropy_p, _cross_entropy_vjp)
 
 
-def cross_entropy(logits: Any, labels: Any) -> Any:
-    return cross_entropy_p.bind(logits, labels)
+def cross_entropy(logits: Any, labels: Any, ignore_index: int = -100,
+                  reduction: str = "mean") -> Any:
+    """-log softmax(logits)[label] for each row of logits (..., C) and integer labels
+    (...): their mean over the labels other than `ignore_index` ("mean"), their sum
+    ("sum"), or each ("none"), as one fused primitive."""
+    return cross_entropy_p.bind(logits, labels, ignore_index=int(ignore_index),
+                                reduction=reduction)
 
 
 def _mask_shape(x: Any, p: float, rng: Any) -> tuple:
@@ -134,7 +187,9 @@ def dropout_mask(x: Any, p: float, rng: Any) -> Any:
 # ---------------------------------------------------------------- samples for `pullback check`
 
 # labels and masks are operands without gradients
-declare_check(cross_entropy_p, cross_entropy, inputs(normal(4, 5), labels(5, 4)))
+declare_check(cross_entropy_p, lambda x, y: (
+    cross_entropy(x, y), cross_entropy(x, y, ignore_index=2, reduction="sum"),
+    cross_entropy(x, y, ignore_index=1, reduction="none")), inputs(normal(4, 5), labels(3, 4)))
 declare_check(one_hot_p, lambda y: one_hot(y, 5, np.float64), inputs(labels(5, 6)),
               reference=lambda y: np.eye(5)[y])
 declare_check(dropout_mask_p, lambda x: dropout_mask(x, 0.0, np.random.default_rng),

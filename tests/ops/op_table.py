@@ -287,6 +287,35 @@ SHAPE_ROWS = [
 ]
 
 
+# ---------------------------------------------------------------- gathers (take, take_along_axis)
+
+# Repeated and negative indices: the scatter-add transposes must accumulate and wrap. PyTorch's
+# gather refuses negative indices, so its side reads them wrapped.
+TAKE_ROWS_INDEX = np.array([[0, 2], [2, -1], [3, 2]])
+ALONG_INDEX = np.array([[1, 1], [0, -1], [3, 1]])
+
+
+def _wrapped(indices: np.ndarray, size: int) -> torch.Tensor:
+    return torch.from_numpy(indices % size)
+
+
+GATHER_ROWS = [
+    op("take_rows_repeated_and_negative", lambda x: pb.take(x, TAKE_ROWS_INDEX),
+       lambda x: x[_wrapped(TAKE_ROWS_INDEX, 4)], (4, 3)),
+    op("take_middle_axis", lambda x: pb.take(x, TAKE_ROWS_INDEX[0], axis=1),
+       lambda x: x[:, _wrapped(TAKE_ROWS_INDEX[0], 4)], (2, 4, 3)),
+    op("take_scalar_index_negative_axis", lambda x: pb.take(x, -1, axis=-1),
+       lambda x: x[..., -1], (2, 3)),
+    op("take_along_axis_rows", lambda x: pb.take_along_axis(x, ALONG_INDEX, 1),
+       lambda x: torch.gather(x, 1, _wrapped(ALONG_INDEX, 4)), (3, 4)),
+    op("take_along_axis_broadcasts_x_and_indices",
+       lambda x: pb.take_along_axis(x, ALONG_INDEX[:, None, :], 2),
+       lambda x: torch.take_along_dim(x, _wrapped(ALONG_INDEX[:, None, :], 4), 2), (1, 2, 4)),
+    op("take_along_axis_axis_0", lambda x: pb.take_along_axis(x, ALONG_INDEX[:2] % 3, 0),
+       lambda x: torch.gather(x, 0, _wrapped(ALONG_INDEX[:2], 3)), (3, 2)),
+]
+
+
 # ---------------------------------------------------------------- convolution and pooling
 
 
@@ -594,6 +623,7 @@ ROWS: list[OpSpec] = [
     *MATMUL_ROWS,
     *REDUCTION_ROWS,
     *SHAPE_ROWS,
+    *GATHER_ROWS,
     *CONV_ROWS,
     *EDGE_ROWS,
     *SCAN_AND_LOGSUMEXP_ROWS,

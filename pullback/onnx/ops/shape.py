@@ -202,6 +202,21 @@ def _gather(node: Any, x: Any, indices: Any) -> Any:
     return ops.getitem(x, (slice(None),) * axis + (idx.astype(np.int64),))
 
 
+@converter("GatherElements", (11, 13), ("axis",))
+def _gather_elements(node: Any, x: Any, indices: Any) -> Any:
+    sx, si = shape(x), shape(indices)
+    axis = axis_of(node, node.attr("axis", 0), len(sx))
+    if len(si) != len(sx) or any(i > d for a, (i, d) in enumerate(zip(si, sx)) if a != axis):
+        raise OnnxImportError(f"indices {si} must have the rank of data {sx} and no larger a "
+                              f"size on any axis but {axis}")
+    if any(i != d for a, (i, d) in enumerate(zip(si, sx)) if a != axis):
+        # ONNX reads only the leading part of data on the other axes; NumPy's rule would
+        # broadcast them instead.
+        x = ops.getitem(x, tuple(slice(None) if a == axis else slice(0, i)
+                                 for a, i in enumerate(si)))
+    return ops.take_along_axis(x, indices, axis)
+
+
 @converter("Expand", (8, 13), static_inputs=(1,))
 def _expand(node: Any, x: Any, target: Any) -> Any:
     dims = tuple(node.static_ints(target, "shape"))
