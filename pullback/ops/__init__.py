@@ -12,7 +12,8 @@ re-exported by name below but are not `pb`'s.
 """
 
 from ..ad import set_tangent_add
-from . import conv, custom, elementwise, linalg, loss, norm, reduce, shape
+from . import attention, conv, custom, elementwise, linalg, loss, norm, reduce, shape
+from .attention import *  # noqa: F403
 from .conv import *  # noqa: F403
 from .conv import fold2d as fold2d
 from .conv import unfold2d as unfold2d
@@ -41,5 +42,5 @@ from .shape import swap_last as swap_last
 
 set_tangent_add(add_p)
 
-__all__ = (conv.__all__ + custom.__all__ + elementwise.__all__ + linalg.__all__ + loss.__all__
-           + norm.__all__ + reduce.__all__ + shape.__all__)
+__all__ = (attention.__all__ + conv.__all__ + custom.__all__ + elementwise.__all__
+           + linalg.__all__ + loss.__all__ + norm.__all__ + reduce.__all__ + shape.__all__)
