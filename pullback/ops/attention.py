@@ -3,9 +3,10 @@
 Forward and backward are fused: each walks the queries in blocks of rows, so that the
 scores of one block (all heads together, a bounded number of elements) are what is
 materialized at a time, and nothing of size (T, T) is kept for backward. The node
-keeps q, k, v and the output; backward recomputes each block's probabilities from q
-and k (their row normalizers, FlashAttention's logsumexp, come out of the same pass)
-and takes the softmax's row term from the output, rowsum(upstream * out). A causal
+keeps q, k and v only: backward recomputes each block's probabilities from q and k
+(their row normalizers, FlashAttention's logsumexp, come out of the same pass; a
+block holds whole rows, so neither they nor the output need keeping), and the
+softmax's backward kernel takes them to the scores' gradient in one pass. A causal
 mask skips the keys past a block's last query. The JVP rule is written in primitives,
 so forward mode and higher orders work as for every other op.
 
@@ -94,8 +95,7 @@ def _impl(backend: Any, q: Any, k: Any, v: Any, bias: Any, keep: Any, scale: flo
     return _forward(backend, q, k, v, bias, keep, scale, causal)
 
 
-attention_p = declare(OP, _impl, _shape, saves_inputs=True, saves_output=True,
-                      aliasing="fresh")
+attention_p = declare(OP, _impl, _shape, saves_inputs=True, aliasing="fresh")
 
 
 # ---------------------------------------------------------------- the fused kernels
@@ -173,13 +173,12 @@ def _forward(backend: Any, q: Any, k: Any, v: Any, bias: Any, keep: Any, scale: 
 
 
 def _backward(backend: Any, upstream: Any, q: Any, k: Any, v: Any, bias: Any, keep: Any,
-              out: Any, scale: float, causal: bool, bias_grad: bool) -> tuple:
-    """(dq, dk, dv, dbias or None): the scores' gradient is p * (dp - rowsum(dO * O)),
-    dp being upstream v^T (times the dropout mask)."""
+              scale: float, causal: bool, bias_grad: bool) -> tuple:
+    """(dq, dk, dv, dbias or None): the scores' gradient is softmax's backward of dp,
+    p * (dp - rowsum(p * dp)), dp being upstream v^T (times the dropout mask)."""
     be = backend
     blocks = _Blocks(be, q, k, bias, causal)
     scaled_q = be.mul(q, scale)
-    row_term = be.reduce_sum(be.mul(upstream, out), (out.ndim - 1,), True)
     dq_parts, dbias_parts, dk, dv = [], [], None, None
     for start, stop in blocks.ranges:
         seen = blocks.seen(stop)
@@ -191,7 +190,7 @@ def _backward(backend: Any, upstream: Any, q: Any, k: Any, v: Any, bias: Any, ke
         dp = be.matmul(g, _swap(be, v_seen))
         if keep is not None:
             dp = be.mul(dp, blocks.rows(keep, start, stop, seen))
-        ds = be.mul(p, be.sub(dp, blocks.rows(row_term, start, stop)))
+        ds = be.softmax_backward(dp, p, -1)  # BackwardOps': a vjp runs on such backends
         if bias_grad:
             dbias_parts.append(be.sum_to_shape(ds, _block_shape(bias, ds.ndim, start, stop)))
         dq_parts.append(be.matmul(ds, k_seen))
@@ -233,7 +232,7 @@ def _vjp(be: Any, g: Any, node: Any) -> tuple:
     q, k, v, bias, keep = node.inputs
     bias_grad = bias is not None and node.parents[3] is not None
     params = node.params
-    dq, dk, dv, dbias = _backward(be, g, q, k, v, bias, keep, node.output, params["scale"],
+    dq, dk, dv, dbias = _backward(be, g, q, k, v, bias, keep, params["scale"],
                                   params["causal"], bias_grad)
     return dq, dk, dv, dbias, None
 
