@@ -2,15 +2,19 @@
 
 q, k, v of shape (B=8, H=4, T=128, D=32), float32; plain and causal; pullback's
 fused primitive against PyTorch eager (`F.scaled_dot_product_attention`), both on
-two threads, in one run on the same data. Prints milliseconds and pullback's time
-over PyTorch's. Run: `python bench/attention.py`.
+two threads (or as many as the first argument says), in one run on the same data.
+Prints milliseconds and pullback's time over PyTorch's. Run: `python bench/attention.py
+[threads]`.
 """
 
 from __future__ import annotations
 
+import sys
+
 from common import both_ways, pin_threads
 
-pin_threads(2)
+THREADS = int(sys.argv[1]) if len(sys.argv) > 1 else 2
+pin_threads(THREADS)
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
@@ -47,8 +51,8 @@ def contenders(causal: bool) -> dict[str, object]:
 
 
 def main() -> None:
-    torch.set_num_threads(2)
-    print(f"scaled_dot_product_attention, q k v {SHAPE} float32, 2 threads")
+    torch.set_num_threads(THREADS)
+    print(f"scaled_dot_product_attention, q k v {SHAPE} float32, {THREADS} thread(s)")
     for causal in (False, True):
         times = both_ways(contenders(causal), repeats=5, number=20)
         for how, ms in times.items():

@@ -160,6 +160,9 @@ def _swap(backend: Any, x: Any) -> Any:
 def _forward(backend: Any, q: Any, k: Any, v: Any, bias: Any, keep: Any, scale: float,
              causal: bool) -> Any:
     be = backend
+    if _empty(q, k):  # no queries, or no keys: zeros, as PyTorch gives
+        batch = np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
+        return be.zeros(batch + (q.shape[-2], v.shape[-1]), q.dtype)
     blocks = _Blocks(be, q, k, bias, causal)
     scaled_q = be.mul(q, scale)  # (L, E) once, not each (L, S) block of scores
     outputs = []
@@ -177,6 +180,9 @@ def _backward(backend: Any, upstream: Any, q: Any, k: Any, v: Any, bias: Any, ke
     """(dq, dk, dv, dbias or None): the scores' gradient is softmax's backward of dp,
     p * (dp - rowsum(p * dp)), dp being upstream v^T (times the dropout mask)."""
     be = backend
+    if _empty(q, k):  # the output is empty or constant: every gradient is zero
+        return tuple(None if x is None else be.zeros(x.shape, x.dtype) for x in (q, k, v)) + \
+            ((be.zeros(bias.shape, bias.dtype) if bias_grad else None),)
     blocks = _Blocks(be, q, k, bias, causal)
     scaled_q = be.mul(q, scale)
     dq_parts, dbias_parts, dk, dv = [], [], None, None
@@ -204,6 +210,10 @@ def _backward(backend: Any, upstream: Any, q: Any, k: Any, v: Any, bias: Any, ke
         dbias = be.reshape(dbias, bias.shape)
     return (be.sum_to_shape(dq, q.shape), be.sum_to_shape(dk, k.shape),
             be.sum_to_shape(dv, v.shape), dbias)
+
+
+def _empty(q: Any, k: Any) -> bool:
+    return q.shape[-2] == 0 or k.shape[-2] == 0
 
 
 def _block_shape(bias: Any, ndim: int, start: int, stop: int) -> tuple:
@@ -247,6 +257,8 @@ def _probabilities(q: Any, k: Any, bias: Any, scale: float, causal: bool) -> Any
     """The attention weights, written in primitives (zero rows where bias masks all)."""
     scores = matmul(mul(q, scale), swap_last(k))
     length, keys = shape_of(q)[-2], shape_of(k)[-2]
+    if not keys:
+        return scores  # empty: the output is zeros, and so is its derivative
     if causal:
         later = np.triu(np.ones((length, keys), dtype=bool), 1)
         scores = where(later, NEG_INF, scores)

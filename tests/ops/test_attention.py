@@ -144,3 +144,12 @@ def test_mixed_dtypes_are_refused() -> None:
     with pytest.raises(pb.KernelError, match="share one floating dtype"):
         pb.scaled_dot_product_attention(pb.tensor(q), pb.tensor(k, dtype=pb.float32),
                                         pb.tensor(v))
+
+
+@pytest.mark.parametrize("shapes", [((2, 0, 4), (2, 3, 4), (2, 3, 5)),
+                                    ((2, 2, 4), (2, 0, 4), (2, 0, 5))],
+                         ids=["no_queries", "no_keys"])
+def test_no_queries_or_no_keys_give_torchs_zeros(shapes) -> None:
+    arrays = _arrays(0, *shapes)
+    _assert_agree(pb.scaled_dot_product_attention, F.scaled_dot_product_attention, arrays,
+                  shapes[0][:-1] + (shapes[2][-1],))
