@@ -69,6 +69,9 @@ def _shape(q: Any, k: Any, v: Any, bias: Any, keep: Any, scale: float, causal: b
                           "floating dtype")
     if min(len(sq), len(sk), len(sv)) < 2:
         raise KernelError(OP, operands, "query, key and value need (..., T, D) shapes")
+    if causal and bias is not None:
+        raise KernelError(OP, operands, "attn_mask and is_causal cannot both be given "
+                          "(PyTorch refuses them too): put the causal mask into attn_mask")
     if sk[-1] != sq[-1]:
         raise KernelError(OP, operands, f"query and key embeddings differ: {sq[-1]} and "
                           f"{sk[-1]}")
@@ -315,9 +318,6 @@ def scaled_dot_product_attention(
     operands = tuple(x for x in (query, key, value, attn_mask) if x is not None)
     if len(shape_of(query)) < 2 or len(shape_of(key)) < 2:
         raise KernelError(OP, operands, "query, key and value need (..., T, D) shapes")
-    if attn_mask is not None and is_causal:
-        raise KernelError(OP, operands, "attn_mask and is_causal cannot both be given "
-                          "(PyTorch refuses them too): put the causal mask into attn_mask")
     if not 0.0 <= dropout_p < 1.0:
         raise KernelError(OP, operands, f"dropout_p must be in [0, 1), not {dropout_p}")
     scale = 1.0 / math.sqrt(shape_of(query)[-1]) if scale is None else float(scale)
