@@ -14,6 +14,7 @@ from .activations import (
     Softmax,
     Tanh,
 )
+from .attention import MultiheadAttention
 from .containers import LR, ModuleDict, Residual, Sequential
 from .conv1d import Conv1d
 from .embedding import Embedding
@@ -39,6 +40,7 @@ from .module import (
 from .normalization import BatchNorm1d, BatchNorm2d
 from .pooling import AdaptiveAvgPool2d, AvgPool2d
 from .recurrent import GRU, LSTM
+from .transformer import TransformerEncoderLayer
 
 # PyTorch's name for the same layer: y = x @ weight.T + bias, weight (out, in).
 Linear = Dense
@@ -69,6 +71,7 @@ __all__ = [
     "Module",
     "ModuleDict",
     "ModuleList",
+    "MultiheadAttention",
     "NoGradientError",
     "Parameter",
     "ReLU",
@@ -78,6 +81,7 @@ __all__ = [
     "Sigmoid",
     "Softmax",
     "Tanh",
+    "TransformerEncoderLayer",
     "binary_cross_entropy_with_logits",
     "cross_entropy",
     "flatten_tree",

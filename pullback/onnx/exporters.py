@@ -12,6 +12,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ..lower.graph import Eqn, Var
+from ..ops.attention import attention_p
 from ..ops.batchnorm import batch_norm_p
 from ..ops.conv import avg_pool2d_p, conv2d_p, fold2d_p, max_pool2d_p, unfold2d_p
 from ..ops.elementwise import (
@@ -370,6 +371,30 @@ def _softmax(op_type: str) -> Exporter:
     return lambda c: c.node(op_type, axis=int(c.params["axis"]))
 
 
+def _attention(c: Context) -> str:
+    """scaled_dot_product_attention spelled out: MatMul, Softmax, Where for the causal
+    mask and for rows the mask hides every key from (zeros, as the op gives them)."""
+    q, k, v, bias, keep = c.args
+    q_shape, k_shape = c.vars[0].shape, c.vars[1].shape
+    rank = len(k_shape)
+    key_t = c.node("Transpose", [k], perm=[*range(rank - 2), rank - 1, rank - 2])
+    scores = c.node("MatMul", [c.node("Mul", [q, c.scalar(c.params["scale"])]), key_t])
+    if c.params["causal"]:
+        later = np.triu(np.ones((q_shape[-2], k_shape[-2]), dtype=bool), 1)
+        scores = c.node("Where", [c.emit.const(later, "causal"), c.scalar(-np.inf), scores])
+    dead = None
+    if bias:
+        scores = c.node("Add", [scores, bias])
+        row_max = c.node("ReduceMax", [bias], axes=[-1], keepdims=1)
+        dead = c.node("Equal", [row_max, c.scalar(-np.inf)])
+    weights = c.node("Softmax", [scores], axis=-1)
+    if dead:
+        weights = c.node("Where", [dead, c.scalar(0.0), weights])
+    if keep:
+        weights = c.node("Mul", [weights, keep])
+    return c.node("MatMul", [weights, v])
+
+
 class _Mapping(NamedTuple):
     """What export registers on a primitive (its `exporter`): `write`, how it becomes
     ONNX nodes (None: it does not export, for `reason`), and `traced_params`, whether
@@ -406,7 +431,7 @@ for _prims, _write in (
     ((sum_to_shape_p,), _sum_to_shape), ((getitem_p,), _getitem),
     ((concatenate_p,), _concatenate), ((pad2d_p,), _pad2d), ((conv2d_p,), _conv2d),
     ((max_pool2d_p,), _max_pool2d), ((avg_pool2d_p,), _avg_pool2d),
-    ((layer_norm_p,), _layer_norm), ((batch_norm_p,), _batch_norm),
+    ((layer_norm_p,), _layer_norm), ((batch_norm_p,), _batch_norm), ((attention_p,), _attention),
 ):
     _register(_prims, _write)
 _register((where_p,), _where, traced_params=True)

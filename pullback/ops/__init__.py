@@ -13,6 +13,7 @@ re-exported by name below but are not `pb`'s.
 
 from ..ad import set_tangent_add
 from . import (
+    attention,
     batchnorm,
     contraction,
     conv,
@@ -29,6 +30,7 @@ from . import (
     views,
 )
 from . import norm as layer_norm_module  # `ops.norm` is the vector norm (stats.norm)
+from .attention import *  # noqa: F403
 from .batchnorm import *  # noqa: F403
 from .contraction import *  # noqa: F403
 from .conv import *  # noqa: F403
@@ -68,7 +70,7 @@ from .views import *  # noqa: F403
 
 set_tangent_add(add_p)
 
-__all__ = [name for module in (batchnorm, contraction, conv, custom, elementwise, gather,
+__all__ = [name for module in (attention, batchnorm, contraction, conv, custom, elementwise, gather,
                                 layer_norm_module, linalg, loss, masks, reduce, shape, sorting,
                                 stats, views)
            for name in module.__all__]

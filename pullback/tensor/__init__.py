@@ -1,9 +1,11 @@
 """Tensors, eager recording, and the transforms over them."""
 
+from ..ops.attention import draw_from
 from .arrays import bool_, float32, float64, int32, int64
 from .checkpoint import checkpoint
 from .creation import (
     arange,
+    default_generator,
     from_dlpack,
     from_numpy,
     full,
@@ -21,6 +23,9 @@ from .creation import (
 from .eager import Tensor
 from .state import enable_grad, is_grad_enabled, no_grad
 from .transforms import grad, jvp, linear_transpose, linearize, value_and_grad, vjp
+
+# Attention's dropout draws from the global generator unless told otherwise.
+draw_from(default_generator)
 
 __all__ = [
     "Tensor",

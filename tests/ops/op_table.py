@@ -615,6 +615,36 @@ BATCH_NORM_ROWS = [
 ]
 
 
+# ---------------------------------------------------------------- attention
+
+
+def _sdpa(**kw: object) -> tuple[Callable, Callable]:
+    """pb's and torch's scaled_dot_product_attention with the same keyword arguments."""
+    return (lambda q, k, v: pb.scaled_dot_product_attention(q, k, v, **kw),
+            lambda q, k, v: F.scaled_dot_product_attention(q, k, v, **{
+                key: torch.tensor(val) if isinstance(val, np.ndarray) else val
+                for key, val in kw.items()}))
+
+
+KEEP_ROWS = np.array([[True, False, True, True, False], [False] * 5, [True] * 5])
+
+ATTENTION_ROWS = [
+    op("sdpa", *_sdpa(), (2, 3, 4), (2, 5, 4), (2, 5, 3), sums=True),
+    op("sdpa_causal_scale", *_sdpa(is_causal=True, scale=0.6), (2, 2, 4, 3), (2, 2, 4, 3),
+       (2, 2, 4, 2), sums=True),
+    op("sdpa_causal_more_queries_than_keys", *_sdpa(is_causal=True), (5, 3), (4, 3), (4, 2),
+       sums=True),
+    # A bool mask: True takes part; the middle row masks every key (zeros, as PyTorch).
+    op("sdpa_bool_mask", *_sdpa(attn_mask=KEEP_ROWS), (2, 3, 4), (2, 5, 4), (2, 5, 3),
+       sums=True),
+    op("sdpa_float_mask_broadcast", lambda q, k, v, m: pb.scaled_dot_product_attention(
+        q, k, v, m), lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, m),
+       (2, 2, 3, 4), (2, 2, 5, 4), (2, 2, 5, 3), (2, 1, 3, 5), sums=True),
+    op("sdpa_broadcast_batch_dims", *_sdpa(), (2, 1, 3, 4), (3, 5, 4), (1, 3, 5, 2),
+       sums=True),
+]
+
+
 ROWS: list[OpSpec] = [
     *(op(name, f, g, (3, 4), domain=d) for name, f, g, d in UNARY),
     *_binary_rows(),
@@ -630,6 +660,7 @@ ROWS: list[OpSpec] = [
     *TENSOR_API_ROWS,
     *RECURRENT_ROWS,
     *BATCH_NORM_ROWS,
+    *ATTENTION_ROWS,
 ]
 
 SECOND_ORDER_ROWS = [row for row in ROWS if row.order >= 2]
