@@ -42,17 +42,17 @@ class ElementwiseKernel(Kernel):
     # Each entry point tries the fast path inline: a shared helper would cost a call.
 
     def __call__(self, *args: Any, out: Any = None) -> Any:
-        result = self._fast(args, None) if out is None else None
+        result = self._fast(args, None) if out is None else self._fast_into(args, out, None)
         return self._run(args, out, None) if result is None else result
 
     def serial(self, *args: Any, out: Any = None) -> Any:
         """The call on the calling thread only, whatever the size."""
-        result = self._fast(args, False) if out is None else None
+        result = self._fast(args, False) if out is None else self._fast_into(args, out, False)
         return self._run(args, out, False) if result is None else result
 
     def parallel(self, *args: Any, out: Any = None) -> Any:
         """The call through the parallel loop, whatever the size."""
-        result = self._fast(args, True) if out is None else None
+        result = self._fast(args, True) if out is None else self._fast_into(args, out, True)
         return self._run(args, out, True) if result is None else result
 
     # The commonest calls in as few Python steps as possible (they dominate small calls):
@@ -113,6 +113,33 @@ class ElementwiseKernel(Kernel):
         except TypeError:
             return None
         return result
+
+    def _fast_into(self, args: tuple, out: Any, parallel: bool | None) -> np.ndarray | None:
+        # One output written into a given array (a plan's buffer): the flat loop when the
+        # arrays and `out` share shape and dtype and are all C- or all Fortran-contiguous
+        # (a buffer laid out like a GEMM's result by columns), none of them `out` itself.
+        if self.nout != 1 or type(out) is not np.ndarray or not out.flags.writeable:
+            return None
+        shape, dtype = out.shape, out.dtype
+        for a in args:
+            if type(a) is not np.ndarray or a.shape != shape or a.dtype is not dtype or a is out:
+                return None
+        if all(a.flags.c_contiguous for a in args) and out.flags.c_contiguous:
+            order = "C"
+        elif all(a.flags.f_contiguous for a in args) and out.flags.f_contiguous:
+            order = "F"
+        else:
+            return None
+        if parallel is None:
+            parallel = out.size >= self.parallel_threshold
+        driver = (self._parallel_fast if parallel else self._serial_fast).get(dtype)
+        if driver is None or len(args) != self.nin:
+            return None
+        try:
+            driver(*[a.ravel(order) for a in args], out.ravel(order))
+        except TypeError:
+            return None
+        return out
 
     def _fast_many(self, args: tuple, parallel: bool | None) -> np.ndarray | None:
         if self.nout != 1 or len(args) != self.nin or type(args[0]) is not np.ndarray:

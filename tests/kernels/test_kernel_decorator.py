@@ -145,6 +145,28 @@ def test_out_may_be_strided(rng):
     np.testing.assert_array_equal(target, x)
 
 
+@kernel
+def scaled_sum(x, y):
+    return 2.0 * x + y
+
+
+@pytest.mark.parametrize("order", ["C", "F"])
+def test_out_of_one_memory_order_with_its_operands(rng, order):
+    # All C- or all Fortran-ordered (a plan's buffers laid out by columns): the flat loop
+    # over memory, called twice so that the second call finds the prepared driver.
+    x = np.asarray(rng.standard_normal((4, 6)), order=order)
+    y = np.asarray(rng.standard_normal((4, 6)), order=order)
+    for _ in range(2):
+        out = np.zeros((4, 6), order=order)
+        assert scaled_sum.serial(x, y, out=out) is out
+        np.testing.assert_array_equal(out, 2.0 * x + y)
+    mixed = np.zeros((4, 6), order="C" if order == "F" else "F")  # the general path
+    scaled_sum(x, y, out=mixed)
+    np.testing.assert_array_equal(mixed, 2.0 * x + y)
+    scaled_sum(x, y, out=x)  # writing through an operand: the general path too
+    np.testing.assert_array_equal(x, mixed)
+
+
 def test_wrong_out_is_an_error():
     with pytest.raises(KernelError, match="out= must be a float64 array of shape"):
         axpy(1.0, np.zeros(3), np.zeros(3), out=np.zeros(4))
