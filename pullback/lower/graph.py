@@ -5,7 +5,10 @@ still computing it on the example inputs, so shapes and dtypes are known. A
 tensor that is an input becomes an input variable, a tensor that requires
 grad and is not computed from others (a parameter) becomes a parameter
 variable read at each call, and anything else is a constant baked into the
-graph.
+graph. An in-place write into a tensor that is not a traced value (a module's
+buffer: BatchNorm's running statistics) is recorded as state: the written value
+becomes an extra result of the graph, which plans write back into the tensor's
+array after every call, and later reads in the trace see the written value.
 """
 
 from __future__ import annotations
@@ -16,7 +19,8 @@ from typing import Any
 import numpy as np
 
 from ..ad import Primitive, set_evaluator
-from ..ops.shape import stop_gradient_p
+from ..ops.elementwise import astype
+from ..ops.shape import broadcast_to, stop_gradient_p
 from ..tensor import Tensor, no_grad
 from ..tensor.eager import evaluate, wrap
 
@@ -85,6 +89,9 @@ class StaticGraph:
     eqns: list[Eqn] = field(default_factory=list)
     outputs: list[Var] = field(default_factory=list)
     vars: list[Var] = field(default_factory=list)
+    #: (tensor, var its values were read as at the start or None, var of the values
+    #: written into it last): what plans write back into the tensor after each call.
+    state: list[tuple[Tensor, Var | None, Var]] = field(default_factory=list)
 
     def new_var(self, shape: tuple, dtype: Any, kind: str) -> Var:
         var = Var(len(self.vars), tuple(shape), np.dtype(dtype), kind)
@@ -182,6 +189,36 @@ class _Tracer:
             if var is not None and var.kind != "const":
                 return var
         return value
+
+    def write_state(self, target: Tensor, op: str, value: Any) -> Tensor:
+        """`target`'s values replaced by `value` (a tensor, array or number), in place, as
+        state of the graph: recorded, not done, so that tracing changes nothing and the
+        plan repeats the write at every call. Only tensors that are not traced values
+        (buffers) take writes: a traced value's in-place op has no tensor to write to."""
+        known = self.var_of.get(id(target))
+        written = any(t is target for t, _, _ in self.graph.state)
+        if (target.requires_grad and target.is_leaf) or (
+                known is not None and known.kind != "const" and not written):
+            raise RuntimeError(f"{op}: in-place ops cannot be traced or compiled on traced "
+                               "values or parameters (only on buffers); write x = x + y "
+                               "instead")
+        if not isinstance(value, Tensor):
+            value = wrap(np.full(target.shape, value, target.dtype) if np.ndim(value) == 0
+                         else np.asarray(value), None)
+        if value.dtype != target.dtype:
+            value = astype(value, target.dtype)
+        if value.shape != target.shape:
+            value = broadcast_to(value, target.shape)
+        new = self.operand(value)
+        for i, (t, start, _) in enumerate(self.graph.state):
+            if t is target:
+                self.graph.state[i] = (t, start, new)
+                break
+        else:
+            start = known if known is not None and known.kind == "const" else None
+            self.graph.state.append((target, start, new))
+        self.var_of[id(target)] = new  # later reads in the trace see the written value
+        return target
 
     def __call__(self, prim: Primitive, args: tuple, params: dict) -> Tensor:
         operands = tuple(self.operand(a) for a in args)

@@ -95,11 +95,14 @@ class Plan:
         for var, data in graph.consts:
             self._template[var.index] = data
         self._views: set[int] = set()  # views of parameters (w.T), kept at no cost
+        # Values written into buffers (state): results of the plan, written back per call.
+        self._state = {new.index for _, _, new in graph.state}
         self._saved: set[int] = self._plan_backward()
-        self._schedule = schedule(graph, keep=self._saved)
-        self._frees = self._forward_frees(keep=self._saved)
+        self._schedule = schedule(graph, keep=self._saved | self._state)
+        self._frees = self._forward_frees(keep=self._saved | self._state)
         self._owner, self._buffers, self._fortran = buffers.assign(
-            self._schedule, self._frees, self._saved, {v.index for v in graph.outputs})
+            self._schedule, self._frees, self._saved,
+            {v.index for v in graph.outputs} | self._state)
         self._arena: list[np.ndarray] | None = None  # allocated at the first call
         self._lock = threading.Lock()  # one call at a time: calls share the arena
         self._steps = [self._step(step) for step in self._schedule]
@@ -160,7 +163,16 @@ class Plan:
             env[var.index] = data
         for var, p in self.graph.params:
             env[var.index] = p._data  # the parameter's current value, read at every call
+        for tensor, start, _ in self.graph.state:
+            if start is not None:
+                env[start.index] = tensor._data  # a buffer's current values, likewise
         return env
+
+    def _write_state(self, env: list[Any]) -> None:
+        """Each buffer the traced function wrote takes this call's values, in place (as
+        the eager call's update did), so the next call and the module see them."""
+        for tensor, _, new in self.graph.state:
+            np.copyto(tensor._data, env[new.index], casting="unsafe")
 
     def _forward(self, env: list[Any]) -> None:
         backend = get_backend()
@@ -179,6 +191,7 @@ class Plan:
         with self._lock:
             env = self._start(inputs)
             self._forward(env)
+            self._write_state(env)
             outs = tuple(wrap(env[v.index], None) for v in self.graph.outputs)
         return outs[0] if self.single else outs
 
@@ -363,7 +376,7 @@ class TrainingPlan(Plan):
             for s in saved:
                 last_reader[s] = len(steps) - 1
         frees: list[list[int]] = [[] for _ in steps]
-        returned = {v.index for v in self.graph.outputs}
+        returned = {v.index for v in self.graph.outputs} | self._state
         for s, i in last_reader.items():
             if self.graph.vars[s].kind == "value" and s not in returned:
                 frees[i].append(s)
@@ -457,6 +470,7 @@ class TrainingPlan(Plan):
             ct = results.get(leaf)
             if ct is not None:
                 _accumulate(p, ct, taken)
+        self._write_state(env)  # after backward, which may read the buffers' old values
         if self.single:
             return wrap(loss, None)
         return (wrap(loss, None),) + tuple(wrap(env[v.index], None)

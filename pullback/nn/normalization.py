@@ -55,9 +55,11 @@ class _BatchNorm(Module):
         updates = self.training and self.track_running_stats
         factor = 0.0
         if updates:
-            # momentum None: the cumulative average, each batch weighing 1 / batches seen.
-            seen = int(self.num_batches_tracked.item()) + 1
-            factor = 1.0 / seen if self.momentum is None else self.momentum
+            factor = self.momentum
+            if factor is None:
+                # The cumulative average, each batch weighing 1 / batches seen; read
+                # concretely, so a plan would bake it (only a set momentum is traced).
+                factor = 1.0 / (int(self.num_batches_tracked.item()) + 1)
         # Batch statistics in training, and in eval too when none are kept (as PyTorch).
         batch_stats = self.training or not self.track_running_stats
         y = ops.batch_norm(x, self.running_mean, self.running_var, self.weight, self.bias,

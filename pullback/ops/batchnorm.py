@@ -8,7 +8,8 @@ normalizes with the running statistics, an affine map per channel; its backward 
 its rule transposed. The JVP rules are written in primitives, so forward mode and
 higher orders work in both modes. Updating the running statistics in training mode is
 a side effect of `batch_norm`, done in place outside differentiation; the primitive
-never sees them then, so a pending backward never holds the arrays it overwrites.
+never sees them then, so a pending backward never holds the arrays it overwrites. A
+compiled plan records the update as state and repeats it at every call.
 """
 
 from __future__ import annotations
@@ -191,14 +192,8 @@ def _update_running(x: Any, running_mean: Any, running_var: Any, momentum: float
         updates.append((running_var, div(sum_over(mul(centered, centered), axes), count - 1)))
     for running, batch in updates:
         new = add(mul(running, 1.0 - momentum), mul(batch, momentum))
-        try:
-            running.copy_(new)
-        except RuntimeError as err:
-            raise RuntimeError(
-                f"batch_norm: training mode updates running_mean and running_var in place, "
-                f"which failed ({err}); a traced or compiled function cannot update them "
-                "yet: trace the model in eval mode, or pass running_mean=None and "
-                "running_var=None") from None
+        # Eagerly a write into the array; while tracing, state the plan writes back.
+        running.copy_(new)
 
 
 def batch_norm(x: Any, running_mean: Any, running_var: Any, weight: Any = None,

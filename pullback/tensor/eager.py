@@ -496,7 +496,8 @@ class Tensor(_Operators):
                 type(value) is Tensor and value.ndim == 0):
             raise TypeError(f"fill_: the fill value must be a number or a 0-d tensor, got "
                             f"{type(value).__name__}")
-        return self._in_place("fill_", lambda: self._overwritten(value), value, "unsafe")
+        return self._in_place("fill_", lambda: self._overwritten(value), value, "unsafe",
+                              True)
 
     def zero_(self) -> Tensor:
         return self.fill_(0)
@@ -506,7 +507,7 @@ class Tensor(_Operators):
         while recording, gradients flow to `src` as PyTorch's copy_ sends them."""
         if not isinstance(src, (Tensor, np.ndarray, bool, int, float, np.number, np.bool_)):
             raise TypeError(f"copy_: expected a tensor or an array, got {type(src).__name__}")
-        return self._in_place("copy_", lambda: self._overwritten(src), src, "unsafe")
+        return self._in_place("copy_", lambda: self._overwritten(src), src, "unsafe", True)
 
     def _overwritten(self, value: Any) -> Any:
         """This tensor's values replaced by `value`: a recorded `where` when gradients
@@ -524,22 +525,28 @@ class Tensor(_Operators):
             raise KernelError("copy_", (self._data, data),
                               f"cannot broadcast the source to {self.shape}") from None
 
-    def _in_place(self, op: str, compute: Any, other: Any, casting: str = "same_kind"
-                  ) -> Tensor:
+    def _in_place(self, op: str, compute: Any, other: Any, casting: str = "same_kind",
+                  replaces: bool = False) -> Tensor:
         """Write `compute()` into this tensor, as PyTorch's in-place ops do: allowed under
         no_grad or on a tensor that does not require grad; on a leaf that requires grad
         only under no_grad; on a recorded result it is recorded (the tensor takes the
-        new node). Values a pending backward saved are never overwritten."""
+        new node). Values a pending backward saved are never overwritten. `replaces`: the
+        new values are `other` itself (copy_, fill_), which is what a tracer records."""
         if grad_enabled() and self._node is not None and self._node.primitive is None:
             raise RuntimeError(
                 f"{op}: a leaf tensor that requires grad (shape {self.shape}, {self.dtype}) "
                 "cannot be changed in place while gradients are recorded; update it under "
                 "pullback.no_grad(), as an optimizer step does"
             )
-        if _evaluator_now(evaluate) is not evaluate:
-            # A tracer sees the op, not the write: the plan would not repeat it.
-            raise RuntimeError(f"{op}: in-place ops cannot be traced or compiled; write "
-                               "x = x + y instead")
+        evaluator = _evaluator_now(evaluate)
+        if evaluator is not evaluate:
+            # A tracer records the write as state its plan repeats at every call (a
+            # buffer's update), or refuses it; one without that notion refuses.
+            write = getattr(evaluator, "write_state", None)
+            if write is None:
+                raise RuntimeError(f"{op}: in-place ops cannot be traced or compiled; write "
+                                   "x = x + y instead")
+            return write(self, op, other if replaces else compute())
         self._check_writeable(op)
         try:
             result = compute()
