@@ -52,7 +52,8 @@ def _add_train(commands: Any) -> None:
     defaults = TrainConfig()
     train = commands.add_parser(
         "train", help="train the default model on the bundled digits data",
-        description="Train a small CNN (or an MLP) on the 8x8 digits shipped with pullback, "
+        description="Train a small CNN (or an MLP, or a small ResNet with BatchNorm) on the "
+        "8x8 digits shipped with pullback, "
         "evaluate it on the held-out split each epoch, and write a resumable checkpoint, the "
         "final weights and (with matplotlib) a plot of loss and accuracy to the output folder. "
         "The last line printed is the test accuracy.")

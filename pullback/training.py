@@ -1,4 +1,5 @@
-"""The default job behind `pullback train`: a small CNN (or an MLP) on the bundled digits.
+"""The default job behind `pullback train`: a small CNN (or an MLP, or a small ResNet
+with BatchNorm) on the bundled digits.
 
 Training is resumable exactly: every epoch ends with an atomic training
 checkpoint (model, optimizer state, step, and the one random generator that
@@ -29,7 +30,7 @@ from .io.atomic import check_writable
 from .lower import LoweringMode, compile
 from .tensor import creation, no_grad, tensor
 
-MODELS = ("cnn", "mlp")
+MODELS = ("cnn", "mlp", "resnet")
 OPTIMIZERS = ("adam", "adamw", "sgd", "momentum", "rmsprop")
 BACKENDS = {"cpu": CpuBackend, "threaded": ThreadedCpuBackend}
 CHECKPOINT = "checkpoint.safetensors"
@@ -70,7 +71,36 @@ class TrainResult:
     model: Any = None
 
 
+class ResidualBlock(nn.Module):
+    """ResNet's basic block with an identity shortcut: relu(bn(conv(relu(bn(conv(x))))) + x),
+    3x3 convolutions that keep the width and the 8x8 digits' size."""
+
+    def __init__(self, width: int):
+        super().__init__()
+        self.conv1 = nn.Conv2d(width, width, 3, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(width)
+        self.conv2 = nn.Conv2d(width, width, 3, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(width)
+        self.relu = nn.ReLU()
+
+    def forward(self, x: Any) -> Any:
+        y = self.relu(self.bn1(self.conv1(x)))
+        return self.relu(self.bn2(self.conv2(y)) + x)
+
+
+def resnet(width: int = 16, blocks: int = 2) -> nn.Module:
+    """A small ResNet for 1x8x8 images: a conv-BN-ReLU stem, `blocks` residual blocks,
+    global average pooling and a linear head over 10 classes."""
+    return nn.Sequential(
+        nn.Conv2d(1, width, 3, padding=1, bias=False), nn.BatchNorm2d(width), nn.ReLU(),
+        *[ResidualBlock(width) for _ in range(blocks)],
+        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Dense(width, 10),
+    )
+
+
 def build_model(name: str) -> nn.Module:
+    if name == "resnet":
+        return resnet()
     if name == "cnn":
         return nn.Sequential(
             nn.Conv2d(1, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
