@@ -209,6 +209,9 @@ class Plan:
         for v, p in g.params:
             name = getattr(p._node, "name", None) or "parameter"
             lines.append(f"  param {v!r} ({name}): {_describe(v)}")
+        for _, _, new in g.state:
+            lines.append(f"  state {new!r}: {_describe(new)}, written back into the buffer it "
+                         "updates after every call")
         lines.append("forward:")
         for i, step in enumerate(self._schedule):
             args = ", ".join(repr(a) for a in step.args)

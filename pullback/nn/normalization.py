@@ -57,9 +57,10 @@ class _BatchNorm(Module):
         if updates:
             factor = self.momentum
             if factor is None:
-                # The cumulative average, each batch weighing 1 / batches seen; read
-                # concretely, so a plan would bake it (only a set momentum is traced).
-                factor = 1.0 / (int(self.num_batches_tracked.item()) + 1)
+                # The cumulative average, each batch weighing 1 / batches seen: a tensor
+                # computed from the counter, so that a plan computes it at every call.
+                seen = self.num_batches_tracked + 1
+                factor = (1.0 / seen).astype(self.running_mean.dtype)
         # Batch statistics in training, and in eval too when none are kept (as PyTorch).
         batch_stats = self.training or not self.track_running_stats
         y = ops.batch_norm(x, self.running_mean, self.running_var, self.weight, self.bias,

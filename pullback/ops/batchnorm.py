@@ -177,7 +177,7 @@ defvjp(batch_norm_p, _vjp)
 # ---------------------------------------------------------------- the public function
 
 
-def _update_running(x: Any, running_mean: Any, running_var: Any, momentum: float) -> None:
+def _update_running(x: Any, running_mean: Any, running_var: Any, momentum: Any) -> None:
     """running = (1 - momentum) * running + momentum * batch statistic, in place; the
     variance's statistic is the unbiased one, as PyTorch's."""
     data = stop_gradient_p.bind(x)  # the update is no part of what is differentiated
@@ -197,12 +197,13 @@ def _update_running(x: Any, running_mean: Any, running_var: Any, momentum: float
 
 
 def batch_norm(x: Any, running_mean: Any, running_var: Any, weight: Any = None,
-               bias: Any = None, training: bool = False, momentum: float = 0.1,
+               bias: Any = None, training: bool = False, momentum: Any = 0.1,
                eps: float = 1e-5) -> Any:
     """torch.nn.functional.batch_norm: per channel (axis 1) of (N, C) or (N, C,
     *spatial), (x - mean) / sqrt(var + eps) * weight + bias. Training mode uses the
     batch's statistics and updates `running_mean`/`running_var` (tensors, or None) in
-    place with `momentum`; eval mode uses the running statistics."""
+    place with `momentum` (a number, or a 0-d tensor); eval mode uses the running
+    statistics."""
     eps = float(eps)
     if not bool(training):
         return batch_norm_p.bind(x, running_mean, running_var, weight, bias, training=False,
@@ -215,7 +216,9 @@ def batch_norm(x: Any, running_mean: Any, running_var: Any, weight: Any = None,
     y = batch_norm_p.bind(x, None, None, weight, bias, training=True, eps=eps)
     # An empty batch leaves the running statistics as they are (as PyTorch's).
     if (running_mean is not None or running_var is not None) and math.prod(shape_of(x)):
-        _update_running(x, running_mean, running_var, float(momentum))
+        # A 0-d tensor momentum (a counter's 1 / batches) stays one: traced, not baked.
+        factor = momentum if hasattr(momentum, "shape") else float(momentum)
+        _update_running(x, running_mean, running_var, factor)
     return y
 
 

@@ -4,6 +4,7 @@ statistics and counter) are written back at every call of a plan, as eager does.
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
 import pullback as pb
@@ -77,12 +78,15 @@ def test_a_compiled_batch_norm_trains_as_eager_and_torch_over_30_steps() -> None
         np.testing.assert_allclose(p.numpy(), q.numpy(), rtol=1e-5, atol=1e-6, err_msg=name)
 
 
-def test_an_inference_plan_in_train_mode_updates_the_statistics_per_call() -> None:
-    module, twin = nn.BatchNorm2d(2, momentum=0.3), torch.nn.BatchNorm2d(2, momentum=0.3)
+@pytest.mark.parametrize("momentum", [0.3, None])  # None: the cumulative average
+def test_an_inference_plan_in_train_mode_updates_the_statistics_per_call(momentum) -> None:
+    module = nn.BatchNorm2d(2, momentum=momentum)
+    twin = torch.nn.BatchNorm2d(2, momentum=momentum)
     rng = np.random.default_rng(1)
     xs = [rng.standard_normal((3, 2, 2, 2)).astype(np.float32) * 3 + 2 for _ in range(3)]
     plan = pb.compile(module, xs[0])
     assert int(module.num_batches_tracked.item()) == 0
+    assert plan.explain().count("written back into the buffer") == 3
     for x in xs:
         np.testing.assert_allclose(plan(x).numpy(), twin(torch.from_numpy(x)).detach().numpy(),
                                    rtol=1e-5, atol=1e-5)
