@@ -110,6 +110,7 @@ class Retracer:
             if not hasattr(x, "shape"):
                 reach.visit(x)
         self.modules = reach.modules
+        self._found = [m.__dict__ for m in self.modules]
         self.cells = reach.cells
         self.plans: OrderedDict[tuple, Any] = OrderedDict()
         self.traces = 0
@@ -118,11 +119,11 @@ class Retracer:
     def signature(self, arrays: list) -> tuple:
         """What a plan depends on beyond its graph: input shapes and dtypes, modules'
         modes, and parameters' identities."""
-        modules = self.modules
-        return (tuple((a.shape, a.dtype) for a in arrays),
-                tuple(m.__dict__["training"] for m in modules),
-                tuple(id(p) for m in modules for p in m.__dict__["_parameters"].values()),
-                tuple(id(c.cell_contents) for c in self.cells))
+        found = self._found  # the modules' attribute dicts: read at every call, cheaply
+        return (tuple([(a.shape, a.dtype) for a in arrays]),
+                tuple([d["training"] for d in found]),
+                tuple([id(p) for d in found for p in d["_parameters"].values()]),
+                tuple([id(c.cell_contents) for c in self.cells]))
 
     def first(self) -> Any:
         """The plan traced on the examples at compile time."""

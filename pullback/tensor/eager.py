@@ -23,7 +23,7 @@ from ..errors import KernelError
 from ..ops.elementwise import add_p, div_p, mul_p, sub_p
 from ..ops.registry import PRIMITIVES
 from .arrays import as_array
-from .concrete import check_concrete
+from .concrete import CONCRETE_CHECK, check_concrete
 from .methods import ElementCount, TorchMethods
 from .protect import TensorNode, protect, saved_by, writeable_if_free
 from .state import grad_enabled
@@ -353,6 +353,7 @@ class Tensor(_Operators):
         """DLPack export, sharing memory (how `torch.from_dlpack(t)` reads a tensor); an
         array a pending backward needs is not exported: the importer could write into it
         (NumPy marks it read-only, which PyTorch's import does not keep)."""
+        check_concrete(self, "t.__dlpack__() (from_dlpack)")
         data = self._data
         if not data.flags.writeable and not writeable_if_free(data):
             saver = saved_by(data)
@@ -401,7 +402,10 @@ class Tensor(_Operators):
         return wrap(self._data, None)
 
     def clone(self) -> Tensor:
-        return ops.mul(self, 1) if self._node is not None else wrap(self._data.copy(), None)
+        if self._node is not None or (CONCRETE_CHECK.get() is not None
+                                      and self._data.dtype.kind in "fiuc"):
+            return ops.mul(self, 1)  # recorded (a copy of a traced value is not baked)
+        return wrap(self._data.copy(), None)
 
     def __repr__(self) -> str:
         body = np.array2string(self._data, separator=", ", prefix="tensor(")

@@ -22,6 +22,7 @@ REFUSED = [
     ("np.asarray(t)", lambda t: pb.tensor(np.array(t)) * 2),
     ("t.numpy()", lambda t: pb.tensor(t.numpy()) * 2),
     ("t.tolist()", lambda t: pb.tensor(t.tolist()) * 2),
+    ("pb.tensor(t)", lambda t: pb.tensor(t) * 2),
 ]
 
 
@@ -49,6 +50,11 @@ def test_constants_stay_readable_while_tracing() -> None:
     plan = pb.compile(lambda t: t * float(c.sum()) + np.asarray(c) * (c * 2).max().item(), X)
     np.testing.assert_allclose(plan(X).numpy(), X * 6.0 + np.array([1, 2, 3]) * 6.0)
     assert issubclass(pb.TracingError, RuntimeError)
+
+
+def test_a_clone_of_a_traced_value_is_recorded_not_baked() -> None:
+    plan = pb.compile(lambda t: t.clone() * 2, X)
+    np.testing.assert_allclose(plan(X + 1).numpy(), (X + 1) * 2)
 
 
 def test_eval_after_compiling_traces_again_and_drops_no_more() -> None:
