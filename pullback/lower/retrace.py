@@ -22,10 +22,14 @@ from __future__ import annotations
 import threading
 import types
 from collections import OrderedDict
+from itertools import chain
+from operator import itemgetter, methodcaller
 from collections.abc import Callable
 from typing import Any
 
 CACHE_SIZE = 8  # plans kept per compiled function, one per signature
+_TRAINING = itemgetter("training")
+_VALUES = methodcaller("values")
 
 
 def _is_module(obj: Any) -> bool:
@@ -110,7 +114,8 @@ class Retracer:
             if not hasattr(x, "shape"):
                 reach.visit(x)
         self.modules = reach.modules
-        self._found = [m.__dict__ for m in self.modules]
+        self._found = [m.__dict__ for m in self.modules]  # their attribute dicts
+        self._param_dicts = [d["_parameters"] for d in self._found]
         self.cells = reach.cells
         self.plans: OrderedDict[tuple, Any] = OrderedDict()
         self.traces = 0
@@ -119,11 +124,11 @@ class Retracer:
     def signature(self, arrays: list) -> tuple:
         """What a plan depends on beyond its graph: input shapes and dtypes, modules'
         modes, and parameters' identities."""
-        found = self._found  # the modules' attribute dicts: read at every call, cheaply
+        # Read at every call, so in C loops (map) over what compile time found.
         return (tuple([(a.shape, a.dtype) for a in arrays]),
-                tuple([d["training"] for d in found]),
-                tuple([id(p) for d in found for p in d["_parameters"].values()]),
-                tuple([id(c.cell_contents) for c in self.cells]))
+                tuple(map(_TRAINING, self._found)),
+                tuple(map(id, chain.from_iterable(map(_VALUES, self._param_dicts)))),
+                tuple([id(c.cell_contents) for c in self.cells]) if self.cells else ())
 
     def first(self) -> Any:
         """The plan traced on the examples at compile time."""
