@@ -22,9 +22,9 @@ from __future__ import annotations
 import threading
 import types
 from collections import OrderedDict
+from collections.abc import Callable
 from itertools import chain
 from operator import itemgetter, methodcaller
-from collections.abc import Callable
 from typing import Any
 
 CACHE_SIZE = 8  # plans kept per compiled function, one per signature
