@@ -3,18 +3,18 @@
 A plan is a trace of its function under one signature: the shapes and dtypes of
 its inputs, the train/eval mode (`training`) of every module the function closes
 over, and the identity of every parameter those modules hold (and of every tensor
-that requires grad in the function's closure). Called under another signature
-(a last partial batch, `model.eval()`, `model.fc.weight = nn.Parameter(...)`),
-it traces the function again rather than run stale, and keeps the plans of the
-last `CACHE_SIZE` signatures (least recently used dropped first), as ONNX models
-do for shapes.
+that requires grad in the function's closure cells or in the globals it names).
+Called under another signature (a last partial batch, `model.eval()`,
+`model.fc.weight = nn.Parameter(...)`), it traces the function again rather than
+run stale, and keeps the plans of the last `CACHE_SIZE` signatures (least
+recently used dropped first), as ONNX models do for shapes.
 
 Modules are recognised by their shape (a `training` flag, `_parameters` and
 `_modules` dicts), since this layer lies below `pullback.nn`. They are found
 where a function reaches them: the compiled object itself, a bound method's
 `__self__`, the static example arguments, the function's closure cells and the
 globals its code names (followed into the functions found there), in lists,
-tuples and dicts one level down, and every module below those.
+tuples and dicts, and every module below those.
 """
 
 from __future__ import annotations
@@ -43,12 +43,13 @@ def _requires_grad(obj: Any) -> bool:
 
 
 class _Reach:
-    """The modules, and the closure cells holding tensors that require grad, that a
-    function reaches."""
+    """The modules, and the closure cells and globals holding tensors that require grad,
+    that a function reaches."""
 
     def __init__(self) -> None:
         self.modules: list[Any] = []
         self.cells: list[Any] = []
+        self.globals: list[tuple[dict, str]] = []  # (a function's globals, a name in them)
         self._seen: set[int] = set()
 
     def visit(self, obj: Any, depth: int = 0) -> None:
@@ -95,7 +96,9 @@ class _Reach:
         found = fn.__globals__
         for name in names:
             value = found.get(name)
-            if value is not None and not isinstance(value, types.ModuleType):
+            if _requires_grad(value):
+                self.globals.append((found, name))
+            elif value is not None and not isinstance(value, types.ModuleType):
                 self.visit(value, depth + 1)
 
 
@@ -116,7 +119,7 @@ class Retracer:
         self.modules = reach.modules
         self._found = [m.__dict__ for m in self.modules]  # their attribute dicts
         self._param_dicts = [d["_parameters"] for d in self._found]
-        self.cells = reach.cells
+        self.cells, self.globals = reach.cells, reach.globals
         self.plans: OrderedDict[tuple, Any] = OrderedDict()
         self.traces = 0
         self._lock = threading.Lock()  # threads calling one plan share its cache
@@ -128,7 +131,8 @@ class Retracer:
         return (tuple([(a.shape, a.dtype) for a in arrays]),
                 tuple(map(_TRAINING, self._found)),
                 tuple(map(id, chain.from_iterable(map(_VALUES, self._param_dicts)))),
-                tuple([id(c.cell_contents) for c in self.cells]) if self.cells else ())
+                tuple([id(c.cell_contents) for c in self.cells]) if self.cells else (),
+                tuple([id(g.get(n)) for g, n in self.globals]) if self.globals else ())
 
     def first(self) -> Any:
         """The plan traced on the examples at compile time."""

@@ -126,3 +126,27 @@ def test_the_plans_of_at_most_eight_shapes_are_kept() -> None:
     assert plan.traces == 10
     plan(np.zeros((1, 3), np.float32))  # the least recently used: dropped, traced again
     assert plan.traces == 11
+
+
+W = nn.Parameter(pb.tensor(np.ones(3, np.float32)))
+
+
+def _scaled(t):
+    return (t * W).sum()
+
+
+def test_a_rebound_parameter_in_a_closure_or_the_globals_is_read_anew() -> None:
+    global W
+    w = nn.Parameter(pb.tensor(np.ones(3, np.float32)))
+    closed = pb.compile(lambda t: (t * w).sum(), X, mode=pb.LoweringMode.TRAINING)
+    named = pb.compile(_scaled, X, mode=pb.LoweringMode.TRAINING)
+    w = nn.Parameter(pb.tensor(np.full(3, 2.0, np.float32)))
+    old, W = W, nn.Parameter(pb.tensor(np.full(3, 3.0, np.float32)))
+    try:
+        np.testing.assert_allclose(closed(X).numpy(), X.sum() * 2.0)
+        np.testing.assert_allclose(named(X).numpy(), X.sum() * 3.0)
+        np.testing.assert_allclose(w.grad.numpy(), X.sum(0))
+        np.testing.assert_allclose(W.grad.numpy(), X.sum(0))
+        assert closed.traces == named.traces == 2
+    finally:
+        W = old
