@@ -8,7 +8,7 @@ from . import nn, ops, optim
 from .backend import Backend, BackwardOps, CpuBackend, ThreadedCpuBackend
 from .backend.current import get_backend, set_backend, use_backend
 from .check import GradcheckError, gradcheck
-from .errors import KernelError
+from .errors import KernelError, TracingError
 from .io import load, save
 from .lower import LoweringMode, compile
 from .ops import *  # noqa: F403  (each op's declaration module names it: ops.__all__)
@@ -56,6 +56,7 @@ __all__ = [
     "LoweringMode",
     "Tensor",
     "ThreadedCpuBackend",
+    "TracingError",
     "__version__",
     "arange",
     "bool_",

@@ -45,3 +45,38 @@ def index_error(op: str, operands: tuple | list, reason: str, cause: Exception) 
     """The KernelError for a failed indexing: a KernelIndexError when `cause` is one."""
     cls = KernelIndexError if isinstance(cause, IndexError) else KernelError
     return cls(op, operands, reason)
+
+
+class TracingError(RuntimeError):
+    """A traced value's concrete contents were asked for while `compile` traced a
+    function (`float(t)`, `bool(t)`, `t.item()`, `np.asarray(t)`): a plan would bake the
+    tracing example's values into every later call, so it is refused, as JAX's
+    `ConcretizationTypeError` refuses it. A RuntimeError, not a TypeError, so that no
+    `except TypeError` on the way (a shape argument tried as an int) swallows it."""
+
+    def __init__(self, operation: str, value: Any, where: str):
+        self.operation = operation
+        self.where = where
+        shape, dtype = describe(value)
+        super().__init__(
+            f"{operation} on a traced value ({shape} {dtype}) at {where}: compile traces the "
+            "function once and cannot bake a value that changes with the inputs or the "
+            "parameters into the plan. Keep the value a tensor (use pb.where instead of a "
+            "Python `if`, tensor ops instead of NumPy), or pass it to the plan as an input; "
+            "or run this part eagerly")
+
+
+def user_frame(skip: int = 1) -> str:
+    """`file:line` of the innermost frame outside the pullback package: the user's line
+    that called into it."""
+    import os
+    import sys
+
+    package = os.path.dirname(os.path.abspath(__file__)) + os.sep
+    frame = sys._getframe(skip)
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        if not os.path.abspath(filename).startswith(package):
+            return f"{filename}:{frame.f_lineno}"
+        frame = frame.f_back
+    return "<unknown>"

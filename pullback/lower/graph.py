@@ -19,9 +19,11 @@ from typing import Any
 import numpy as np
 
 from ..ad import Primitive, set_evaluator
+from ..errors import TracingError, user_frame
 from ..ops.elementwise import astype
 from ..ops.shape import broadcast_to, stop_gradient_p
 from ..tensor import Tensor, no_grad
+from ..tensor.concrete import reset_concrete_check, set_concrete_check
 from ..tensor.eager import evaluate, wrap
 
 
@@ -112,11 +114,30 @@ class _Tracer:
         self.var_of: dict[int, Var] = {}  # id(tensor, or array operand) -> its var
         self.source_of: dict[int, Var] = {}  # id(array) -> the var whose values it holds
         self.alive: list[Any] = []  # keeps traced objects alive so their ids stay unique
+        # The vars whose values change from call to call: computed from an input or a
+        # parameter. Reading one concretely would bake it (`refuse_concrete`).
+        self.traced: set[int] = set()
 
     def bind_input(self, tensor: Tensor) -> None:
         var = self.graph.new_var(tensor.shape, tensor.dtype, "input")
         self.graph.inputs.append(var)
+        self.traced.add(var.index)
         self._remember(tensor, var)
+
+    def refuse_concrete(self, tensor: Any, operation: str) -> None:
+        """The check installed for `float(t)`, `t.item()`, `np.asarray(t)` and the like:
+        refuses a traced value (or a parameter, which the plan reads anew at each call),
+        naming the user's line. Constants (tensors made or closed over, not computed from
+        the inputs) stay readable."""
+        var = self.var_of.get(id(tensor))
+        if var is None:
+            var = self.source_of.get(id(tensor._data))
+        if var is not None:
+            traced = var.index in self.traced
+        else:
+            traced = tensor.requires_grad and tensor.is_leaf  # a parameter not read yet
+        if traced:
+            raise TracingError(operation, tensor, user_frame(2))
 
     def _remember(self, obj: Any, var: Var) -> None:
         self.var_of[id(obj)] = var
@@ -131,6 +152,8 @@ class _Tracer:
         if source.kind in ("const", "input"):
             return source  # no gradient to cut
         var = self.graph.new_var(source.shape, source.dtype, "value")
+        if source.index in self.traced:
+            self.traced.add(var.index)
         var.producer = Eqn(stop_gradient_p, (source,), {}, var)
         self.graph.eqns.append(var.producer)
         return var
@@ -138,12 +161,14 @@ class _Tracer:
     def _param(self, tensor: Tensor) -> Var:
         var = self.graph.new_var(tensor.shape, tensor.dtype, "param")
         self.graph.params.append((var, tensor))
+        self.traced.add(var.index)
         seen = self.source_of.get(id(tensor._data))
         if seen is not None and seen.kind == "const":
             # An alias of this parameter (x.detach()) was read before the parameter and
             # taken for a constant: it reads the parameter at each call, without gradient.
             self.graph.consts = [(v, d) for v, d in self.graph.consts if v is not seen]
             seen.kind = "value"
+            self.traced.add(seen.index)
             seen.producer = Eqn(stop_gradient_p, (var,), {}, seen)
             self.graph.eqns.insert(0, seen.producer)  # a parameter is there from the start
         self._remember(tensor, var)
@@ -236,6 +261,9 @@ class _Tracer:
                     f"({masks[0].shape} bool), so its result's shape depends on their values; "
                     "a plan needs static shapes (use where(), or run this part eagerly)")
         eqn = Eqn(prim, operands, params, var)
+        if any(isinstance(a, Var) and a.index in self.traced
+               for a in operands + eqn.param_vars):
+            self.traced.add(var.index)
         var.producer = eqn
         self.graph.eqns.append(eqn)
         self._remember(out, var)
@@ -256,9 +284,11 @@ def trace(fn: Any, example_inputs: tuple) -> tuple[StaticGraph, Any]:
         else:
             args.append(x)  # a module or another static argument
     previous = set_evaluator(tracer)
+    token = set_concrete_check(tracer.refuse_concrete)
     try:
         out = fn(*args)
     finally:
+        reset_concrete_check(token)
         set_evaluator(previous)
     single = isinstance(out, Tensor)
     outs = (out,) if single else tuple(out)

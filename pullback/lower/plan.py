@@ -24,6 +24,7 @@ from ..tensor.eager import saved_as_float, wrap
 from . import buffers, cotangents
 from .fuse import Step, schedule
 from .graph import Eqn, LoweringError, StaticGraph, Var, resolve_params, trace
+from .retrace import Retracer
 
 
 def _accumulate(param: Any, ct: Any, taken: set[int]) -> None:
@@ -56,18 +57,29 @@ class LoweringMode(enum.Enum):
 
 
 def compile(fn: Any, *example_inputs: Any, mode: LoweringMode = LoweringMode.INFERENCE) -> Plan:
-    """Trace `fn` (a function or a module) once on the examples and lower it to a plan,
-    called like the function. Tensors and arrays among the examples are the plan's
-    inputs; anything else (a module) is bound at compile time. A plan accepts only
-    the examples' shapes and dtypes (compile again for others)."""
+    """Trace `fn` (a function or a module) on the examples and lower it to a plan, called
+    like the function. Tensors and arrays among the examples are the plan's inputs;
+    anything else (a module) is bound at compile time.
+
+    A plan never runs stale: called with inputs of other shapes or dtypes (a last
+    partial batch), after a module it closes over switched between `train()` and
+    `eval()`, or after a parameter was replaced (`model.fc.weight = nn.Parameter(...)`),
+    it traces `fn` again and keeps the plans of the last 8 such signatures (least
+    recently used dropped first; `plan.traces` counts the traces). While tracing,
+    reading a traced value concretely (`float(t)`, `bool(t)`, `t.item()`,
+    `np.asarray(t)`) raises `TracingError` instead of baking it into the plan."""
     if not callable(fn):
         raise TypeError(f"compile: expected a function or a module, got {type(fn).__name__}")
     if not isinstance(mode, LoweringMode):
         raise TypeError(f"compile: mode must be a LoweringMode, not {mode!r}")
-    graph, single = trace(fn, example_inputs)
-    if mode is LoweringMode.TRAINING:
-        return TrainingPlan(graph, single)
-    return Plan(graph, single)
+
+    def lower(examples: tuple) -> Plan:
+        graph, single = trace(fn, examples)
+        if mode is LoweringMode.TRAINING:
+            return TrainingPlan(graph, single)
+        return Plan(graph, single)
+
+    return Retracer(fn, example_inputs, lower).first()
 
 
 def _fmt_bytes(n: int) -> str:
@@ -83,9 +95,19 @@ def _describe(var: Var) -> str:
 
 
 class Plan:
-    """An inference plan: `plan(*inputs)` returns what the traced function returned."""
+    """An inference plan: `plan(*inputs)` returns what the traced function returned.
+
+    A plan from `compile` traces its function again when called with inputs of other
+    shapes or dtypes, or after a module's train/eval mode or a parameter's identity
+    changed (see `compile`); `traces` counts the traces so far."""
 
     mode = LoweringMode.INFERENCE
+    _retracer: Retracer | None = None  # set by `compile`: the plans of other signatures
+
+    @property
+    def traces(self) -> int:
+        """How many times the function was traced (once, unless a signature changed)."""
+        return 1 if self._retracer is None else self._retracer.traces
 
     def __init__(self, graph: StaticGraph, single: bool):
         self.graph = graph
@@ -188,6 +210,11 @@ class Plan:
                 env[s] = None
 
     def __call__(self, *inputs: Any) -> Any:
+        retracer = self._retracer
+        plan = self if retracer is None else retracer.plan_for(inputs, self)
+        return plan._call(inputs)
+
+    def _call(self, inputs: tuple) -> Any:
         with self._lock:
             env = self._start(inputs)
             self._forward(env)
@@ -238,6 +265,10 @@ class Plan:
                          "an earlier value is done with")
         lines += self._explain_backward()
         lines.append(f"peak memory of values (estimated): {_fmt_bytes(self.peak_bytes())}")
+        if self._retracer is not None:
+            lines.append(f"traced {self.traces} time(s); plans kept for "
+                         f"{len(self._retracer.plans)} signature(s) of input shapes, modules' "
+                         "train/eval modes and parameters (at most 8)")
         return "\n".join(lines)
 
     def _explain_backward(self) -> list[str]:
@@ -452,7 +483,7 @@ class TrainingPlan(Plan):
                 break
         return eqn.out.index in reach
 
-    def __call__(self, *inputs: Any) -> Any:
+    def _call(self, inputs: tuple) -> Any:
         with self._lock:
             return self._step_once(inputs)
 

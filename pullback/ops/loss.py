@@ -50,7 +50,9 @@ def one_hot(labels: Any, num_classes: int = -1, dtype: Any = None) -> Any:
             num_classes < -1:
         raise KernelError("one_hot", (labels,), f"num_classes must be a non-negative int or "
                           f"-1, not {num_classes!r}")
-    values = np.asarray(labels)
+    # Given num_classes, the labels' values are only checked (the public protocol, which
+    # refuses a traced value, only where they set the depth and would be baked).
+    values = np.asarray(labels if num_classes == -1 else getattr(labels, "_data", labels))
     if num_classes == -1:
         num_classes = int(values.max()) + 1 if values.size else 0
     if values.size and (values.min() < 0 or values.max() >= num_classes):

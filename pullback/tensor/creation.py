@@ -12,13 +12,16 @@ from typing import Any
 import numpy as np
 
 from .arrays import as_array, bool_, cast, check_dtype, float32, int64, resolve_dtype
+from .concrete import check_concrete
 from .eager import Tensor, wrap
 
 
 def tensor(data: Any, dtype: Any = None, requires_grad: bool = False) -> Tensor:
     """A tensor from nested lists, scalars, NumPy arrays or another tensor; it copies
     the data (as `torch.tensor` does), so later writes to `data` do not reach it."""
-    data = data._data if isinstance(data, Tensor) else data
+    if isinstance(data, Tensor):
+        check_concrete(data, "pb.tensor(t)")  # a copy of a traced value would be baked
+        data = data._data
     return _finish(as_array(data, dtype, copy=True), requires_grad)
 
 

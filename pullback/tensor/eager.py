@@ -23,6 +23,7 @@ from ..errors import KernelError
 from ..ops.elementwise import add_p, div_p, mul_p, sub_p
 from ..ops.registry import PRIMITIVES
 from .arrays import as_array
+from .concrete import CONCRETE_CHECK, check_concrete
 from .methods import ElementCount, TorchMethods
 from .protect import TensorNode, protect, saved_by, writeable_if_free
 from .state import grad_enabled
@@ -336,12 +337,14 @@ class Tensor(_Operators):
     def numpy(self) -> np.ndarray:
         """The data as a NumPy array, sharing memory with the tensor (read-only while
         a pending backward needs it)."""
+        check_concrete(self, "t.numpy()")
         data = self._data
         if not data.flags.writeable:
             writeable_if_free(data)
         return data
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        check_concrete(self, "np.asarray(t)")
         if dtype is not None and dtype != self._data.dtype:
             return self._data.astype(dtype)
         return self._data.copy() if copy else self._data
@@ -350,6 +353,7 @@ class Tensor(_Operators):
         """DLPack export, sharing memory (how `torch.from_dlpack(t)` reads a tensor); an
         array a pending backward needs is not exported: the importer could write into it
         (NumPy marks it read-only, which PyTorch's import does not keep)."""
+        check_concrete(self, "t.__dlpack__() (from_dlpack)")
         data = self._data
         if not data.flags.writeable and not writeable_if_free(data):
             saver = saved_by(data)
@@ -364,20 +368,29 @@ class Tensor(_Operators):
         return self._data.__dlpack_device__()
 
     def item(self) -> Any:
+        check_concrete(self, "t.item()")
+        return self._item("item")
+
+    def _item(self, operation: str) -> Any:
         if self._data.size != 1:
-            raise ValueError(f"item: only a one-element tensor has an item; shape is {self.shape}")
+            raise ValueError(f"{operation}: only a one-element tensor has an item; shape is "
+                             f"{self.shape}")
         return self._data.item()
 
     def tolist(self) -> Any:
+        check_concrete(self, "t.tolist()")
         return self._data.tolist()
 
     def __float__(self) -> float:
-        return float(self.item())
+        check_concrete(self, "float(t)")
+        return float(self._item("float"))
 
     def __int__(self) -> int:
-        return int(self.item())
+        check_concrete(self, "int(t)")
+        return int(self._item("int"))
 
     def __bool__(self) -> bool:
+        check_concrete(self, "bool(t) (a Python `if`, `and`, `or` or `not` on a tensor)")
         if self._data.size != 1:
             raise ValueError(
                 f"the truth value of a tensor with {self._data.size} elements is ambiguous"
@@ -389,7 +402,10 @@ class Tensor(_Operators):
         return wrap(self._data, None)
 
     def clone(self) -> Tensor:
-        return ops.mul(self, 1) if self._node is not None else wrap(self._data.copy(), None)
+        if self._node is not None or (CONCRETE_CHECK.get() is not None
+                                      and self._data.dtype.kind in "fiuc"):
+            return ops.mul(self, 1)  # recorded (a copy of a traced value is not baked)
+        return wrap(self._data.copy(), None)
 
     def __repr__(self) -> str:
         body = np.array2string(self._data, separator=", ", prefix="tensor(")
