@@ -267,8 +267,10 @@ def _progress(iterable: Any, total: int, epoch: int, config: TrainConfig, enable
                 leave=False, dynamic_ncols=True, mininterval=0.25)
 
 
-def _plot(history: list[dict], path: Path, log: Callable[[str], None]) -> None:
-    """Loss and accuracy per epoch as a PNG, when matplotlib is installed."""
+def _plot(history: list[dict], path: Path, log: Callable[[str], None],
+          held_out: str = "test") -> None:
+    """Loss (and accuracy, where the history has it) per epoch as a PNG, when
+    matplotlib is installed; `held_out` names the split behind the "test_" keys."""
     try:
         import matplotlib
 
@@ -277,14 +279,16 @@ def _plot(history: list[dict], path: Path, log: Callable[[str], None]) -> None:
     except ImportError:
         return
     epochs = [h["epoch"] for h in history]
-    figure, (left, right) = plt.subplots(1, 2, figsize=(9, 3.5))
-    for key, label in (("train_loss", "train"), ("test_loss", "test")):
-        left.plot(epochs, [h[key] for h in history], marker="o", label=label)
-    for key, label in (("train_accuracy", "train"), ("test_accuracy", "test")):
-        right.plot(epochs, [h[key] for h in history], marker="o", label=label)
-    left.set(xlabel="epoch", ylabel="cross-entropy", title="loss")
-    right.set(xlabel="epoch", ylabel="accuracy", title="accuracy")
-    for axes in (left, right):
+    metrics = [m for m in ("loss", "accuracy") if history and f"train_{m}" in history[0]]
+    if not metrics:
+        return
+    figure, panels = plt.subplots(1, len(metrics), figsize=(4.5 * len(metrics), 3.5),
+                                  squeeze=False)
+    for metric, axes in zip(metrics, panels[0]):
+        for key, label in ((f"train_{metric}", "train"), (f"test_{metric}", held_out)):
+            axes.plot(epochs, [h[key] for h in history], marker="o", label=label)
+        axes.set(xlabel="epoch", ylabel="cross-entropy" if metric == "loss" else metric,
+                 title=metric)
         axes.legend()
         axes.grid(alpha=0.3)
     figure.tight_layout()
