@@ -14,6 +14,7 @@ text, the model, the fixed-shape batches and the sampler.
 
 from __future__ import annotations
 
+import os
 import sysconfig
 import time
 from collections.abc import Callable
@@ -33,16 +34,17 @@ from .training import (
     BACKENDS,
     CHECKPOINT,
     OPTIMIZERS,
-    _plot,
-    _progress,
-    _resume,
     make_optimizer,
+    plot_history,
     prepare_output,
+    progress_bar,
+    resume_run,
 )
 
 MODEL = "gpt"
 VALIDATION_EVERY = 10  # every tenth file of the standard library (in a fixed order)
 STDLIB_CHARS = 3_000_000  # at most this much text is read (reading all costs seconds)
+_LEFT_OUT = {"site-packages", "dist-packages", "test", "tests", "idle_test", "__pycache__"}
 
 
 @dataclass
@@ -120,24 +122,27 @@ class GPT(nn.Module):
 
 def stdlib_texts() -> tuple[bytes, bytes]:
     """(train, validation) text from the standard library's `.py` files: sorted by
-    path, every `VALIDATION_EVERY`-th file to validation, read until `STDLIB_CHARS`.
+    path, then taken in one fixed shuffled order, every `VALIDATION_EVERY`-th file to
+    validation and the others to training, until `STDLIB_CHARS` have been read.
     Tests and site-packages are left out (test data holds deliberately odd files)."""
     root = Path(sysconfig.get_paths()["stdlib"])
-    files = sorted(p for p in root.rglob("*.py")
-                   if not {"site-packages", "dist-packages", "test", "tests",
-                           "idle_test"} & set(p.relative_to(root).parts))
+    files = []
+    for folder, subfolders, names in os.walk(root):
+        # Pruned while walking: site-packages alone can hold far more files than the library.
+        subfolders[:] = [d for d in subfolders if d not in _LEFT_OUT]
+        files += [Path(folder, n) for n in names if n.endswith(".py")]
+    files.sort()
     if len(files) < VALIDATION_EVERY:
         raise ValueError(f"train: found only {len(files)} .py files under {root}; "
                          "give a text file with --text")
     train, validation, size = [], [], 0
     # Spread over the whole library, not its alphabetical start, in a fixed order.
-    order = np.random.default_rng(0).permutation(len(files))
-    for index in order:
+    for position, index in enumerate(np.random.default_rng(0).permutation(len(files))):
         try:
             data = files[index].read_bytes()
         except OSError:
             continue
-        (validation if index % VALIDATION_EVERY == 0 else train).append(data)
+        (validation if position % VALIDATION_EVERY == 0 else train).append(data)
         size += len(data)
         if size >= STDLIB_CHARS:
             break
@@ -270,7 +275,7 @@ def train_gpt(config: GPTConfig, *, resume: bool = False, overwrite: bool = Fals
         history: list[dict] = []
         step = 0
         if resume:
-            step, history = _resume(out / CHECKPOINT, config, model, optimizer)
+            step, history = resume_run(out / CHECKPOINT, config, model, optimizer)
             log(f"resumed from {out / CHECKPOINT} after epoch {len(history)}")
         rng = creation.default_generator()
         last_start = len(train_ids) - config.context - 1
@@ -283,7 +288,7 @@ def train_gpt(config: GPTConfig, *, resume: bool = False, overwrite: bool = Fals
             if stop_after is not None and epoch >= stop_after:
                 break
             loss_sum = 0.0
-            bar = _progress(range(config.steps_per_epoch), config.steps_per_epoch, epoch,
+            bar = progress_bar(range(config.steps_per_epoch), config.steps_per_epoch, epoch,
                             config, progress)
             for done in bar:
                 starts = rng.integers(0, last_start + 1, config.batch_size)
@@ -306,7 +311,7 @@ def train_gpt(config: GPTConfig, *, resume: bool = False, overwrite: bool = Fals
                                           "vocab": vocab})
         elapsed = time.perf_counter() - started
         save(model.state_dict(), out / "model.safetensors")
-        _plot(history, out / "history.png", log, held_out="validation")
+        plot_history(history, out / "history.png", log, held_out="validation")
         validation_loss = evaluate(model, validation_ids, validation_starts, config)
         prompt = validation_text[:config.context // 2] or b"\n"
         text = decode(generate(model, encode(prompt, vocab), sample_tokens,
