@@ -91,7 +91,7 @@ def _add_train(commands: Any) -> None:
                             ("context", "characters the model sees"),
                             ("width", "model width (d_model)"), ("heads", "attention heads"),
                             ("layers", "transformer layers")):
-        text.add_argument("--" + name.replace("_", "-"), type=int,
+        text.add_argument("--" + name.replace("_", "-"), type=int, metavar="N",
                           default=getattr(gpt, name),
                           help=f"{help_text} (default: %(default)s)")
     train.set_defaults(run=_run_train, command_parser=train)

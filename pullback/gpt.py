@@ -52,8 +52,8 @@ class GPTConfig:
     """Everything a GPT run depends on; stored in its checkpoint."""
 
     model: str = MODEL
-    epochs: int = 6
-    steps_per_epoch: int = 50
+    epochs: int = 8
+    steps_per_epoch: int = 100
     batch_size: int = 32
     lr: float = 3e-3
     optimizer: str = "adamw"
@@ -313,7 +313,7 @@ def train_gpt(config: GPTConfig, *, resume: bool = False, overwrite: bool = Fals
         save(model.state_dict(), out / "model.safetensors")
         plot_history(history, out / "history.png", log, held_out="validation")
         validation_loss = evaluate(model, validation_ids, validation_starts, config)
-        prompt = validation_text[:config.context // 2] or b"\n"
+        prompt = b"def " if set(b"def ") <= set(vocab) else validation_text[:1]
         text = decode(generate(model, encode(prompt, vocab), sample_tokens,
                                temperature=0.8, rng=np.random.default_rng(config.seed)),
                       vocab)
