@@ -55,11 +55,12 @@ def _add_train(commands: Any) -> None:
 
     defaults, gpt = TrainConfig(), GPTConfig()
     train = commands.add_parser(
-        "train", help="train the default model on the bundled digits data",
+        "train", help="train the default model on the bundled digits data (or a GPT on text)",
         description="Train a small CNN (or an MLP) on the 8x8 digits shipped with pullback, "
         "evaluate it on the held-out split each epoch, and write a resumable checkpoint, the "
         "final weights and (with matplotlib) a plot of loss and accuracy to the output folder. "
-        "The last line printed is the test accuracy.")
+        "The last line printed is the test accuracy. With --model gpt: a character-level "
+        "transformer on text, ending with a sample and the validation loss per character.")
     train.add_argument("--model", choices=(*MODELS, GPT_MODEL), default=defaults.model)
     # These four default by model (digits: the first value, gpt: the second).
     train.add_argument("--epochs", type=int,
