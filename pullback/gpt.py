@@ -288,8 +288,8 @@ def train_gpt(config: GPTConfig, *, resume: bool = False, overwrite: bool = Fals
             if stop_after is not None and epoch >= stop_after:
                 break
             loss_sum = 0.0
-            bar = progress_bar(range(config.steps_per_epoch), config.steps_per_epoch, epoch,
-                            config, progress)
+            bar = progress_bar(range(config.steps_per_epoch), config.steps_per_epoch,
+                               epoch, config, progress)
             for done in bar:
                 starts = rng.integers(0, last_start + 1, config.batch_size)
                 optimizer.zero_grad()
@@ -312,7 +312,9 @@ def train_gpt(config: GPTConfig, *, resume: bool = False, overwrite: bool = Fals
         elapsed = time.perf_counter() - started
         save(model.state_dict(), out / "model.safetensors")
         plot_history(history, out / "history.png", log, held_out="validation")
-        validation_loss = evaluate(model, validation_ids, validation_starts, config)
+        # The last epoch's figure, unless nothing was left to train.
+        validation_loss = history[-1]["test_loss"] if history else \
+            evaluate(model, validation_ids, validation_starts, config)
         prompt = b"def " if set(b"def ") <= set(vocab) else validation_text[:1]
         text = decode(generate(model, encode(prompt, vocab), sample_tokens,
                                temperature=0.8, rng=np.random.default_rng(config.seed)),
