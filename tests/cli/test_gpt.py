@@ -87,3 +87,17 @@ def test_the_standard_library_splits_by_file_and_bytes_round_trip(monkeypatch) -
     assert decode(encode(b"def f(x):\n", vocab), vocab) == "def f(x):\n"
     with pytest.raises(ValueError, match="not in the run's vocabulary"):
         encode(b"z", vocab)
+
+
+def test_the_training_plan_and_eager_autograd_train_alike(tmp_path: Path) -> None:
+    from pullback.gpt import GPTConfig, train_gpt
+
+    text = str(_text(tmp_path))
+    losses = []
+    for eager in (False, True):
+        config = GPTConfig(text=text, epochs=1, batch_size=4, steps_per_epoch=3, context=8,
+                           width=8, heads=2, layers=1, eager=eager,
+                           output=str(tmp_path / str(eager)))
+        result = train_gpt(config, progress=False, log=lambda _: None, sample_tokens=0)
+        losses.append([result.history[0]["train_loss"], result.validation_loss])
+    np.testing.assert_allclose(losses[0], losses[1], rtol=1e-4)
