@@ -1,6 +1,7 @@
 """The `pullback` command: `pullback train` trains the default model on the bundled
-digits; `pullback check` checks every primitive's derivatives; `pullback run` runs
-an ONNX model on inputs saved with NumPy.
+digits (or, with `--model gpt`, a character-level transformer on text);
+`pullback sample` generates text from a GPT run; `pullback check` checks every
+primitive's derivatives; `pullback run` runs an ONNX model on inputs saved with NumPy.
 
 Each subcommand is an `_add_<name>` function that declares its arguments and
 the function that runs it; `main` dispatches.
@@ -40,29 +41,37 @@ def _parser() -> argparse.ArgumentParser:
         "backward pass.")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     _add_train(commands)
+    _add_sample(commands)
     _add_check(commands)
     _add_run(commands)
     return parser
 
 
 def _add_train(commands: Any) -> None:
+    from .gpt import MODEL as GPT_MODEL
+    from .gpt import GPTConfig
     from .training import BACKENDS as TRAIN_BACKENDS
     from .training import MODELS, OPTIMIZERS, TrainConfig
 
-    defaults = TrainConfig()
+    defaults, gpt = TrainConfig(), GPTConfig()
     train = commands.add_parser(
-        "train", help="train the default model on the bundled digits data",
+        "train", help="train the default model on the bundled digits data (or a GPT on text)",
         description="Train a small CNN (or an MLP, or a small ResNet with BatchNorm) on the "
         "8x8 digits shipped with pullback, "
         "evaluate it on the held-out split each epoch, and write a resumable checkpoint, the "
         "final weights and (with matplotlib) a plot of loss and accuracy to the output folder. "
-        "The last line printed is the test accuracy.")
-    train.add_argument("--model", choices=MODELS, default=defaults.model)
-    train.add_argument("--epochs", type=int, default=defaults.epochs)
-    train.add_argument("--batch-size", type=int, default=defaults.batch_size)
-    train.add_argument("--lr", type=float, default=defaults.lr,
-                       help="peak learning rate, decayed along a cosine (default: %(default)s)")
-    train.add_argument("--optimizer", choices=OPTIMIZERS, default=defaults.optimizer)
+        "The last line printed is the test accuracy. With --model gpt: a character-level "
+        "transformer on text, ending with a sample and the validation loss per character.")
+    train.add_argument("--model", choices=(*MODELS, GPT_MODEL), default=defaults.model)
+    # These four default by model (digits: the first value, gpt: the second).
+    train.add_argument("--epochs", type=int,
+                       help=f"default: {defaults.epochs}, gpt: {gpt.epochs}")
+    train.add_argument("--batch-size", type=int,
+                       help=f"default: {defaults.batch_size}, gpt: {gpt.batch_size}")
+    train.add_argument("--lr", type=float, help="peak learning rate, decayed along a cosine "
+                       f"(default: {defaults.lr}, gpt: {gpt.lr})")
+    train.add_argument("--optimizer", choices=OPTIMIZERS,
+                       help=f"default: {defaults.optimizer}, gpt: {gpt.optimizer}")
     train.add_argument("--seed", type=int, default=defaults.seed)
     train.add_argument("--backend", choices=tuple(TRAIN_BACKENDS), default=defaults.backend)
     train.add_argument("--output", default=defaults.output, metavar="DIR",
@@ -76,18 +85,43 @@ def _add_train(commands: Any) -> None:
                        help="start again, replacing the checkpoint in the output folder")
     train.add_argument("--no-progress", dest="progress", action="store_false",
                        help="no progress bar")
+    text = train.add_argument_group("--model gpt", "a character-level transformer trained "
+                                    "on the standard library's .py files (or --text)")
+    text.add_argument("--text", default=gpt.text, metavar="FILE",
+                      help="train on this file (its last tenth validates) instead")
+    for name, help_text in (("steps_per_epoch", "training steps between evaluations"),
+                            ("context", "characters the model sees"),
+                            ("width", "model width (d_model)"), ("heads", "attention heads"),
+                            ("layers", "transformer layers")):
+        text.add_argument("--" + name.replace("_", "-"), type=int, metavar="N",
+                          default=getattr(gpt, name),
+                          help=f"{help_text} (default: %(default)s)")
     train.set_defaults(run=_run_train, command_parser=train)
 
 
 def _run_train(args: argparse.Namespace, injected: dict[str, Any]) -> int:
+    from .gpt import MODEL as GPT_MODEL
+    from .gpt import GPTConfig, train_gpt
     from .training import TrainConfig, train
 
-    config = TrainConfig(model=args.model, epochs=args.epochs, batch_size=args.batch_size,
-                         lr=args.lr, optimizer=args.optimizer, seed=args.seed,
-                         backend=args.backend, output=args.output, eager=args.eager)
+    make = GPTConfig if args.model == GPT_MODEL else TrainConfig
+    chosen = {k: getattr(args, k) for k in ("epochs", "batch_size", "lr", "optimizer")
+              if getattr(args, k) is not None}
+    common = dict(model=args.model, seed=args.seed, backend=args.backend,
+                  output=args.output, eager=args.eager, **chosen)
+    if make is GPTConfig:
+        config = GPTConfig(text=args.text, steps_per_epoch=args.steps_per_epoch,
+                           context=args.context, width=args.width, heads=args.heads,
+                           layers=args.layers, **common)
+    else:
+        config = TrainConfig(**common)
     try:
-        result = train(config, resume=args.resume, overwrite=args.overwrite,
-                       progress=args.progress)
+        if make is GPTConfig:
+            result = train_gpt(config, resume=args.resume, overwrite=args.overwrite,
+                               progress=args.progress)
+        else:
+            result = train(config, resume=args.resume, overwrite=args.overwrite,
+                           progress=args.progress)
     # Bad settings, an unusable output folder and bad checkpoints are ValueErrors
     # raised before training; an OSError can still come from a later write (disk full).
     except (ValueError, OSError) as error:
@@ -96,7 +130,43 @@ def _run_train(args: argparse.Namespace, injected: dict[str, Any]) -> int:
         prefix = "pullback " if message.startswith("train") else "pullback train: "
         print(prefix + message, file=sys.stderr)
         return 2
-    print(f"test accuracy: {result.test_accuracy:.4f}")
+    if make is GPTConfig:
+        print(f"sample:\n{result.sample}")
+        print(f"validation loss: {result.validation_loss:.4f}")
+    else:
+        print(f"test accuracy: {result.test_accuracy:.4f}")
+    return 0
+
+
+def _add_sample(commands: Any) -> None:
+    sample = commands.add_parser(
+        "sample", help="generate text from a `pullback train --model gpt` run",
+        description="Load the GPT trained in a run's output folder and print the prompt "
+        "followed by the characters it samples, one at a time, from the softmax of its "
+        "logits divided by the temperature (0: always the most likely), among the top-k.")
+    sample.add_argument("--checkpoint", required=True, metavar="DIR",
+                        help="the training run's output folder")
+    sample.add_argument("--prompt", default="", help="the text to continue")
+    sample.add_argument("--tokens", type=int, default=300,
+                        help="characters to generate (default: %(default)s)")
+    sample.add_argument("--temperature", type=float, default=1.0,
+                        help="(default: %(default)s)")
+    sample.add_argument("--top-k", type=int, default=None, metavar="K",
+                        help="sample among the K most likely characters only")
+    sample.add_argument("--seed", type=int, default=0)
+    sample.set_defaults(run=_run_sample, command_parser=sample)
+
+
+def _run_sample(args: argparse.Namespace, injected: dict[str, Any]) -> int:
+    from .gpt import sample
+
+    try:
+        text = sample(args.checkpoint, args.prompt, args.tokens,
+                      temperature=args.temperature, top_k=args.top_k, seed=args.seed)
+    except (ValueError, OSError) as error:  # CheckpointError is a ValueError
+        print(f"pullback sample: {_one_line(error)}", file=sys.stderr)
+        return 2
+    print(text)
     return 0
 
 

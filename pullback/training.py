@@ -157,7 +157,7 @@ def train(config: TrainConfig, *, resume: bool = False, overwrite: bool = False,
         history: list[dict] = []
         step = 0
         if resume:
-            step, history = _resume(out / CHECKPOINT, config, model, optimizer)
+            step, history = resume_run(out / CHECKPOINT, config, model, optimizer)
             log(f"resumed from {out / CHECKPOINT} after epoch {len(history)}")
         # One generator drives initialization, shuffling and dropout: resuming restores it.
         rng = creation.default_generator()
@@ -168,7 +168,7 @@ def train(config: TrainConfig, *, resume: bool = False, overwrite: bool = False,
                 break
             loss_sum, correct, seen = 0.0, 0, 0
             order = batches(x_train, y_train, config.batch_size, rng=rng)
-            bar = _progress(order, steps_per_epoch, epoch, config, progress)
+            bar = progress_bar(order, steps_per_epoch, epoch, config, progress)
             for xb, yb in bar:
                 optimizer.zero_grad()
                 loss, logits = step_fn(xb, yb)
@@ -193,7 +193,7 @@ def train(config: TrainConfig, *, resume: bool = False, overwrite: bool = False,
                           rng=rng, extra={"history": history, "config": asdict(config)})
         elapsed = time.perf_counter() - started
         save(model.state_dict(), out / "model.safetensors")
-        _plot(history, out / "history.png", log)
+        plot_history(history, out / "history.png", log)
         _, accuracy = evaluate(model, x_test, y_test)
     rate = trained_steps / elapsed if elapsed > 0 else 0.0
     log(f"{trained_steps} steps in {elapsed:.1f} s ({rate:.0f} steps/s); "
@@ -268,7 +268,7 @@ def _step_function(model: nn.Module, eager: bool) -> Callable:
     return planned_step
 
 
-def _resume(path: Path, config: TrainConfig, model: nn.Module,
+def resume_run(path: Path, config: TrainConfig, model: nn.Module,
             optimizer: optim.GradApplyer) -> tuple[int, list[dict]]:
     # The settings are compared before loading: another optimizer or model would
     # otherwise fail on a missing state key, which hides the real difference.
@@ -288,7 +288,7 @@ def _resume(path: Path, config: TrainConfig, model: nn.Module,
     return state["step"], list(state["extra"].get("history", []))
 
 
-def _progress(iterable: Any, total: int, epoch: int, config: TrainConfig, enabled: bool) -> Any:
+def progress_bar(iterable: Any, total: int, epoch: int, config: TrainConfig, enabled: bool) -> Any:
     if not enabled:
         return iterable
     from tqdm import tqdm
@@ -297,8 +297,10 @@ def _progress(iterable: Any, total: int, epoch: int, config: TrainConfig, enable
                 leave=False, dynamic_ncols=True, mininterval=0.25)
 
 
-def _plot(history: list[dict], path: Path, log: Callable[[str], None]) -> None:
-    """Loss and accuracy per epoch as a PNG, when matplotlib is installed."""
+def plot_history(history: list[dict], path: Path, log: Callable[[str], None],
+          held_out: str = "test") -> None:
+    """Loss (and accuracy, where the history has it) per epoch as a PNG, when
+    matplotlib is installed; `held_out` names the split behind the "test_" keys."""
     try:
         import matplotlib
 
@@ -307,14 +309,16 @@ def _plot(history: list[dict], path: Path, log: Callable[[str], None]) -> None:
     except ImportError:
         return
     epochs = [h["epoch"] for h in history]
-    figure, (left, right) = plt.subplots(1, 2, figsize=(9, 3.5))
-    for key, label in (("train_loss", "train"), ("test_loss", "test")):
-        left.plot(epochs, [h[key] for h in history], marker="o", label=label)
-    for key, label in (("train_accuracy", "train"), ("test_accuracy", "test")):
-        right.plot(epochs, [h[key] for h in history], marker="o", label=label)
-    left.set(xlabel="epoch", ylabel="cross-entropy", title="loss")
-    right.set(xlabel="epoch", ylabel="accuracy", title="accuracy")
-    for axes in (left, right):
+    metrics = [m for m in ("loss", "accuracy") if history and f"train_{m}" in history[0]]
+    if not metrics:
+        return
+    figure, panels = plt.subplots(1, len(metrics), figsize=(4.5 * len(metrics), 3.5),
+                                  squeeze=False)
+    for metric, axes in zip(metrics, panels[0]):
+        for key, label in ((f"train_{metric}", "train"), (f"test_{metric}", held_out)):
+            axes.plot(epochs, [h[key] for h in history], marker="o", label=label)
+        axes.set(xlabel="epoch", ylabel="cross-entropy" if metric == "loss" else metric,
+                 title=metric)
         axes.legend()
         axes.grid(alpha=0.3)
     figure.tight_layout()

@@ -1,0 +1,358 @@
+"""The GPT job behind `pullback train --model gpt` and `pullback sample`.
+
+A character-level transformer (token and position embeddings, pre-norm encoder
+layers under a causal mask, a LayerNorm and a linear head) trained on text that
+every machine with Python has: the standard library's own `.py` sources, split
+into train and validation by file, or on `--text FILE` (its last tenth is the
+validation text). Characters are bytes: the vocabulary is the sorted bytes seen,
+stored in the checkpoint so `pullback sample` decodes what the run encoded.
+
+Output folder, resuming, the optimizer and its schedule, checkpoints and the
+progress bar are the digits job's (pullback/training.py); this module adds the
+text, the model, the fixed-shape batches and the sampler.
+"""
+
+from __future__ import annotations
+
+import os
+import sysconfig
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from . import nn
+from .backend.current import use_backend
+from .io import save, save_training, training_metadata
+from .io.checkpoint import read_arrays
+from .lower import LoweringMode, compile
+from .tensor import creation, no_grad, tensor
+from .training import (
+    BACKENDS,
+    CHECKPOINT,
+    OPTIMIZERS,
+    make_optimizer,
+    plot_history,
+    prepare_output,
+    progress_bar,
+    resume_run,
+)
+
+MODEL = "gpt"
+VALIDATION_EVERY = 10  # every tenth file of the standard library (in a fixed order)
+STDLIB_CHARS = 3_000_000  # at most this much text is read (reading all costs seconds)
+_LEFT_OUT = {"site-packages", "dist-packages", "test", "tests", "idle_test", "__pycache__"}
+
+
+@dataclass
+class GPTConfig:
+    """Everything a GPT run depends on; stored in its checkpoint."""
+
+    model: str = MODEL
+    epochs: int = 8
+    steps_per_epoch: int = 100
+    batch_size: int = 32
+    lr: float = 3e-3
+    optimizer: str = "adamw"
+    seed: int = 0
+    backend: str = "cpu"
+    output: str = "pullback-run"
+    eager: bool = False
+    text: str = ""  # a text file; empty: the standard library's sources
+    context: int = 64
+    width: int = 128
+    heads: int = 4
+    layers: int = 2
+    eval_batches: int = 8  # validation windows: eval_batches * batch_size of them
+
+    def check(self) -> None:
+        if self.optimizer not in OPTIMIZERS:
+            raise ValueError(f"train: optimizer must be one of {OPTIMIZERS}, not "
+                             f"{self.optimizer!r}")
+        if self.backend not in BACKENDS:
+            raise ValueError(f"train: backend must be one of {tuple(BACKENDS)}, not "
+                             f"{self.backend!r}")
+        sizes = {"epochs": self.epochs, "steps per epoch": self.steps_per_epoch,
+                 "batch size": self.batch_size, "context": self.context,
+                 "width": self.width, "heads": self.heads, "layers": self.layers,
+                 "eval batches": self.eval_batches}
+        small = [f"{k} {v}" for k, v in sizes.items() if v < 1]
+        if small or not self.lr > 0:
+            raise ValueError(f"train: sizes must be >= 1 and lr > 0, got "
+                             f"{', '.join(small) or f'lr {self.lr}'}")
+        if self.width % self.heads:
+            raise ValueError(f"train: --width {self.width} must be a multiple of --heads "
+                             f"{self.heads}")
+
+
+@dataclass
+class GPTResult:
+    validation_loss: float
+    sample: str
+    history: list[dict] = field(default_factory=list)
+    model: Any = None
+
+
+class GPT(nn.Module):
+    """A character-level transformer: token and position embeddings, pre-norm
+    encoder layers under a causal mask, a final LayerNorm and a linear head."""
+
+    def __init__(self, vocab: int, context: int, width: int, heads: int, layers: int):
+        super().__init__()
+        self.context = context
+        self.tokens = nn.Embedding(vocab, width)
+        self.positions = nn.Embedding(context, width)
+        self.blocks = nn.ModuleList(
+            nn.TransformerEncoderLayer(width, heads, 4 * width, dropout=0.0,
+                                       activation="gelu", norm_first=True)
+            for _ in range(layers))
+        self.norm = nn.LayerNorm(width)
+        self.head = nn.Linear(width, vocab)
+
+    def forward(self, ids: Any) -> Any:
+        """(batch, time) integer ids -> (batch, time, vocab) logits."""
+        x = self.tokens(ids) + self.positions(creation.arange(ids.shape[1]))
+        for block in self.blocks:
+            x = block(x, is_causal=True)
+        return self.head(self.norm(x))
+
+
+def stdlib_texts() -> tuple[bytes, bytes]:
+    """(train, validation) text from the standard library's `.py` files: sorted by
+    path, then taken in one fixed shuffled order, every `VALIDATION_EVERY`-th file to
+    validation and the others to training, until `STDLIB_CHARS` have been read.
+    Tests and site-packages are left out (test data holds deliberately odd files)."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    files = []
+    for folder, subfolders, names in os.walk(root):
+        # Pruned while walking: site-packages alone can hold far more files than the library.
+        subfolders[:] = [d for d in subfolders if d not in _LEFT_OUT]
+        files += [Path(folder, n) for n in names if n.endswith(".py")]
+    files.sort()
+    if len(files) < VALIDATION_EVERY:
+        raise ValueError(f"train: found only {len(files)} .py files under {root}; "
+                         "give a text file with --text")
+    train, validation, size = [], [], 0
+    # Spread over the whole library, not its alphabetical start, in a fixed order.
+    for position, index in enumerate(np.random.default_rng(0).permutation(len(files))):
+        try:
+            data = files[index].read_bytes()
+        except OSError:
+            continue
+        (validation if position % VALIDATION_EVERY == 0 else train).append(data)
+        size += len(data)
+        if size >= STDLIB_CHARS:
+            break
+    return b"\n".join(train), b"\n".join(validation)
+
+
+def file_texts(path: str) -> tuple[bytes, bytes]:
+    """(train, validation) text from one file: its first nine tenths and its last."""
+    try:
+        data = Path(path).read_bytes()
+    except OSError as error:
+        raise ValueError(f"train: cannot read --text {path}: {error.strerror or error}") \
+            from None
+    cut = len(data) * 9 // 10
+    return data[:cut], data[cut:]
+
+
+def load_texts(config: GPTConfig) -> tuple[bytes, bytes]:
+    train, validation = file_texts(config.text) if config.text else stdlib_texts()
+    shortest = config.context + 1
+    if len(train) < shortest or len(validation) < shortest:
+        source = config.text or "the standard library"
+        raise ValueError(f"train: the text from {source} is too short for --context "
+                         f"{config.context}: {len(train)} training and {len(validation)} "
+                         f"validation bytes, each needs at least {shortest}")
+    return train, validation
+
+
+def encode(data: bytes, vocab: list[int]) -> np.ndarray:
+    """Bytes -> ids (positions in `vocab`); ValueError naming a byte not in it."""
+    lookup = np.full(256, -1, np.int64)
+    lookup[vocab] = np.arange(len(vocab))
+    ids = lookup[np.frombuffer(data, np.uint8)]
+    if (ids < 0).any():
+        missing = sorted({bytes([b]) for b in np.frombuffer(data, np.uint8)[ids < 0]})
+        raise ValueError(f"characters not in the run's vocabulary: {missing[:10]}")
+    return ids
+
+
+def decode(ids: Any, vocab: list[int]) -> str:
+    return bytes(vocab[int(i)] for i in ids).decode("utf-8", errors="replace")
+
+
+def _windows(ids: np.ndarray, starts: np.ndarray, context: int) -> np.ndarray:
+    """(len(starts), context + 1) ids: inputs are [:, :-1], targets [:, 1:]."""
+    return ids[starts[:, None] + np.arange(context + 1)]
+
+
+def _validation_starts(ids: np.ndarray, config: GPTConfig) -> np.ndarray:
+    # Evenly spaced, so every evaluation (and every resumed run) sees the same windows.
+    count = config.eval_batches * config.batch_size
+    last = len(ids) - config.context - 1
+    return np.linspace(0, last, count).astype(np.int64)
+
+
+def _loss(model: nn.Module, x: Any, y: Any) -> Any:
+    logits = model(x)
+    return nn.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+
+
+def _step_function(model: nn.Module, eager: bool, example: np.ndarray) -> Callable:
+    """`window -> loss`, leaving gradients in `.grad`: eager autograd, or one TRAINING
+    plan (batches keep one shape, so one plan serves the whole run)."""
+    if eager:
+        def eager_step(window: np.ndarray) -> Any:
+            loss = _loss(model, tensor(window[:, :-1]), window[:, 1:])
+            loss.backward()
+            return loss
+        return eager_step
+    plan = compile(lambda x, y: _loss(model, x, y), example[:, :-1], example[:, 1:],
+                   mode=LoweringMode.TRAINING)
+    return lambda window: plan(window[:, :-1], window[:, 1:])
+
+
+def evaluate(model: nn.Module, ids: np.ndarray, starts: np.ndarray,
+             config: GPTConfig) -> float:
+    """Mean loss per character over the validation windows, in eval mode."""
+    model.eval()
+    total = 0.0
+    with no_grad():
+        for first in range(0, len(starts), config.batch_size):
+            window = _windows(ids, starts[first:first + config.batch_size], config.context)
+            total += _loss(model, tensor(window[:, :-1]), window[:, 1:]).item() * len(window)
+    model.train()
+    return total / len(starts)
+
+
+def generate(model: GPT, prompt: list[int], tokens: int, *, temperature: float = 1.0,
+             top_k: int | None = None, rng: np.random.Generator) -> list[int]:
+    """`prompt` followed by `tokens` sampled ids: each from the softmax of the last
+    position's logits over the last `context` ids, divided by `temperature` (0: the
+    most likely id), among the `top_k` most likely when given."""
+    ids = list(prompt)
+    model.eval()
+    with no_grad():
+        for _ in range(tokens):
+            window = np.asarray(ids[-model.context:], np.int64)[None]
+            logits = model(tensor(window)).numpy()[0, -1].astype(np.float64)
+            if temperature <= 0:
+                ids.append(int(logits.argmax()))
+                continue
+            logits = logits / temperature
+            if top_k is not None and top_k < len(logits):
+                logits[logits < np.sort(logits)[-top_k]] = -np.inf
+            p = np.exp(logits - logits.max())
+            ids.append(int(rng.choice(len(p), p=p / p.sum())))
+    return ids
+
+
+def train_gpt(config: GPTConfig, *, resume: bool = False, overwrite: bool = False,
+              progress: bool = True, log: Callable[[str], None] = print,
+              stop_after: int | None = None, sample_tokens: int = 200) -> GPTResult:
+    """Train, evaluate on the validation text each epoch, checkpoint each epoch, and
+    end with a sample. Arguments as `training.train`'s."""
+    config.check()
+    out = prepare_output(config.output, resume=resume, overwrite=overwrite)
+    train_text, validation_text = load_texts(config)
+    vocab = sorted(set(train_text) | set(validation_text))
+    if resume:  # the vocabulary the run's weights were trained with
+        vocab = training_metadata(out / CHECKPOINT)["extra"].get("vocab", vocab)
+    train_ids, validation_ids = encode(train_text, vocab), encode(validation_text, vocab)
+    validation_starts = _validation_starts(validation_ids, config)
+    log(f"text: {len(train_ids):,} training and {len(validation_ids):,} validation "
+        f"characters from {config.text or 'the standard library'}, {len(vocab)} distinct")
+    with use_backend(BACKENDS[config.backend]()):
+        creation.manual_seed(config.seed)
+        model = GPT(len(vocab), config.context, config.width, config.heads, config.layers)
+        optimizer = make_optimizer(config.optimizer, model.parameters(), config.lr,
+                                   config.epochs * config.steps_per_epoch)
+        history: list[dict] = []
+        step = 0
+        if resume:
+            step, history = resume_run(out / CHECKPOINT, config, model, optimizer)
+            log(f"resumed from {out / CHECKPOINT} after epoch {len(history)}")
+        rng = creation.default_generator()
+        last_start = len(train_ids) - config.context - 1
+        # The plan's example is not drawn from rng, so a resumed run draws what one
+        # that never stopped would.
+        example = _windows(train_ids, np.zeros(config.batch_size, np.int64), config.context)
+        step_fn = _step_function(model, config.eager, example)
+        started, trained_steps = time.perf_counter(), 0
+        for epoch in range(len(history), config.epochs):
+            if stop_after is not None and epoch >= stop_after:
+                break
+            loss_sum = 0.0
+            bar = progress_bar(range(config.steps_per_epoch), config.steps_per_epoch,
+                               epoch, config, progress)
+            for done in bar:
+                starts = rng.integers(0, last_start + 1, config.batch_size)
+                optimizer.zero_grad()
+                loss = step_fn(_windows(train_ids, starts, config.context))
+                optimizer.step()
+                step += 1
+                trained_steps += 1
+                loss_sum += loss.item()
+                if progress:
+                    bar.set_postfix(loss=f"{loss_sum / (done + 1):.4f}", refresh=False)
+            validation_loss = evaluate(model, validation_ids, validation_starts, config)
+            history.append({"epoch": epoch + 1, "train_loss": loss_sum / config.steps_per_epoch,
+                            "test_loss": validation_loss})
+            log(f"epoch {epoch + 1}/{config.epochs}: train loss "
+                f"{loss_sum / config.steps_per_epoch:.4f}, validation loss "
+                f"{validation_loss:.4f}")
+            save_training(out / CHECKPOINT, model=model, optimizer=optimizer, step=step,
+                          rng=rng, extra={"history": history, "config": asdict(config),
+                                          "vocab": vocab})
+        elapsed = time.perf_counter() - started
+        save(model.state_dict(), out / "model.safetensors")
+        plot_history(history, out / "history.png", log, held_out="validation")
+        # The last epoch's figure, unless nothing was left to train.
+        validation_loss = history[-1]["test_loss"] if history else \
+            evaluate(model, validation_ids, validation_starts, config)
+        prompt = b"def " if set(b"def ") <= set(vocab) else validation_text[:1]
+        text = decode(generate(model, encode(prompt, vocab), sample_tokens,
+                               temperature=0.8, rng=np.random.default_rng(config.seed)),
+                      vocab)
+    rate = trained_steps / elapsed if elapsed > 0 else 0.0
+    log(f"{trained_steps} steps in {elapsed:.1f} s ({rate:.1f} steps/s); "
+        f"checkpoint and weights in {out}/")
+    return GPTResult(validation_loss, text, history, model)
+
+
+def load_for_sampling(folder: str) -> tuple[GPT, list[int]]:
+    """The model and vocabulary of a GPT run's output folder (its training checkpoint)."""
+    path = Path(folder) / CHECKPOINT
+    if not path.is_file():
+        raise ValueError(f"no checkpoint at {path}; train with `pullback train --model gpt "
+                         f"--output {folder}` first")
+    extra = training_metadata(path)["extra"]
+    config, vocab = extra.get("config", {}), extra.get("vocab")
+    if not isinstance(config, dict) or config.get("model") != MODEL or not vocab:
+        raise ValueError(f"{path} is not a GPT run's checkpoint (made by "
+                         f"`pullback train --model {config.get('model', '?')}`)")
+    model = GPT(len(vocab), config["context"], config["width"], config["heads"],
+                config["layers"])
+    arrays, _ = read_arrays(path)
+    model.load_state_dict({k.removeprefix("model/"): tensor(a) for k, a in arrays.items()
+                           if k.startswith("model/")})
+    return model, vocab
+
+
+def sample(folder: str, prompt: str, tokens: int, *, temperature: float = 1.0,
+           top_k: int | None = None, seed: int = 0) -> str:
+    """The prompt and `tokens` characters sampled after it from the run in `folder`."""
+    if tokens < 0 or temperature < 0 or (top_k is not None and top_k < 1):
+        raise ValueError(f"--tokens and --temperature must be >= 0 and --top-k >= 1, got "
+                         f"{tokens}, {temperature} and {top_k}")
+    model, vocab = load_for_sampling(folder)
+    ids = encode(prompt.encode(), vocab) if prompt else np.array([vocab.index(10)]
+                                                                   if 10 in vocab else [0])
+    out = generate(model, list(ids), tokens, temperature=temperature, top_k=top_k,
+                   rng=np.random.default_rng(seed))
+    return decode(out if prompt else out[1:], vocab)
