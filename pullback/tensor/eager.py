@@ -33,6 +33,15 @@ _FLOATS = frozenset([np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.flo
 _GRAD_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
 
+def _rebuild_leaf(data: Any, requires_grad: bool, name: str | None, grad: Any) -> Tensor:
+    """A copied or unpickled leaf tensor (see `Tensor.__reduce_ex__`)."""
+    t = Tensor(data, requires_grad=requires_grad)
+    if name is not None:
+        t._node.name = name
+    t.grad = grad
+    return t
+
+
 def wrap(data: Any, node: Any) -> Tensor:
     """A tensor around `data` (an array, neither copied nor checked): the output of the
     recorded `node`, or a constant when `node` is None. Every layer above builds its
@@ -406,6 +415,19 @@ class Tensor(_Operators):
                                       and self._data.dtype.kind in "fiuc"):
             return ops.mul(self, 1)  # recorded (a copy of a traced value is not baked)
         return wrap(self._data.copy(), None)
+
+    # A leaf's node refers back to its tensor through a weak reference, which copy and
+    # pickle would share or refuse: a deep copy of a module would send its gradients to
+    # the original's parameters. A copy gets its own leaf (and its parameter name).
+    def __reduce_ex__(self, protocol: Any) -> tuple:
+        if self._node is not None and self._node.primitive is not None:
+            raise RuntimeError(
+                f"copy/pickle: only leaf tensors can be copied or pickled; this one (shape "
+                f"{self.shape}, dtype {self.dtype}) was computed by "
+                f"{self._node.primitive.name}: copy t.detach() instead"
+            )
+        name = self._node.name if self._node is not None else None
+        return _rebuild_leaf, (self._data, self._node is not None, name, self.grad)
 
     def __repr__(self) -> str:
         body = np.array2string(self._data, separator=", ", prefix="tensor(")

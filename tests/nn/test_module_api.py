@@ -3,6 +3,9 @@ zero_grad, to(dtype)/double()/float(), and load_state_dict(strict=...)."""
 
 from __future__ import annotations
 
+import copy
+import pickle
+
 import numpy as np
 import pytest
 import torch
@@ -176,3 +179,28 @@ def test_torch_strict_false_reports_the_same_keys() -> None:
     got = Net().load_state_dict({k: v.numpy() for k, v in partial.items()}, strict=False)
     assert (got.missing_keys, got.unexpected_keys) == \
         (expected.missing_keys, expected.unexpected_keys)
+
+
+@pytest.mark.parametrize("clone", [copy.deepcopy, lambda m: pickle.loads(pickle.dumps(m))],
+                         ids=["deepcopy", "pickle"])
+def test_a_copied_module_owns_its_parameters_and_their_gradients(clone) -> None:
+    # A leaf's node points back at its tensor; a copy must get its own, or its
+    # gradients land on the original's parameters.
+    model = nn.Sequential(nn.Linear(3, 2), nn.Tanh(), nn.Linear(2, 1))
+    twin = clone(model)
+    x = np.random.default_rng(0).standard_normal((4, 3)).astype(np.float32)
+    pb.sum(twin(pb.tensor(x))).backward()
+    assert all(p.grad is None for p in model.parameters())
+    assert all(p.grad is not None for p in twin.parameters())
+    for (name, p), (_, q) in zip(model.named_parameters(), twin.named_parameters()):
+        assert p is not q and q.requires_grad, name
+        np.testing.assert_array_equal(p.numpy(), q.numpy())
+    pb.sum(model(pb.tensor(x))).backward()
+    for p, q in zip(model.parameters(), twin.parameters()):
+        np.testing.assert_array_equal(p.grad.numpy(), q.grad.numpy())
+
+
+def test_copying_a_computed_tensor_is_refused_with_its_op() -> None:
+    y = pb.tensor([1.0, 2.0], requires_grad=True) * 2
+    with pytest.raises(RuntimeError, match="mul"):
+        copy.deepcopy(y)
