@@ -102,8 +102,8 @@ def _add_train(commands: Any) -> None:
 
 
 def _run_train(args: argparse.Namespace, injected: dict[str, Any]) -> int:
-    from .gpt import MODEL as GPT_MODEL
     from .distributed.launch import launched_by_mpirun
+    from .gpt import MODEL as GPT_MODEL
     from .gpt import GPTConfig, train_gpt
     from .training import TrainConfig, train
 
