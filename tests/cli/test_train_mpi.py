@@ -16,10 +16,19 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 import pullback as pb
 from pullback.io import load_training
-from pullback.training import CHECKPOINT, TrainConfig, build_model, make_optimizer, train
+from pullback.training import (
+    CHECKPOINT,
+    TrainConfig,
+    _fail_if_asked,
+    _Processes,
+    build_model,
+    make_optimizer,
+    train,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 # 1437 training digits: 5 batches of 256 and a last one of 157, which splits unevenly
@@ -112,3 +121,34 @@ def test_processes_train_like_one_fail_cleanly_and_resume_on_another_count(
     assert resumed.stderr.count("Traceback") == 0
     _close(_weights(run / "model.safetensors"), _weights(reference / "model.safetensors"),
            "2 epochs on 2 then 3 processes against 1")
+
+
+def test_a_plain_run_is_one_process_and_never_imports_mpi4py(monkeypatch) -> None:
+    monkeypatch.setitem(sys.modules, "mpi4py", None)  # importing it would now fail
+    monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "1")  # mpirun -n 1 is a plain run too
+    monkeypatch.delenv("PMI_SIZE", raising=False)
+    monkeypatch.delenv("MV2_COMM_WORLD_SIZE", raising=False)
+    procs = _Processes.start()
+    assert (procs.rank, procs.size, procs.primary) == (0, 1, True)
+    assert procs.part(5) == slice(None)
+
+
+def test_batches_with_fewer_samples_than_processes_are_refused() -> None:
+    with pytest.raises(ValueError, match=r"--batch-size 2 on 3 processes: each batch holds 2 "):
+        _Processes(0, 3).check_batches(1437, 2)
+    # 1437 = 4 x 359 + 1: the last batch of each epoch would leave two processes nothing.
+    with pytest.raises(ValueError, match=r"the last batch of each epoch holds 1 sample"):
+        _Processes(2, 3).check_batches(1437, 359)
+    _Processes(0, 3).check_batches(1437, 358)  # 4 x 358 + 5: every process has one
+    _Processes().check_batches(1437, 359)  # one process takes any batch
+
+
+def test_the_failure_hook_is_checked_and_fires_on_its_rank_and_step(monkeypatch) -> None:
+    monkeypatch.setenv("PULLBACK_FAIL_AT", "1:3")
+    _fail_if_asked(0, 3)
+    _fail_if_asked(1, 2)
+    with pytest.raises(RuntimeError, match="rank 1 fails at step 3"):
+        _fail_if_asked(1, 3)
+    monkeypatch.setenv("PULLBACK_FAIL_AT", "1-3")
+    with pytest.raises(ValueError, match="RANK:STEP or RANK:STEP:kill"):
+        _fail_if_asked(0, 1)
