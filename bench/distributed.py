@@ -118,8 +118,11 @@ def _launch(processes: int) -> dict:
                                          f"{os.environ.get('PATH', '')}")
     if mpirun is None:
         raise SystemExit("bench/distributed.py: mpirun not found; pip install 'pullback[mpi]'")
+    # This checkout's pullback, whichever copy pip installed.
+    root = str(Path(__file__).resolve().parent.parent)
+    path = os.pathsep.join(filter(None, (root, os.environ.get("PYTHONPATH"))))
     env = {**os.environ, **THREADS, "OMPI_ALLOW_RUN_AS_ROOT": "1",
-           "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+           "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1", "PYTHONPATH": path}
     done = subprocess.run([mpirun, "-n", str(processes), sys.executable, __file__,
                            "--worker"], capture_output=True, text=True, env=env, check=False)
     if done.returncode != 0:
