@@ -44,8 +44,13 @@ OPTIMIZERS = ("adam", "adamw", "sgd", "momentum", "rmsprop")
 BACKENDS = {"cpu": CpuBackend, "threaded": ThreadedCpuBackend}
 CHECKPOINT = "checkpoint.safetensors"
 # A testing aid: "RANK:STEP" makes that process raise as it starts that step (counted
-# from 1 over the whole run); "RANK:STEP:kill" kills it with SIGKILL instead.
+# from 1 over the whole run); "RANK:STEP:kill" kills it with SIGKILL, "RANK:STEP:hang"
+# makes it sleep forever.
 FAIL_AT = "PULLBACK_FAIL_AT"
+# With several processes, a job in which no step finishes for this many seconds is
+# ended (0: never): a stuck process would otherwise hold the others forever.
+STEP_TIMEOUT = "PULLBACK_STEP_TIMEOUT"
+STEP_TIMEOUT_DEFAULT = 600.0
 
 
 @dataclass
@@ -233,6 +238,21 @@ class _Processes:
 
         return broadcast_object(value)
 
+    def watchdog(self) -> Any:
+        """With several processes, a context whose `beat()` each step must call within
+        PULLBACK_STEP_TIMEOUT seconds, or the job ends; alone, one that does nothing."""
+        if self.size == 1:
+            return _NoWatchdog()
+        from .distributed.launch import Watchdog
+
+        value = os.environ.get(STEP_TIMEOUT, "")
+        try:
+            seconds = float(value) if value else STEP_TIMEOUT_DEFAULT
+        except ValueError:
+            raise ValueError(f"train: {STEP_TIMEOUT} must be a number of seconds (0: no "
+                             f"limit), not {value!r}") from None
+        return Watchdog(seconds)
+
     @contextlib.contextmanager
     def abort_on_error(self) -> Iterator[None]:
         """With several processes, an error inside ends the whole job, naming this rank:
@@ -247,6 +267,11 @@ class _Processes:
 
             abort_job(error)
             raise
+
+
+class _NoWatchdog(contextlib.nullcontext):
+    def beat(self) -> None:
+        pass
 
 
 def train(config: TrainConfig, *, resume: bool = False, overwrite: bool = False,
@@ -285,14 +310,16 @@ def train(config: TrainConfig, *, resume: bool = False, overwrite: bool = False,
         # and every process draws the same shuffled order from it.
         rng = creation.default_generator()
         step_fn = _step_function(model, config.eager)
+        watchdog = procs.watchdog()
         started, trained_steps = time.perf_counter(), 0
-        for epoch in range(len(history), config.epochs):
-            if stop_after is not None and epoch >= stop_after:
-                break
-            order = batches(x_train, y_train, config.batch_size, rng=rng)
-            bar = progress_bar(order, steps_per_epoch, epoch, config, progress and procs.primary)
-            with procs.abort_on_error():
-                sums = _train_epoch(procs, bar, step_fn, averaged, step)
+        with procs.abort_on_error(), watchdog:
+            for epoch in range(len(history), config.epochs):
+                if stop_after is not None and epoch >= stop_after:
+                    break
+                order = batches(x_train, y_train, config.batch_size, rng=rng)
+                bar = progress_bar(order, steps_per_epoch, epoch, config,
+                                   progress and procs.primary)
+                sums = _train_epoch(procs, bar, step_fn, averaged, step, watchdog.beat)
                 step += int(sums[3])
                 trained_steps += int(sums[3])
                 loss_sum, correct, seen = procs.sum(sums[:3])
@@ -308,9 +335,8 @@ def train(config: TrainConfig, *, resume: bool = False, overwrite: bool = False,
                             f"accuracy {test_acc:.4f}")
                     save_training(out / CHECKPOINT, model=model, optimizer=optimizer, step=step,
                                   rng=rng, extra={"history": history, "config": asdict(config)})
-        elapsed = time.perf_counter() - started
-        accuracy = None
-        with procs.abort_on_error():
+            elapsed = time.perf_counter() - started
+            accuracy = None
             if procs.primary:
                 save(model.state_dict(), out / "model.safetensors")
                 plot_history(history, out / "history.png", log)
@@ -324,9 +350,9 @@ def train(config: TrainConfig, *, resume: bool = False, overwrite: bool = False,
 
 
 def _train_epoch(procs: _Processes, bar: Any, step_fn: Callable, optimizer: Any,
-                 step: int) -> np.ndarray:
-    """One epoch of steps on this process's part of each global batch; returns this
-    process's [loss x samples, correct, samples, steps]."""
+                 step: int, beat: Callable[[], None]) -> np.ndarray:
+    """One epoch of steps on this process's part of each global batch, calling `beat`
+    after each; returns this process's [loss x samples, correct, samples, steps]."""
     sums = np.zeros(4)
     for xb, yb in bar:
         _fail_if_asked(procs.rank, step + int(sums[3]) + 1)
@@ -338,6 +364,7 @@ def _train_epoch(procs: _Processes, bar: Any, step_fn: Callable, optimizer: Any,
         optimizer.zero_grad()
         loss, logits = step_fn(x, y, weight)
         optimizer.step()
+        beat()
         sums += (loss.item() * len(y), int((logits.numpy().argmax(axis=1) == y).sum()),
                  len(y), 1)
         if bar is not None and hasattr(bar, "set_postfix"):
@@ -358,12 +385,16 @@ def _fail_if_asked(rank: int, step: int) -> None:
         return
     fields = asked.split(":")
     if len(fields) not in (2, 3) or not all(f.isdigit() for f in fields[:2]) \
-            or fields[2:] not in ([], ["kill"]):
-        raise ValueError(f"train: {FAIL_AT} must be RANK:STEP or RANK:STEP:kill, not {asked!r}")
+            or fields[2:] not in ([], ["kill"], ["hang"]):
+        raise ValueError(f"train: {FAIL_AT} must be RANK:STEP, RANK:STEP:kill or RANK:STEP:hang, "
+                         f"not {asked!r}")
     if (int(fields[0]), int(fields[1])) != (rank, step):
         return
     if fields[2:] == ["kill"]:
         os.kill(os.getpid(), signal.SIGKILL)
+    if fields[2:] == ["hang"]:
+        while True:
+            time.sleep(60)
     raise RuntimeError(f"train: rank {rank} fails at step {step}, as {FAIL_AT}={asked} asks")
 
 

@@ -1,13 +1,16 @@
 """What a job such as `pullback train` needs around the collectives: whether mpirun
 started this process as one of several (read from the environment, without importing
 mpi4py), a Python object sent from one process to all, and ending the whole job when
-one process fails, so that the others do not wait forever for it.
+one process fails or stops making progress, so that the others do not wait forever
+for it.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+import threading
+import time
 import traceback
 from typing import Any
 
@@ -46,3 +49,39 @@ def abort_job(error: BaseException) -> None:
     sys.stderr.flush()
     if g.size > 1:
         g.comm.Abort(1)
+
+
+class Watchdog:
+    """Ends the whole job when `beat()` has not been called for `seconds`: a process that
+    is stuck (not dead) leaves the others blocked in a collective that no error ends.
+    A context manager; `seconds` <= 0 watches nothing."""
+
+    def __init__(self, seconds: float, what: str = "training step"):
+        self.seconds, self.what = seconds, what
+        self._last = time.monotonic()
+        self._done = threading.Event()
+
+    def __enter__(self) -> Watchdog:
+        if self.seconds > 0:
+            self.beat()
+            threading.Thread(target=self._watch, name="pullback-watchdog", daemon=True).start()
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self._done.set()
+
+    def beat(self) -> None:
+        """The job made progress."""
+        self._last = time.monotonic()
+
+    def _watch(self) -> None:
+        while not self._done.wait(min(1.0, self.seconds / 4)):
+            idle = time.monotonic() - self._last
+            if idle > self.seconds:
+                g = group("pullback.distributed.Watchdog")
+                sys.stderr.write(
+                    f"pullback.distributed: rank {g.rank} of {g.size}: no {self.what} finished "
+                    f"for {idle:.0f} s (the limit is {self.seconds:g} s): a process is stuck "
+                    "or far slower than the others; aborting the job\n")
+                sys.stderr.flush()
+                g.comm.Abort(1)

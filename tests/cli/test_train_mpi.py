@@ -151,5 +151,5 @@ def test_the_failure_hook_is_checked_and_fires_on_its_rank_and_step(monkeypatch)
     with pytest.raises(RuntimeError, match="rank 1 fails at step 3"):
         _fail_if_asked(1, 3)
     monkeypatch.setenv("PULLBACK_FAIL_AT", "1-3")
-    with pytest.raises(ValueError, match="RANK:STEP or RANK:STEP:kill"):
+    with pytest.raises(ValueError, match="must be RANK:STEP, RANK:STEP:kill or RANK:STEP:hang"):
         _fail_if_asked(0, 1)
