@@ -156,6 +156,33 @@ def main() -> None:
     loss_of(reference)(pb.tensor(data_x[:BATCH]), data_y[:BATCH]).backward()
     check_close(averaged, grads(reference), GRAD_TOL, "averaged gradient")
     opt.zero_grad()
+    # Two backward passes before a step accumulate, as on one process: the buckets the
+    # first pass sent are sent again.
+    step(data_x[mine], data_y[mine])
+    step(data_x[mine], data_y[mine])
+    opt.synchronize()
+    check_close(grads(model), {n: 2 * g for n, g in grads(reference).items()}, GRAD_TOL,
+                "gradient accumulated over two passes")
+    opt.zero_grad()
+
+    # float64 parameters travel in float64 buckets of their own, beside float32 ones.
+    pb.manual_seed(7)
+    wide = nn.Linear(5, 3, dtype=np.float64)
+    mixed = dist.DistributedOptimizer(NumpySGD(model.parameters() + wide.parameters(), 0.1))
+    assert sorted(str(b.buffer.dtype) for b in mixed.buckets) == ["float32", "float64"]
+    x64 = data_x[:BATCH].astype(np.float64)
+    nn.mse_loss(wide(pb.tensor(x64[mine])), data_y[mine].astype(np.float64)).backward()
+    mixed.synchronize()
+    got = {n: p.grad.numpy() for n, p in wide.named_parameters()}
+    assert all(g.dtype == np.float64 for g in got.values())
+    # No process had the float32 gradients: they stay None, not zeros.
+    assert all(p.grad is None for p in model.parameters())
+    for p in wide.parameters():
+        p.grad = None
+    nn.mse_loss(wide(pb.tensor(x64)), data_y[:BATCH].astype(np.float64)).backward()
+    check_close(got, {n: p.grad.numpy() for n, p in wide.named_parameters()}, 1e-14,
+                "float64 gradient")
+    del mixed
 
     # 50 steps: overlap on, overlap off (one bucket per step() call), and eager backward
     # all train the same weights as one process on the whole batches.
