@@ -17,14 +17,17 @@ from typing import Any
 import numpy as np
 
 from ..lower import on_gradient_ready
+from ..tensor import Tensor
 from .buckets import DEFAULT_BUCKET_BYTES, Bucket, make_buckets
 from .comm import group
 
 
 class DistributedOptimizer:
     """`DistributedOptimizer(optimizer)`: every attribute and method is the wrapped
-    optimizer's (`param_groups`, `zero_grad`, `state_dict`, `lr`, ...), except `step()`,
-    which averages the gradients over processes before the wrapped step.
+    optimizer's (`param_groups`, `state_dict`, `lr`, ...), except `step()` and
+    `apply(pairs)`, which average the gradients over processes before the wrapped ones
+    (`synchronize()` does only the averaging: call it before clipping gradients), and
+    `zero_grad()`, which also forgets averaging in flight.
 
     `named_parameters` (optional, `model.named_parameters()`) names parameters in
     errors; `bucket_bytes` caps a bucket (25 MiB by default); `overlap=False` sends
@@ -119,6 +122,27 @@ class DistributedOptimizer:
         if self._group.size > 1:
             self.synchronize()
         self._opt.step()
+
+    def apply(self, pairs: Any) -> None:
+        """One update from explicit `(param, grad)` pairs (what `module.update` calls),
+        each gradient averaged over the processes first; `.grad` is left as it was."""
+        pairs = list(pairs)
+        if self._group.size == 1:
+            self._opt.apply(pairs)
+            return
+        given = {id(p): g for p, g in pairs}
+        kept = [(p, p.grad) for p in self._opt.params]
+        try:
+            for p in self._opt.params:  # the pairs' gradients (copies) travel, and no other
+                g = given.get(id(p))
+                p.grad = None if g is None else Tensor(np.array(
+                    g._data if isinstance(g, Tensor) else g, dtype=p.dtype))
+            self.synchronize()
+            averaged = [(p, p.grad) for p, _ in pairs]
+        finally:
+            for p, g in kept:
+                p.grad = g
+        self._opt.apply(averaged)
 
     def synchronize(self) -> None:
         """Finish averaging the gradients (without stepping): start what the backward did

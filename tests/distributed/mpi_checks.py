@@ -228,6 +228,19 @@ def main() -> None:
     momentum = sgd.state_dict()["state.0.momentum"]
     np.testing.assert_array_equal(momentum, np.ones_like(momentum))
 
+    # module.update(applyer, grads) through a DistributedOptimizer averages the grads too.
+    plain = clone(model)
+    updated = dist.DistributedOptimizer(NumpySGD(plain.parameters(), 0.5))
+    mine_grads = {n: np.full(p.shape, rank + 1.0, np.float32)
+                  for n, p in plain.named_parameters()}
+    before = {n: p.numpy().copy() for n, p in plain.named_parameters()}
+    plain.update(updated, mine_grads)
+    mean = (size + 1) / 2  # the mean of 1..size
+    for n, p in plain.named_parameters():
+        np.testing.assert_allclose(p.numpy(), before[n] - 0.5 * mean, rtol=1e-6, atol=1e-6)
+        assert p.grad is None
+    del updated
+
     # Wrong use: a gradient on some processes only; parameters of different shapes.
     missing = dist.DistributedOptimizer(NumpySGD(model.parameters(), 0.1),
                                         named_parameters=model.named_parameters())
