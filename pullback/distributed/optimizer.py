@@ -72,6 +72,13 @@ class DistributedOptimizer:
             raise AttributeError(name)
         return getattr(opt, name)
 
+    def __setattr__(self, name: str, value: Any) -> None:
+        # The wrapper's own state is private (and `overlap`); the rest is the optimizer's.
+        if name.startswith("_") or name == "overlap" or "_opt" not in self.__dict__:
+            object.__setattr__(self, name, value)
+        else:
+            setattr(self._opt, name, value)
+
     def __del__(self) -> None:
         hook = self.__dict__.get("_hook")
         if hook is not None:
