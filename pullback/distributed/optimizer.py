@@ -194,14 +194,21 @@ class DistributedOptimizer:
         g = self._group
         mine = [(name, tuple(p.shape), np.dtype(p.dtype).name)
                 for name, p in zip(self._names, self._opt.params)]
-        every = g.comm.allgather(mine)
-        self._checked = True
-        problems = _differences(every)
+        # The buckets too: messages of other sizes would not match.
+        layout = [(b.buffer.dtype.name, b.buffer.size) for b in self._buckets]
+        every = g.comm.allgather((mine, layout))
+        problems = _differences([sig for sig, _ in every])
         if problems:
             self._reset()
             raise ValueError("DistributedOptimizer: the processes train different parameters; "
-                             + "; ".join(problems)
-                             + ". Build the same model on every process.")
+                             + "; ".join(problems) + ". Build the same model on every process.")
+        if len({repr(lay) for _, lay in every}) > 1:
+            self._reset()
+            raise ValueError("DistributedOptimizer: bucket_bytes differs between the processes: "
+                             + ", ".join(f"rank {r} makes buckets of {[n for _, n in lay]} "
+                                         "elements" for r, (_, lay) in enumerate(every))
+                             + ". Pass the same bucket_bytes on every process.")
+        self._checked = True
 
     def _check_flags(self, bucket: Bucket) -> None:
         size = self._group.size

@@ -262,6 +262,12 @@ def main() -> None:
 
     expect_error(ValueError, ["'0.weight' is (8, 5) float32 on ranks [0] but (9, 5) float32 "
                               f"on ranks {list(range(1, size))}"], train_once)
+    differing = dist.DistributedOptimizer(NumpySGD(model.parameters(), 0.1),
+                                          bucket_bytes=64 if rank == 0 else 2**20)
+    # 64 bytes: one parameter per bucket, last first (sizes 3, 24, 8, 40), plus one
+    # presence flag each; 1 MiB: all 75 elements and 4 flags in one.
+    expect_error(ValueError, ["bucket_bytes differs", "rank 0 makes buckets of [4, 25, 9, 41] "
+                              "elements, rank 1 makes buckets of [79] elements"], differing.step)
     print(f"ok {rank}", flush=True)
 
 
