@@ -17,14 +17,17 @@ from typing import Any
 import numpy as np
 
 from ..lower import on_gradient_ready
+from ..tensor import Tensor
 from .buckets import DEFAULT_BUCKET_BYTES, Bucket, make_buckets
 from .comm import group
 
 
 class DistributedOptimizer:
     """`DistributedOptimizer(optimizer)`: every attribute and method is the wrapped
-    optimizer's (`param_groups`, `zero_grad`, `state_dict`, `lr`, ...), except `step()`,
-    which averages the gradients over processes before the wrapped step.
+    optimizer's (`param_groups`, `state_dict`, `lr`, ...), except `step()` and
+    `apply(pairs)`, which average the gradients over processes before the wrapped ones
+    (`synchronize()` does only the averaging: call it before clipping gradients), and
+    `zero_grad()`, which also forgets averaging in flight.
 
     `named_parameters` (optional, `model.named_parameters()`) names parameters in
     errors; `bucket_bytes` caps a bucket (25 MiB by default); `overlap=False` sends
@@ -68,6 +71,13 @@ class DistributedOptimizer:
         if opt is None:
             raise AttributeError(name)
         return getattr(opt, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        # The wrapper's own state is private (and `overlap`); the rest is the optimizer's.
+        if name.startswith("_") or name == "overlap" or "_opt" not in self.__dict__:
+            object.__setattr__(self, name, value)
+        else:
+            setattr(self._opt, name, value)
 
     def __del__(self) -> None:
         hook = self.__dict__.get("_hook")
@@ -120,6 +130,27 @@ class DistributedOptimizer:
             self.synchronize()
         self._opt.step()
 
+    def apply(self, pairs: Any) -> None:
+        """One update from explicit `(param, grad)` pairs (what `module.update` calls),
+        each gradient averaged over the processes first; `.grad` is left as it was."""
+        pairs = list(pairs)
+        if self._group.size == 1:
+            self._opt.apply(pairs)
+            return
+        given = {id(p): g for p, g in pairs}
+        kept = [(p, p.grad) for p in self._opt.params]
+        try:
+            for p in self._opt.params:  # the pairs' gradients (copies) travel, and no other
+                g = given.get(id(p))
+                p.grad = None if g is None else Tensor(np.array(
+                    g._data if isinstance(g, Tensor) else g, dtype=p.dtype))
+            self.synchronize()
+            averaged = [(p, p.grad) for p, _ in pairs]
+        finally:
+            for p, g in kept:
+                p.grad = g
+        self._opt.apply(averaged)
+
     def synchronize(self) -> None:
         """Finish averaging the gradients (without stepping): start what the backward did
         not, wait for everything in flight, and leave the averages in `.grad`."""
@@ -163,14 +194,21 @@ class DistributedOptimizer:
         g = self._group
         mine = [(name, tuple(p.shape), np.dtype(p.dtype).name)
                 for name, p in zip(self._names, self._opt.params)]
-        every = g.comm.allgather(mine)
-        self._checked = True
-        problems = _differences(every)
+        # The buckets too: messages of other sizes would not match.
+        layout = [(b.buffer.dtype.name, b.buffer.size) for b in self._buckets]
+        every = g.comm.allgather((mine, layout))
+        problems = _differences([sig for sig, _ in every])
         if problems:
             self._reset()
             raise ValueError("DistributedOptimizer: the processes train different parameters; "
-                             + "; ".join(problems)
-                             + ". Build the same model on every process.")
+                             + "; ".join(problems) + ". Build the same model on every process.")
+        if len({repr(lay) for _, lay in every}) > 1:
+            self._reset()
+            raise ValueError("DistributedOptimizer: bucket_bytes differs between the processes: "
+                             + ", ".join(f"rank {r} makes buckets of {[n for _, n in lay]} "
+                                         "elements" for r, (_, lay) in enumerate(every))
+                             + ". Pass the same bucket_bytes on every process.")
+        self._checked = True
 
     def _check_flags(self, bucket: Bucket) -> None:
         size = self._group.size

@@ -297,7 +297,9 @@ class TrainingPlan(Plan):
     parameter's gradient in its `.grad` (accumulated, as `loss.backward()` does).
 
     A function may return `(loss, *aux)`: the extra outputs (logits, say) are
-    returned after the loss and not differentiated."""
+    returned after the loss and not differentiated. Each parameter's gradient is left
+    in `.grad` the moment it is final, and the gradient-ready hooks (hooks.py) are
+    called then, while the rest of the backward runs."""
 
     mode = LoweringMode.TRAINING
 

@@ -156,6 +156,33 @@ def main() -> None:
     loss_of(reference)(pb.tensor(data_x[:BATCH]), data_y[:BATCH]).backward()
     check_close(averaged, grads(reference), GRAD_TOL, "averaged gradient")
     opt.zero_grad()
+    # Two backward passes before a step accumulate, as on one process: the buckets the
+    # first pass sent are sent again.
+    step(data_x[mine], data_y[mine])
+    step(data_x[mine], data_y[mine])
+    opt.synchronize()
+    check_close(grads(model), {n: 2 * g for n, g in grads(reference).items()}, GRAD_TOL,
+                "gradient accumulated over two passes")
+    opt.zero_grad()
+
+    # float64 parameters travel in float64 buckets of their own, beside float32 ones.
+    pb.manual_seed(7)
+    wide = nn.Linear(5, 3, dtype=np.float64)
+    mixed = dist.DistributedOptimizer(NumpySGD(model.parameters() + wide.parameters(), 0.1))
+    assert sorted(str(b.buffer.dtype) for b in mixed.buckets) == ["float32", "float64"]
+    x64 = data_x[:BATCH].astype(np.float64)
+    nn.mse_loss(wide(pb.tensor(x64[mine])), data_y[mine].astype(np.float64)).backward()
+    mixed.synchronize()
+    got = {n: p.grad.numpy() for n, p in wide.named_parameters()}
+    assert all(g.dtype == np.float64 for g in got.values())
+    # No process had the float32 gradients: they stay None, not zeros.
+    assert all(p.grad is None for p in model.parameters())
+    for p in wide.parameters():
+        p.grad = None
+    nn.mse_loss(wide(pb.tensor(x64)), data_y[:BATCH].astype(np.float64)).backward()
+    check_close(got, {n: p.grad.numpy() for n, p in wide.named_parameters()}, 1e-14,
+                "float64 gradient")
+    del mixed
 
     # 50 steps: overlap on, overlap off (one bucket per step() call), and eager backward
     # all train the same weights as one process on the whole batches.
@@ -201,6 +228,19 @@ def main() -> None:
     momentum = sgd.state_dict()["state.0.momentum"]
     np.testing.assert_array_equal(momentum, np.ones_like(momentum))
 
+    # module.update(applyer, grads) through a DistributedOptimizer averages the grads too.
+    plain = clone(model)
+    updated = dist.DistributedOptimizer(NumpySGD(plain.parameters(), 0.5))
+    mine_grads = {n: np.full(p.shape, rank + 1.0, np.float32)
+                  for n, p in plain.named_parameters()}
+    before = {n: p.numpy().copy() for n, p in plain.named_parameters()}
+    plain.update(updated, mine_grads)
+    mean = (size + 1) / 2  # the mean of 1..size
+    for n, p in plain.named_parameters():
+        np.testing.assert_allclose(p.numpy(), before[n] - 0.5 * mean, rtol=1e-6, atol=1e-6)
+        assert p.grad is None
+    del updated
+
     # Wrong use: a gradient on some processes only; parameters of different shapes.
     missing = dist.DistributedOptimizer(NumpySGD(model.parameters(), 0.1),
                                         named_parameters=model.named_parameters())
@@ -222,6 +262,12 @@ def main() -> None:
 
     expect_error(ValueError, ["'0.weight' is (8, 5) float32 on ranks [0] but (9, 5) float32 "
                               f"on ranks {list(range(1, size))}"], train_once)
+    differing = dist.DistributedOptimizer(NumpySGD(model.parameters(), 0.1),
+                                          bucket_bytes=64 if rank == 0 else 2**20)
+    # 64 bytes: one parameter per bucket, last first (sizes 3, 24, 8, 40), plus one
+    # presence flag each; 1 MiB: all 75 elements and 4 flags in one.
+    expect_error(ValueError, ["bucket_bytes differs", "rank 0 makes buckets of [4, 25, 9, 41] "
+                              "elements, rank 1 makes buckets of [79] elements"], differing.step)
     print(f"ok {rank}", flush=True)
 
 

@@ -89,6 +89,9 @@ assert dist.shard([4, 5, 6]).tolist() == [4, 5, 6]
 fails(ValueError, "0 indices for 1 processes", dist.shard, [])
 dist.broadcast_parameters(model)
 dopt = dist.DistributedOptimizer(opt)
+assert dopt.param_groups is opt.param_groups and dopt.params is opt.params
+dopt.step_count = 4  # attributes are the wrapped optimizer's
+assert opt.step_count == 4 and int(dopt.state_dict()["step_count"]) == 4
 for p in model.parameters():
     p.grad = pb.tensor(np.ones(p.shape, np.float32))
 dopt.synchronize()  # one process: the gradients stay as they are
