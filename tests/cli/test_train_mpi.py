@@ -31,10 +31,10 @@ from pullback.training import (
 )
 
 ROOT = Path(__file__).resolve().parents[2]
-# 1437 training digits: 6 batches of 239 and a last one of 3, which 2 processes split
+# 1438 training digits: 5 batches of 287 and a last one of 3, which 2 processes split
 # 1 and 2: their mean losses must be weighted by those counts to give the batch's mean.
-SETTINGS = {"model": "mlp", "epochs": 2, "batch_size": 239}
-STEPS_PER_EPOCH = 7
+SETTINGS = {"model": "mlp", "epochs": 2, "batch_size": 287}
+STEPS_PER_EPOCH = 6
 # float32 rounding: the processes sum each batch's gradient in another order, and Adam
 # divides by the root of the second moment, which magnifies small differences.
 WEIGHT_TOL = 2e-5
@@ -136,12 +136,12 @@ def test_a_plain_run_is_one_process_and_never_imports_mpi4py(monkeypatch) -> Non
 
 def test_batches_with_fewer_samples_than_processes_are_refused() -> None:
     with pytest.raises(ValueError, match=r"--batch-size 2 on 3 processes: each batch holds 2 "):
-        _Processes(0, 3).check_batches(1437, 2)
-    # 1437 = 4 x 359 + 1: the last batch of each epoch would leave two processes nothing.
+        _Processes(0, 3).check_batches(1438, 2)
+    # 1438 = 3 x 479 + 1: the last batch of each epoch would leave two processes nothing.
     with pytest.raises(ValueError, match=r"the last batch of each epoch holds 1 sample"):
-        _Processes(2, 3).check_batches(1437, 359)
-    _Processes(0, 3).check_batches(1437, 358)  # 4 x 358 + 5: every process has one
-    _Processes().check_batches(1437, 359)  # one process takes any batch
+        _Processes(2, 3).check_batches(1438, 479)
+    _Processes(0, 3).check_batches(1438, 478)  # 3 x 478 + 4: every process has one
+    _Processes().check_batches(1438, 479)  # one process takes any batch
 
 
 def test_the_failure_hook_is_checked_and_fires_on_its_rank_and_step(monkeypatch) -> None:
