@@ -21,6 +21,7 @@ any number of processes. See docs/distributed.md.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import signal
 import time
@@ -238,6 +239,24 @@ class _Processes:
 
         return broadcast_object(value)
 
+    def check_same_parameters(self, model: nn.Module) -> None:
+        """Every process must hold rank 0's parameters, bit for bit: all of them applied
+        the same averaged gradients. (BatchNorm's running statistics may differ: each
+        process's come from its own part of the batches.)"""
+        if self.size == 1:
+            return
+        from .distributed.launch import broadcast_object
+
+        digest = hashlib.sha256()
+        for p in model.parameters():
+            digest.update(np.ascontiguousarray(p.numpy()).tobytes())
+        mine = np.zeros(self.size)
+        mine[self.rank] = digest.hexdigest() != broadcast_object(digest.hexdigest())
+        differ = np.flatnonzero(self.sum(mine)).tolist()
+        if differ:
+            raise RuntimeError(f"train: the parameters of rank(s) {differ} differ from rank "
+                               "0's after training; the processes fell out of step")
+
     def watchdog(self) -> Any:
         """With several processes, a context whose `beat()` each step must call within
         PULLBACK_STEP_TIMEOUT seconds, or the job ends; alone, one that does nothing."""
@@ -336,6 +355,7 @@ def train(config: TrainConfig, *, resume: bool = False, overwrite: bool = False,
                     save_training(out / CHECKPOINT, model=model, optimizer=optimizer, step=step,
                                   rng=rng, extra={"history": history, "config": asdict(config)})
             elapsed = time.perf_counter() - started
+            procs.check_same_parameters(model)
             accuracy = None
             if procs.primary:
                 save(model.state_dict(), out / "model.safetensors")
