@@ -47,7 +47,9 @@ def _mpirun(n: int, *train_args: str, fail_at: str | None = None,
     assert mpirun, "mpirun not found: install the mpi extra (pip install 'pullback[mpi]')"
     env = {**os.environ, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
            "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
-           "NUMBA_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+           "NUMBA_NUM_THREADS": "1", "PYTHONPATH": str(ROOT),
+           # what rank 0 printed before the job was aborted reaches the pipe
+           "PYTHONUNBUFFERED": "1"}
     env.pop("PULLBACK_FAIL_AT", None)
     if fail_at is not None:
         env["PULLBACK_FAIL_AT"] = fail_at
