@@ -61,7 +61,9 @@ def _add_train(commands: Any) -> None:
         "evaluate it on the held-out split each epoch, and write a resumable checkpoint, the "
         "final weights and (with matplotlib) a plot of loss and accuracy to the output folder. "
         "The last line printed is the test accuracy. With --model gpt: a character-level "
-        "transformer on text, ending with a sample and the validation loss per character.")
+        "transformer on text, ending with a sample and the validation loss per character. "
+        "Under `mpirun -n N` (digits models): data-parallel on N processes with the same "
+        "global batch; rank 0 prints and writes (docs/distributed.md).")
     train.add_argument("--model", choices=(*MODELS, GPT_MODEL), default=defaults.model)
     # These four default by model (digits: the first value, gpt: the second).
     train.add_argument("--epochs", type=int,
@@ -100,6 +102,7 @@ def _add_train(commands: Any) -> None:
 
 
 def _run_train(args: argparse.Namespace, injected: dict[str, Any]) -> int:
+    from .distributed.launch import launched_by_mpirun
     from .gpt import MODEL as GPT_MODEL
     from .gpt import GPTConfig, train_gpt
     from .training import TrainConfig, train
@@ -117,6 +120,9 @@ def _run_train(args: argparse.Namespace, injected: dict[str, Any]) -> int:
         config = TrainConfig(**common)
     try:
         if make is GPTConfig:
+            if launched_by_mpirun():
+                raise ValueError("train --model gpt runs on one process; run it without "
+                                 "mpirun (data-parallel training covers the digits models)")
             result = train_gpt(config, resume=args.resume, overwrite=args.overwrite,
                                progress=args.progress)
         else:
@@ -128,14 +134,25 @@ def _run_train(args: argparse.Namespace, injected: dict[str, Any]) -> int:
         message = _one_line(error)
         # train()'s own messages already start "train: " or "train --resume: ".
         prefix = "pullback " if message.startswith("train") else "pullback train: "
-        print(prefix + message, file=sys.stderr)
+        if _primary():
+            print(prefix + message, file=sys.stderr)
         return 2
+    if not _primary():
+        return 0
     if make is GPTConfig:
         print(f"sample:\n{result.sample}")
         print(f"validation loss: {result.validation_loss:.4f}")
     else:
         print(f"test accuracy: {result.test_accuracy:.4f}")
     return 0
+
+
+def _primary() -> bool:
+    """False in every process of a multi-process `pullback train` but rank 0: those
+    train quietly (rank 0 prints)."""
+    from . import distributed as dist
+
+    return not dist.is_initialized() or dist.rank() == 0
 
 
 def _add_sample(commands: Any) -> None:

@@ -9,13 +9,23 @@ resumed ends with the same weights, bit for bit, as one that never stopped.
 Before any training, the output folder is checked (creatable, writable, and not
 holding another run's checkpoint unless resuming or overwriting), so a file-system
 problem is one clear error at the start, not a traceback after an epoch.
+
+Under `mpirun -n N` the job trains data-parallel with the same global batches as one
+process: every process draws the same shuffled order from the same generator, takes
+its part of each batch, and the gradients are averaged (pullback.distributed), so the
+weights match one process's to float32 rounding. Rank 0 alone reads and writes the
+output folder and prints; the checkpoint does not depend on N, so a run resumes on
+any number of processes. See docs/distributed.md.
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import os
+import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,6 +44,14 @@ MODELS = ("cnn", "mlp", "resnet")
 OPTIMIZERS = ("adam", "adamw", "sgd", "momentum", "rmsprop")
 BACKENDS = {"cpu": CpuBackend, "threaded": ThreadedCpuBackend}
 CHECKPOINT = "checkpoint.safetensors"
+# A testing aid: "RANK:STEP" makes that process raise as it starts that step (counted
+# from 1 over the whole run); "RANK:STEP:kill" kills it with SIGKILL, "RANK:STEP:hang"
+# makes it sleep forever.
+FAIL_AT = "PULLBACK_FAIL_AT"
+# With several processes, a job in which no step finishes for this many seconds is
+# ended (0: never): a stuck process would otherwise hold the others forever.
+STEP_TIMEOUT = "PULLBACK_STEP_TIMEOUT"
+STEP_TIMEOUT_DEFAULT = 600.0
 
 
 @dataclass
@@ -135,6 +153,146 @@ def evaluate(model: nn.Module, x: np.ndarray, y: np.ndarray) -> tuple[float, flo
     return loss, float((logits.numpy().argmax(axis=1) == y).mean())
 
 
+class _Processes:
+    """The processes training together: rank 0 of 1 in a plain run; under mpirun,
+    pullback.distributed's group. Wraps what the job does differently with several."""
+
+    def __init__(self, rank: int = 0, size: int = 1, dist: Any = None):
+        self.rank, self.size, self.dist = rank, size, dist
+
+    @classmethod
+    def start(cls) -> _Processes:
+        """One process, unless mpirun started several: then MPI starts here (and a plain
+        run never imports mpi4py)."""
+        from .distributed.launch import launched_by_mpirun
+
+        if not launched_by_mpirun():
+            return cls()
+        from . import distributed as dist
+
+        dist.init()
+        return cls(dist.rank(), dist.size(), dist)
+
+    @property
+    def primary(self) -> bool:
+        """Rank 0: the process that reads and writes the output folder and prints."""
+        return self.rank == 0
+
+    def check_batches(self, samples: int, batch_size: int) -> None:
+        """Every batch of an epoch must give each process at least one sample."""
+        last = samples % batch_size
+        small = batch_size if batch_size < self.size else last if 0 < last < self.size else 0
+        if small:
+            which = "each batch" if small == batch_size else "the last batch of each epoch"
+            raise ValueError(f"train: --batch-size {batch_size} on {self.size} processes: "
+                             f"{which} holds {small} sample(s) of the {samples}, fewer than "
+                             f"one per process; use a batch size of at least {self.size} that "
+                             f"leaves no last batch smaller than {self.size}")
+
+    def part(self, n: int) -> Any:
+        """This process's part of a global batch of `n` samples (all of it, alone)."""
+        return slice(None) if self.size == 1 else self.dist.shard(np.arange(n))
+
+    def agree(self, fn: Callable[[], Any]) -> Any:
+        """`fn()` run by rank 0 alone and its result given to every process; a ValueError
+        or OSError it raises is raised on every process, so that all of them end alike."""
+        if self.size == 1:
+            return fn()
+        from .distributed.launch import broadcast_object
+
+        result, failure = None, None
+        if self.primary:
+            try:
+                result = fn()
+            except (ValueError, OSError) as error:
+                failure = error
+        message, result = broadcast_object((None if failure is None else str(failure),
+                                            result))
+        if failure is not None:
+            raise failure
+        if message is not None:
+            raise ValueError(message)
+        return result
+
+    def share(self, model: nn.Module, optimizer: optim.GradApplyer) -> Any:
+        """Rank 0's weights, optimizer state and generator on every process, and the
+        optimizer to step: one that averages gradients over the processes."""
+        if self.size == 1:
+            return optimizer
+        from .distributed.launch import broadcast_object
+
+        self.dist.broadcast_parameters(model)
+        self.dist.broadcast_optimizer_state(optimizer)
+        creation.set_default_generator(broadcast_object(creation.default_generator()))
+        return self.dist.DistributedOptimizer(optimizer, model.named_parameters())
+
+    def sum(self, values: Any) -> np.ndarray:
+        """`values` (float64) summed over the processes."""
+        values = np.asarray(values, dtype=np.float64)
+        return values if self.size == 1 else self.dist.allreduce(values, op="sum")
+
+    def from_primary(self, value: Any) -> Any:
+        """Rank 0's `value` on every process."""
+        if self.size == 1:
+            return value
+        from .distributed.launch import broadcast_object
+
+        return broadcast_object(value)
+
+    def check_same_parameters(self, model: nn.Module) -> None:
+        """Every process must hold rank 0's parameters, bit for bit: all of them applied
+        the same averaged gradients. (BatchNorm's running statistics may differ: each
+        process's come from its own part of the batches.)"""
+        if self.size == 1:
+            return
+        from .distributed.launch import broadcast_object
+
+        digest = hashlib.sha256()
+        for p in model.parameters():
+            digest.update(np.ascontiguousarray(p.numpy()).tobytes())
+        mine = np.zeros(self.size)
+        mine[self.rank] = digest.hexdigest() != broadcast_object(digest.hexdigest())
+        differ = np.flatnonzero(self.sum(mine)).tolist()
+        if differ:
+            raise RuntimeError(f"train: the parameters of rank(s) {differ} differ from rank "
+                               "0's after training; the processes fell out of step")
+
+    def watchdog(self) -> Any:
+        """With several processes, a context whose `beat()` each step must call within
+        PULLBACK_STEP_TIMEOUT seconds, or the job ends; alone, one that does nothing."""
+        if self.size == 1:
+            return _NoWatchdog()
+        from .distributed.launch import Watchdog
+
+        value = os.environ.get(STEP_TIMEOUT, "")
+        try:
+            seconds = float(value) if value else STEP_TIMEOUT_DEFAULT
+        except ValueError:
+            raise ValueError(f"train: {STEP_TIMEOUT} must be a number of seconds (0: no "
+                             f"limit), not {value!r}") from None
+        return Watchdog(seconds)
+
+    @contextlib.contextmanager
+    def abort_on_error(self) -> Iterator[None]:
+        """With several processes, an error inside ends the whole job, naming this rank:
+        ending this process alone would leave the others waiting for it forever."""
+        if self.size == 1:
+            yield
+            return
+        try:
+            yield
+        except BaseException as error:
+            from .distributed.launch import abort_job
+
+            abort_job(error)
+            raise
+
+
+class _NoWatchdog(contextlib.nullcontext):
+    def beat(self) -> None:
+        pass
+
+
 def train(config: TrainConfig, *, resume: bool = False, overwrite: bool = False,
           progress: bool = True, log: Callable[[str], None] = print,
           stop_after: int | None = None) -> TrainResult:
@@ -144,10 +302,16 @@ def train(config: TrainConfig, *, resume: bool = False, overwrite: bool = False,
     existing checkpoint there is an error unless `overwrite`. `stop_after` ends
     the run after that many epochs, as an interruption would. Raises ValueError
     (one line) for bad settings or an unusable output folder, before training.
+    Under mpirun, every process calls it, trains its part of each batch, and
+    returns rank 0's result; only rank 0 logs and writes.
     """
     config.check()
-    out = prepare_output(config.output, resume=resume, overwrite=overwrite)
+    procs = _Processes.start()
     x_train, y_train, x_test, y_test = digits_split()
+    procs.check_batches(len(x_train), config.batch_size)
+    say = log if procs.primary else _quiet
+    out = procs.agree(lambda: prepare_output(config.output, resume=resume,
+                                             overwrite=overwrite))
     with use_backend(BACKENDS[config.backend]()):
         creation.manual_seed(config.seed)
         model = build_model(config.model)
@@ -157,48 +321,101 @@ def train(config: TrainConfig, *, resume: bool = False, overwrite: bool = False,
         history: list[dict] = []
         step = 0
         if resume:
-            step, history = resume_run(out / CHECKPOINT, config, model, optimizer)
-            log(f"resumed from {out / CHECKPOINT} after epoch {len(history)}")
-        # One generator drives initialization, shuffling and dropout: resuming restores it.
+            step, history = procs.agree(
+                lambda: resume_run(out / CHECKPOINT, config, model, optimizer))
+            say(f"resumed from {out / CHECKPOINT} after epoch {len(history)}")
+        averaged = procs.share(model, optimizer)
+        # One generator drives initialization, shuffling and dropout: resuming restores it,
+        # and every process draws the same shuffled order from it.
         rng = creation.default_generator()
         step_fn = _step_function(model, config.eager)
+        watchdog = procs.watchdog()
         started, trained_steps = time.perf_counter(), 0
-        for epoch in range(len(history), config.epochs):
-            if stop_after is not None and epoch >= stop_after:
-                break
-            loss_sum, correct, seen = 0.0, 0, 0
-            order = batches(x_train, y_train, config.batch_size, rng=rng)
-            bar = progress_bar(order, steps_per_epoch, epoch, config, progress)
-            for xb, yb in bar:
-                optimizer.zero_grad()
-                loss, logits = step_fn(xb, yb)
-                optimizer.step()
-                step += 1
-                trained_steps += 1
-                loss_sum += loss.item() * len(yb)
-                correct += int((logits.numpy().argmax(axis=1) == yb).sum())
-                seen += len(yb)
-                if progress:  # shown at the bar's next redraw, not forced every step
-                    bar.set_postfix(loss=f"{loss_sum / seen:.4f}", acc=f"{correct / seen:.4f}",
-                                    refresh=False)
-            test_loss, test_acc = evaluate(model, x_test, y_test)
-            history.append({"epoch": epoch + 1, "train_loss": loss_sum / seen,
-                            "train_accuracy": correct / seen, "test_loss": test_loss,
-                            "test_accuracy": test_acc})
-            if progress:
-                log(f"epoch {epoch + 1}/{config.epochs}: train loss {loss_sum / seen:.4f} "
-                    f"accuracy {correct / seen:.4f}, test loss {test_loss:.4f} "
-                    f"accuracy {test_acc:.4f}")
-            save_training(out / CHECKPOINT, model=model, optimizer=optimizer, step=step,
-                          rng=rng, extra={"history": history, "config": asdict(config)})
-        elapsed = time.perf_counter() - started
-        save(model.state_dict(), out / "model.safetensors")
-        plot_history(history, out / "history.png", log)
-        _, accuracy = evaluate(model, x_test, y_test)
+        with procs.abort_on_error(), watchdog:
+            for epoch in range(len(history), config.epochs):
+                if stop_after is not None and epoch >= stop_after:
+                    break
+                order = batches(x_train, y_train, config.batch_size, rng=rng)
+                bar = progress_bar(order, steps_per_epoch, epoch, config,
+                                   progress and procs.primary)
+                sums = _train_epoch(procs, bar, step_fn, averaged, step, watchdog.beat)
+                step += int(sums[3])
+                trained_steps += int(sums[3])
+                loss_sum, correct, seen = procs.sum(sums[:3])
+                train_loss, train_acc = float(loss_sum / seen), float(correct / seen)
+                if procs.primary:
+                    test_loss, test_acc = evaluate(model, x_test, y_test)
+                    history.append({"epoch": epoch + 1, "train_loss": train_loss,
+                                    "train_accuracy": train_acc, "test_loss": test_loss,
+                                    "test_accuracy": test_acc})
+                    if progress:
+                        log(f"epoch {epoch + 1}/{config.epochs}: train loss {train_loss:.4f} "
+                            f"accuracy {train_acc:.4f}, test loss {test_loss:.4f} "
+                            f"accuracy {test_acc:.4f}")
+                    save_training(out / CHECKPOINT, model=model, optimizer=optimizer, step=step,
+                                  rng=rng, extra={"history": history, "config": asdict(config)})
+            elapsed = time.perf_counter() - started
+            procs.check_same_parameters(model)
+            accuracy = None
+            if procs.primary:
+                save(model.state_dict(), out / "model.safetensors")
+                plot_history(history, out / "history.png", log)
+                _, accuracy = evaluate(model, x_test, y_test)
+            accuracy, history = procs.from_primary((accuracy, history))
     rate = trained_steps / elapsed if elapsed > 0 else 0.0
-    log(f"{trained_steps} steps in {elapsed:.1f} s ({rate:.0f} steps/s); "
+    on = f" on {procs.size} processes" if procs.size > 1 else ""
+    say(f"{trained_steps} steps in {elapsed:.1f} s ({rate:.0f} steps/s){on}; "
         f"checkpoint and weights in {out}/")
     return TrainResult(accuracy, history, model)
+
+
+def _train_epoch(procs: _Processes, bar: Any, step_fn: Callable, optimizer: Any,
+                 step: int, beat: Callable[[], None]) -> np.ndarray:
+    """One epoch of steps on this process's part of each global batch, calling `beat`
+    after each; returns this process's [loss x samples, correct, samples, steps]."""
+    sums = np.zeros(4)
+    for xb, yb in bar:
+        _fail_if_asked(procs.rank, step + int(sums[3]) + 1)
+        part = procs.part(len(yb))
+        x, y = xb[part], yb[part]
+        # The averaged gradient is the global batch's mean: weight each process's mean
+        # loss by its share of the batch (1 with one process, or equal parts).
+        weight = np.array(len(y) * procs.size / len(yb), dtype=np.float32)
+        optimizer.zero_grad()
+        loss, logits = step_fn(x, y, weight)
+        optimizer.step()
+        beat()
+        sums += (loss.item() * len(y), int((logits.numpy().argmax(axis=1) == y).sum()),
+                 len(y), 1)
+        if bar is not None and hasattr(bar, "set_postfix"):
+            # rank 0's share of the epoch so far, shown at the bar's next redraw
+            bar.set_postfix(loss=f"{sums[0] / sums[2]:.4f}", acc=f"{sums[1] / sums[2]:.4f}",
+                            refresh=False)
+    return sums
+
+
+def _quiet(message: str) -> None:
+    """The log of every process but rank 0."""
+
+
+def _fail_if_asked(rank: int, step: int) -> None:
+    """Fail as PULLBACK_FAIL_AT asks (a testing aid for faults in multi-process runs)."""
+    asked = os.environ.get(FAIL_AT)
+    if not asked:
+        return
+    fields = asked.split(":")
+    if len(fields) not in (2, 3) or not all(f.isdigit() for f in fields[:2]) \
+            or fields[2:] not in ([], ["kill"], ["hang"]):
+        raise ValueError(f"train: {FAIL_AT} must be RANK:STEP, RANK:STEP:kill or RANK:STEP:hang, "
+                         f"not {asked!r}")
+    if (int(fields[0]), int(fields[1])) != (rank, step):
+        return
+    if fields[2:] == ["kill"]:
+        os.kill(os.getpid(), signal.SIGKILL)
+    if fields[2:] == ["hang"]:
+        while True:
+            time.sleep(60)
+    raise RuntimeError(f"train: rank {rank} fails at step {step}, as {FAIL_AT}={asked} asks")
 
 
 def _first_existing(path: Path) -> Path:
@@ -243,27 +460,31 @@ def prepare_output(output: str, *, resume: bool, overwrite: bool) -> Path:
 
 
 def _step_function(model: nn.Module, eager: bool) -> Callable:
-    """`(x, y) -> (loss, logits)` leaving gradients in `.grad`: eager autograd, or a
-    TRAINING plan per batch shape (the last batch of an epoch may be smaller)."""
+    """`(x, y, weight) -> (loss, logits)` leaving the gradients of `weight * loss` in
+    `.grad` (`weight` a float32 scalar array): eager autograd, or a TRAINING plan (traced
+    again for another batch shape: the last batch of an epoch may be smaller)."""
     if eager:
-        def eager_step(x: np.ndarray, y: np.ndarray) -> tuple:
+        def eager_step(x: np.ndarray, y: np.ndarray, weight: np.ndarray) -> tuple:
             logits = model(tensor(x))
             loss = nn.cross_entropy(logits, y)
-            loss.backward()
+            (loss * tensor(weight)).backward()
             return loss, logits
 
         return eager_step
     plans: dict[tuple, Any] = {}
 
-    def loss_and_logits(x: Any, y: Any) -> Any:
+    def weighted_loss(x: Any, y: Any, weight: Any) -> Any:
         logits = model(x)
-        return nn.cross_entropy(logits, y), logits
+        loss = nn.cross_entropy(logits, y)
+        return loss * weight, loss, logits
 
-    def planned_step(x: np.ndarray, y: np.ndarray) -> tuple:
+    def planned_step(x: np.ndarray, y: np.ndarray, weight: np.ndarray) -> tuple:
         plan = plans.get(x.shape)
         if plan is None:
-            plan = plans[x.shape] = compile(loss_and_logits, x, y, mode=LoweringMode.TRAINING)
-        return plan(x, y)
+            plan = plans[x.shape] = compile(weighted_loss, x, y, weight,
+                                            mode=LoweringMode.TRAINING)
+        _, loss, logits = plan(x, y, weight)
+        return loss, logits
 
     return planned_step
 

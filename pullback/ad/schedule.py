@@ -9,7 +9,7 @@ node consumes it. Eager backward computes one per call (`backward_pass`).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from .core import DerivativeError
@@ -56,13 +56,17 @@ class BackwardSchedule:
 
 
 def run_schedule(schedule: BackwardSchedule, roots: Sequence[tuple[Any, Any]], executor: Any,
-                 release: bool = False) -> dict:
+                 release: bool = False,
+                 on_result: Callable[[Any, Any], None] | None = None) -> dict:
     """Push the cotangents of `roots` (pairs of node and cotangent) through the schedule.
 
     Returns the cotangent reaching each end (leaf or target). Cotangents are
     accumulated with the executor's `add_operands`; each node is linearized and
     transposed by the executor. With `release`, each node's saved values are freed
     (`release_saved`) once it has been processed, or skipped for want of a cotangent.
+    `on_result(end, ct)`, when given, is called the moment an end's cotangent is
+    final (its step is reached), while the rest of the backward still runs: a
+    training plan hands each parameter's gradient on from there.
     """
     cts: list[Any] = [None] * len(schedule.nodes)
     add = executor.add_operands
@@ -83,6 +87,8 @@ def run_schedule(schedule: BackwardSchedule, roots: Sequence[tuple[Any, Any]], e
         if end:
             if ct is not None:
                 results[node] = ct
+                if on_result is not None:
+                    on_result(node, ct)
             continue
         if ct is None:
             if release:

@@ -21,7 +21,7 @@ from ..ad import BackwardSchedule, DerivativeError, Leaf, Node, run_schedule
 from ..backend.current import get_backend
 from ..tensor.backward import EagerExecutor, accumulate_grad
 from ..tensor.eager import saved_as_float, wrap
-from . import buffers, cotangents
+from . import buffers, cotangents, hooks
 from .fuse import Step, schedule
 from .graph import Eqn, LoweringError, StaticGraph, Var, resolve_params, trace
 from .retrace import Retracer
@@ -297,7 +297,9 @@ class TrainingPlan(Plan):
     parameter's gradient in its `.grad` (accumulated, as `loss.backward()` does).
 
     A function may return `(loss, *aux)`: the extra outputs (logits, say) are
-    returned after the loss and not differentiated."""
+    returned after the loss and not differentiated. Each parameter's gradient is left
+    in `.grad` the moment it is final, and the gradient-ready hooks (hooks.py) are
+    called then, while the rest of the backward runs."""
 
     mode = LoweringMode.TRAINING
 
@@ -434,6 +436,7 @@ class TrainingPlan(Plan):
                 node = nodes[eqn.out.index] = Node(eqn.primitive, eqn.params, parents, None,
                                                    None, (), eqn.out.shape, eqn.out.dtype)
                 eqn_of[id(node)] = eqn
+        self._param_of = {id(leaf): p for (_, p), leaf in zip(self.graph.params, self._leaves)}
         self._loss_node = nodes[self.graph.outputs[0].index]
         schedule = self._schedule_plain = BackwardSchedule([self._loss_node], self._leaves)
         steps = [n for n, end in zip(schedule.nodes, schedule.ends) if not end]
@@ -495,15 +498,22 @@ class TrainingPlan(Plan):
         if arena is None:
             arena = self._ct_arena = [b.allocate() for b in self._ct_buffers]
         executor = _PlanExecutor(self, env, arena)
-        results = run_schedule(self._schedules[executor.fused],
-                               [(self._loss_node, np.ones_like(loss))], executor, release=True)
+        # Buffers a gradient may not take over, gathered before the backward frees any
+        # value (an id freed meanwhile and reused only costs a copy).
         taken = {id(a) for a in env if type(a) is np.ndarray}
         taken.update(id(a) for a in self._arena)
         taken.update(id(a) for a in arena)
-        for (_, p), leaf in zip(self.graph.params, self._leaves):
-            ct = results.get(leaf)
-            if ct is not None:
-                _accumulate(p, ct, taken)
+        param_of = self._param_of
+
+        def ready(leaf: Any, ct: Any) -> None:
+            # Each parameter's gradient is final at its leaf's step: hand it over now,
+            # so gradient-ready hooks (an allreduce) overlap the rest of the backward.
+            p = param_of[id(leaf)]
+            _accumulate(p, ct, taken)
+            hooks.gradient_ready(p)
+
+        run_schedule(self._schedules[executor.fused], [(self._loss_node, np.ones_like(loss))],
+                     executor, release=True, on_result=ready)
         self._write_state(env)  # after backward, which may read the buffers' old values
         if self.single:
             return wrap(loss, None)

@@ -1,0 +1,45 @@
+"""Gradient-ready hooks: callbacks a TRAINING plan calls the moment a parameter's
+gradient is final, while the rest of its backward still runs.
+
+This is how work on a gradient can start before the backward is over: data-parallel
+training (`pullback.distributed.DistributedOptimizer`) starts the allreduce of a
+bucket of gradients as soon as the bucket's last gradient is ready, so communication
+overlaps the rest of the backward. A hook receives the parameter (its `.grad` already
+holds the gradient, accumulated as `loss.backward()` would); it must not change the
+gradient's value. Hooks run in the order they were registered, on every training plan.
+Eager `loss.backward()` does not call them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+GradientHook = Callable[[Any], None]
+
+_hooks: list[GradientHook] = []
+
+
+class HookHandle:
+    """What `on_gradient_ready` returns: `remove()` unregisters the hook (once is enough)."""
+
+    def __init__(self, hook: GradientHook):
+        self._hook = hook
+
+    def remove(self) -> None:
+        if self._hook in _hooks:
+            _hooks.remove(self._hook)
+
+
+def on_gradient_ready(hook: GradientHook) -> HookHandle:
+    """Call `hook(param)` whenever a training plan has finished a parameter's gradient."""
+    if not callable(hook):
+        raise TypeError(f"on_gradient_ready: expected a callable, got {type(hook).__name__}")
+    _hooks.append(hook)
+    return HookHandle(hook)
+
+
+def gradient_ready(param: Any) -> None:
+    """Tell every hook that `param.grad` is final for this backward (called by plans)."""
+    for hook in list(_hooks):
+        hook(param)
