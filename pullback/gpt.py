@@ -29,7 +29,7 @@ from .backend.current import use_backend
 from .io import save, save_training, training_metadata
 from .io.checkpoint import read_arrays
 from .lower import LoweringMode, compile
-from .nn.kv_cache import KVCache, encoder_layer_step
+from .nn.kv_cache import KVCache, dense_step, encoder_layer_step
 from .tensor import creation, no_grad, tensor
 from .training import (
     BACKENDS,
@@ -136,10 +136,10 @@ class GPT(nn.Module):
                              f"context of {self.context}; clear the cache and start again "
                              f"from the last ids")
         x = self.tokens(ids) + self.positions(creation.arange(start, start + t))
-        for block, buffer in zip(self.blocks, cache.buffers):
-            x = encoder_layer_step(block, x, buffer, start)
+        for index, block in enumerate(self.blocks):
+            x = encoder_layer_step(block, x, cache, index)
         cache.length = start + t
-        return self.head(self.norm(x))
+        return dense_step(self.head, self.norm(x), cache)
 
 
 def stdlib_texts() -> tuple[bytes, bytes]:

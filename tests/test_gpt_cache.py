@@ -127,10 +127,27 @@ def test_a_post_norm_layer_steps_as_pytorch_and_training_mode_is_refused() -> No
                         src_mask=torch.nn.Transformer.generate_square_subsequent_mask(5)).numpy()
     cache = KVCache(1, 1, HEADS, 5, WIDTH // HEADS)
     with pb.no_grad():
-        got = np.concatenate([encoder_layer_step(layer, x[:, :2], cache.buffers[0], 0).numpy(),
-                              encoder_layer_step(layer, x[:, 2:], cache.buffers[0], 2).numpy()],
-                             1)
+        first = encoder_layer_step(layer, x[:, :2], cache, 0).numpy()
+        cache.length = 2
+        got = np.concatenate([first, encoder_layer_step(layer, x[:, 2:], cache, 0).numpy()], 1)
         np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)
         layer.train()
         with pytest.raises(ValueError, match="eval mode"):
-            encoder_layer_step(layer, x[:, :1], cache.buffers[0], 0)
+            encoder_layer_step(layer, x[:, :1], cache, 0)
+
+
+def test_a_cache_sees_weights_updated_in_place_and_replaced() -> None:
+    pb.manual_seed(2)
+    gpt = GPT(VOCAB, CONTEXT, WIDTH, HEADS, 1).eval()
+    ids = [1, 2, 3]
+    cache = gpt.new_cache()
+    with pb.no_grad():
+        gpt.step(np.asarray([ids[:2]]), cache)  # transposes the weights it reads
+        gpt.blocks[0].linear2.weight.numpy()[...] *= 0.5  # in place
+        gpt.blocks[0].linear1.weight = nn.Parameter(pb.randn(4 * WIDTH, WIDTH))  # replaced
+        gpt.to(np.float64)  # every parameter given a new array, then another
+        gpt.head.weight.numpy()[...] *= 2.0
+        gpt.to(np.float32)
+        cache.clear()
+        logits = gpt.step(np.asarray([ids]), cache).numpy()[0, -1]
+    np.testing.assert_allclose(logits, _full(gpt, ids), rtol=RTOL, atol=ATOL)
