@@ -129,17 +129,19 @@ class GPT(nn.Module):
     def step(self, ids: Any, cache: KVCache) -> Any:
         """(batch, T) ids at positions cache.length.. -> their (batch, T, vocab) logits,
         as `forward` gives them for those rows of the whole sequence (in eval mode),
-        computing only the new rows; their keys and values join `cache`."""
+        computing only the new rows; their keys and values join `cache`. Inference
+        only: the logits carry no gradient."""
         start, t = cache.length, len(ids[0])
         if start + t > self.context:
             raise ValueError(f"GPT.step: {start} cached and {t} new positions exceed the "
                              f"context of {self.context}; clear the cache and start again "
                              f"from the last ids")
-        x = self.tokens(ids) + self.positions(creation.arange(start, start + t))
-        for index, block in enumerate(self.blocks):
-            x = encoder_layer_step(block, x, cache, index)
-        cache.length = start + t
-        return dense_step(self.head, self.norm(x), cache)
+        with no_grad():
+            x = self.tokens(ids) + self.positions(creation.arange(start, start + t))
+            for index, block in enumerate(self.blocks):
+                x = encoder_layer_step(block, x, cache, index)
+            cache.length = start + t
+            return dense_step(self.head, self.norm(x), cache)
 
 
 def stdlib_texts() -> tuple[bytes, bytes]:

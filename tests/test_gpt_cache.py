@@ -151,3 +151,7 @@ def test_a_cache_sees_weights_updated_in_place_and_replaced() -> None:
         cache.clear()
         logits = gpt.step(np.asarray([ids]), cache).numpy()[0, -1]
     np.testing.assert_allclose(logits, _full(gpt, ids), rtol=RTOL, atol=ATOL)
+    # Outside no_grad too nothing is recorded: the cache is written in place, so a
+    # gradient through it would miss the cached positions' share.
+    cache.clear()
+    assert not gpt.step(np.asarray([ids]), cache).requires_grad

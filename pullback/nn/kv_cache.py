@@ -98,15 +98,17 @@ def encoder_layer_step(layer: TransformerEncoderLayer, x: Any, cache: KVCache,
     """`layer` on (batch, T, E) `x`, the rows of positions cache.length.. attending to the
     cached positions before them and causally among themselves; their keys and values
     are written into the cache's layer `index`. Equal to those rows of
-    `layer(all rows, is_causal=True)` in eval mode."""
+    `layer(all rows, is_causal=True)` in eval mode. Inference only: nothing is recorded
+    (the cache is written in place), so the result carries no gradient."""
     if layer.training:
         raise ValueError("encoder_layer_step: cached decoding runs the layer as in eval mode "
                          "(no dropout); call model.eval() first")
-    if layer.norm_first:
-        x = ops.add(x, attention_step(layer.self_attn, layer.norm1(x), cache, index))
-        return ops.add(x, _feed_forward(layer, layer.norm2(x), cache))
-    x = layer.norm1(ops.add(x, attention_step(layer.self_attn, x, cache, index)))
-    return layer.norm2(ops.add(x, _feed_forward(layer, x, cache)))
+    with no_grad():
+        if layer.norm_first:
+            x = ops.add(x, attention_step(layer.self_attn, layer.norm1(x), cache, index))
+            return ops.add(x, _feed_forward(layer, layer.norm2(x), cache))
+        x = layer.norm1(ops.add(x, attention_step(layer.self_attn, x, cache, index)))
+        return layer.norm2(ops.add(x, _feed_forward(layer, x, cache)))
 
 
 def attention_step(attn: MultiheadAttention, x: Any, cache: KVCache, index: int) -> Tensor:
