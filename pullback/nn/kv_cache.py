@@ -6,13 +6,13 @@ recompute, for every new token, the keys and values of every earlier position, w
 do not change. `KVCache` keeps them in preallocated buffers; `encoder_layer_step` runs
 new rows through one layer with the layer's own parameters (nothing is copied, so a
 cache never holds stale weights), writes their projections into the buffer and
-attends over the filled prefix: the layer's forward in eval mode (no dropout), row by
-row.
+attends over the positions filled so far (a mask hides the others): the layer's
+forward in eval mode (no dropout), row by row.
 
 A new token is a (1, 1, E) row, so a step costs what its ops' Python overhead costs,
-not arithmetic: the buffer's layout is chosen so a step needs no reshapes, transposes,
-slices or concatenations to file its keys and values or read them back (see
-`LayerCache`), and each weight is transposed once per cache, not once per step.
+not arithmetic: the buffer's layout is chosen so a step needs no reshapes, transposes
+or concatenations to file its keys and values, nor copies of the cache to read them
+back (see `LayerCache`), and each weight is transposed once per cache, not per step.
 """
 
 from __future__ import annotations
