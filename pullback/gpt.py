@@ -29,6 +29,7 @@ from .backend.current import use_backend
 from .io import save, save_training, training_metadata
 from .io.checkpoint import read_arrays
 from .lower import LoweringMode, compile
+from .nn.kv_cache import KVCache, dense_step, encoder_layer_step
 from .tensor import creation, no_grad, tensor
 from .training import (
     BACKENDS,
@@ -118,6 +119,29 @@ class GPT(nn.Module):
         for block in self.blocks:
             x = block(x, is_causal=True)
         return self.head(self.norm(x))
+
+    def new_cache(self, batch: int = 1) -> KVCache:
+        """An empty cache of keys and values for `step`: `context` positions per layer."""
+        attn = self.blocks[0].self_attn
+        return KVCache(len(self.blocks), batch, attn.num_heads, self.context, attn.head_dim,
+                       self.head.weight.dtype)
+
+    def step(self, ids: Any, cache: KVCache) -> Any:
+        """(batch, T) ids at positions cache.length.. -> their (batch, T, vocab) logits,
+        as `forward` gives them for those rows of the whole sequence (in eval mode),
+        computing only the new rows; their keys and values join `cache`. Inference
+        only: the logits carry no gradient."""
+        start, t = cache.length, len(ids[0])
+        if start + t > self.context:
+            raise ValueError(f"GPT.step: {start} cached and {t} new positions exceed the "
+                             f"context of {self.context}; clear the cache and start again "
+                             f"from the last ids")
+        with no_grad():
+            x = self.tokens(ids) + self.positions(creation.arange(start, start + t))
+            for index, block in enumerate(self.blocks):
+                x = encoder_layer_step(block, x, cache, index)
+            cache.length = start + t
+            return dense_step(self.head, self.norm(x), cache)
 
 
 def stdlib_texts() -> tuple[bytes, bytes]:
@@ -233,23 +257,44 @@ def evaluate(model: nn.Module, ids: np.ndarray, starts: np.ndarray,
 def generate(model: GPT, prompt: list[int], tokens: int, *, temperature: float = 1.0,
              top_k: int | None = None, rng: np.random.Generator) -> list[int]:
     """`prompt` followed by `tokens` sampled ids: each from the softmax of the last
-    position's logits over the last `context` ids, divided by `temperature` (0: the
-    most likely id), among the `top_k` most likely when given."""
+    position's logits, divided by `temperature` (0: the most likely id), among the
+    `top_k` most likely when given.
+
+    Decoding is incremental: the keys and values of the ids seen so far are cached
+    (`GPT.step`), so each new id runs through the model alone. The model sees the ids
+    from a window start: at first the last `context` ids of the prompt; when the
+    window fills `context` positions, it restarts at the last `context // 2` ids (at
+    least one), whose keys and values are computed again at positions 0.. (positions
+    are learned embeddings of at most `context` rows). Until then every id is the one
+    a full forward over all the ids gives; after, it is the one a full forward over the
+    window gives, which sees between `context // 2` and `context` ids."""
     ids = list(prompt)
     model.eval()
+    cache = model.new_cache()
+    keep = max(1, model.context // 2)
+    new = ids[-model.context:]  # the ids the cache has yet to see
     with no_grad():
         for _ in range(tokens):
-            window = np.asarray(ids[-model.context:], np.int64)[None]
-            logits = model(tensor(window)).numpy()[0, -1].astype(np.float64)
-            if temperature <= 0:
-                ids.append(int(logits.argmax()))
-                continue
-            logits = logits / temperature
-            if top_k is not None and top_k < len(logits):
-                logits[logits < np.sort(logits)[-top_k]] = -np.inf
-            p = np.exp(logits - logits.max())
-            ids.append(int(rng.choice(len(p), p=p / p.sum())))
+            if cache.length + len(new) > model.context:
+                cache.clear()
+                new = ids[-keep:]
+            logits = model.step(np.asarray(new, np.int64)[None], cache)
+            logits = logits.numpy()[0, -1].astype(np.float64)
+            new = [_pick(logits, temperature, top_k, rng)]
+            ids += new
     return ids
+
+
+def _pick(logits: np.ndarray, temperature: float, top_k: int | None,
+          rng: np.random.Generator) -> int:
+    """The next id from one position's logits (see `generate`)."""
+    if temperature <= 0:
+        return int(logits.argmax())
+    logits = logits / temperature
+    if top_k is not None and top_k < len(logits):
+        logits[logits < np.sort(logits)[-top_k]] = -np.inf
+    p = np.exp(logits - logits.max())
+    return int(rng.choice(len(p), p=p / p.sum()))
 
 
 def train_gpt(config: GPTConfig, *, resume: bool = False, overwrite: bool = False,
