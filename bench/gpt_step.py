@@ -9,14 +9,17 @@ through a TRAINING plan, the step through eager autograd, and PyTorch's eager st
 
 Before timing, each contender runs 10 steps from the same weights on the same
 batches; the losses must agree with PyTorch's to 1e-5 relative. Prints JSON: ms per
-step, alone and taking turns, and torch / pullback ratios. Run: `python
-bench/gpt_step.py [threads]`.
+step (wall time alone and taking turns, and CPU time taking turns, the steadiest on
+a shared machine) and torch / pullback ratios. Run: `python bench/gpt_step.py
+[threads]` (`1` for one thread each, where CPU time compares fairly).
 """
 
 from __future__ import annotations
 
 import json
 import sys
+import time
+from collections.abc import Callable
 
 from common import both_ways, pin_threads
 
@@ -141,10 +144,26 @@ def contenders() -> dict:
             {"losses": losses, "worst relative difference": worst})
 
 
+def cpu_times(fns: dict[str, Callable[[], object]], repeats: int = 5,
+              number: int = 3) -> dict[str, float]:
+    """CPU seconds of this process per call, contenders taking turns (best of `repeats`
+    runs of `number`): steadier than wall time on a machine other jobs share, though a
+    library whose idle threads spin is charged for the spinning."""
+    best = dict.fromkeys(fns, float("inf"))
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            start = time.process_time()
+            for _ in range(number):
+                fn()
+            best[name] = min(best[name], (time.process_time() - start) / number)
+    return best
+
+
 def main() -> None:
     torch.set_num_threads(THREADS)
     fns, check = contenders()
     times = both_ways(fns, repeats=5, number=3)
+    times["cpu time, turns"] = cpu_times(fns)
     ms = {way: {name: round(t * 1e3, 2) for name, t in ts.items()} for way, ts in times.items()}
     ratios = {way: {name: round(ts["torch eager"] / ts[name], 2)
                     for name in ("pullback plan", "pullback eager")}

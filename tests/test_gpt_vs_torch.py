@@ -63,7 +63,13 @@ def start() -> tuple[dict, list[np.ndarray], list[float]]:
                for k, v in GPT(VOCAB, CONTEXT, WIDTH, HEADS, LAYERS).state_dict().items()}
     rng = np.random.default_rng(0)
     windows = [rng.integers(0, VOCAB, (BATCH, CONTEXT + 1)) for _ in range(STEPS)]
-    return weights, windows, _torch_losses(weights, windows)
+    # One thread: PyTorch's pool costs ms per tiny op on a busy machine (6 s here).
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return weights, windows, _torch_losses(weights, windows)
+    finally:
+        torch.set_num_threads(threads)
 
 
 @pytest.mark.parametrize("planned", [False, True], ids=["eager", "plan"])
