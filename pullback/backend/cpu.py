@@ -628,7 +628,7 @@ class CpuBackend(BackwardOps, FusedOps, CpuRecurrentOps, CpuGatherOps, Backend):
 
     def matmul(self, a: np.ndarray, b: np.ndarray, out: Any = None) -> np.ndarray:
         try:
-            return gemm.matmul(a, b) if out is None else np.matmul(a, b, out=out)
+            return gemm.matmul(a, b, out)
         except (ValueError, TypeError):
             raise KernelError("matmul", [a, b], _matmul_reason(a, b)) from None
 

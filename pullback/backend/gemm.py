@@ -77,9 +77,31 @@ def result_order(rows: int, cols: int) -> str:
     return "F" if rows < cols and rows * cols >= MIN_ELEMENTS else "C"
 
 
-def matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """np.matmul(a, b), a 2-D floating result laid out as `result_order` says."""
+def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """np.matmul(a, b) (into `out` when given), a 2-D floating result laid out as
+    `result_order` says, a stack of matrices times one matrix as one 2-D product."""
+    if a.ndim > 2 and b.ndim == 2 and a.shape[-1] == b.shape[0] and a.dtype == b.dtype:
+        return _stacked(a, b, out)
+    if out is not None:
+        return np.matmul(a, b, out=out)
     if (a.ndim == 2 and b.ndim == 2 and a.dtype == b.dtype and a.dtype.kind == "f"
             and result_order(a.shape[0], b.shape[1]) == "F" and a.shape[1] == b.shape[0]):
         return np.matmul(a, b, out=np.empty((a.shape[0], b.shape[1]), a.dtype, order="F"))
     return np.matmul(a, b, out=...)
+
+
+def _stacked(a: np.ndarray, b: np.ndarray, out: np.ndarray | None) -> np.ndarray:
+    """(..., M, K) @ (K, N) as one (rows, K) @ (K, N) product. NumPy runs the stacked
+    form as one BLAS call per matrix of the stack; on two OpenBLAS threads a
+    transformer's (16, 128, 128) @ (128, 384) took 6-12x longer so than as one product
+    on a busy machine (on one thread, alike): bench/RESULTS.md, issue 13."""
+    rows = math.prod(a.shape[:-1])
+    shape = a.shape[:-1] + (b.shape[1],)
+    flat = a.reshape(rows, a.shape[-1])  # a copy only where a's rows are not contiguous
+    if out is None:
+        return np.matmul(flat, b).reshape(shape)
+    if out.flags.c_contiguous:
+        np.matmul(flat, b, out=out.reshape(rows, b.shape[1]))  # a view: writes into out
+        return out
+    out[...] = np.matmul(flat, b).reshape(shape)
+    return out

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from itertools import pairwise
 from typing import Any
 
 import numpy as np
@@ -188,14 +189,14 @@ def _backward(backend: Any, upstream: Any, q: Any, k: Any, v: Any, bias: Any, ke
             ((be.zeros(bias.shape, bias.dtype) if bias_grad else None),)
     blocks = _Blocks(be, q, k, bias, causal)
     scaled_q = be.mul(q, scale)
-    dq_parts, dbias_parts, dk, dv = [], [], None, None
+    dq_parts, dbias_parts, dk_parts, dv_parts = [], [], [], []
     for start, stop in blocks.ranges:
         seen = blocks.seen(stop)
         p = blocks.probabilities(scaled_q, k, bias, start, stop)
         g = blocks.rows(upstream, start, stop)
         k_seen, v_seen = blocks.keys_of(k, seen), blocks.keys_of(v, seen)
         kept = p if keep is None else be.mul(p, blocks.rows(keep, start, stop, seen))
-        dv = _add_keys(be, dv, be.matmul(_swap(be, kept), g), blocks.keys)
+        dv_parts.append(be.matmul(_swap(be, kept), g))
         dp = be.matmul(g, _swap(be, v_seen))
         if keep is not None:
             dp = be.mul(dp, blocks.rows(keep, start, stop, seen))
@@ -203,8 +204,8 @@ def _backward(backend: Any, upstream: Any, q: Any, k: Any, v: Any, bias: Any, ke
         if bias_grad:
             dbias_parts.append(be.sum_to_shape(ds, _block_shape(bias, ds.ndim, start, stop)))
         dq_parts.append(be.matmul(ds, k_seen))
-        dk = _add_keys(be, dk, be.matmul(_swap(be, ds), blocks.rows(scaled_q, start, stop)),
-                       blocks.keys)
+        dk_parts.append(be.matmul(_swap(be, ds), blocks.rows(scaled_q, start, stop)))
+    dk, dv = _sum_keys(be, dk_parts, blocks.keys), _sum_keys(be, dv_parts, blocks.keys)
     dq = be.mul(dq_parts[0] if len(dq_parts) == 1 else be.concatenate(dq_parts, -2), scale)
     dbias = None
     if bias_grad:
@@ -224,14 +225,26 @@ def _block_shape(bias: Any, ndim: int, start: int, stop: int) -> tuple:
     return shape[:-2] + ((stop - start) if shape[-2] != 1 else 1, shape[-1])
 
 
-def _add_keys(backend: Any, total: Any, part: Any, keys: int) -> Any:
-    """total + part, part covering the first part.shape[-2] of `keys` rows (a causal
-    block's), zero past them."""
-    seen = part.shape[-2]
-    if seen < keys:
-        rest = backend.zeros(part.shape[:-2] + (keys - seen, part.shape[-1]), part.dtype)
-        part = backend.concatenate([part, rest], -2)
-    return part if total is None else backend.add(total, part)
+def _sum_keys(backend: Any, parts: list, keys: int) -> Any:
+    """The sum of `parts` in their order, each covering the first part.shape[-2] of `keys`
+    rows (a causal block's keys), zero past them: summed chunk of keys by chunk of keys,
+    so that no part is padded with zeros (three passes over the whole per block)."""
+    edges = sorted({part.shape[-2] for part in parts} | {0})
+    chunks = []
+    for low, high in pairwise(edges):
+        total = None
+        for part in parts:
+            if part.shape[-2] < high:
+                continue
+            if (low, high) != (0, part.shape[-2]):
+                part = backend.getitem(part, (Ellipsis, slice(low, high), slice(None)))
+            total = part if total is None else backend.add(total, part)
+        chunks.append(total)
+    if edges[-1] < keys:  # keys no query sees (causal, fewer queries than keys)
+        first = parts[0]
+        chunks.append(backend.zeros(first.shape[:-2] + (keys - edges[-1], first.shape[-1]),
+                                    first.dtype))
+    return chunks[0] if len(chunks) == 1 else backend.concatenate(chunks, -2)
 
 
 def _total(backend: Any, parts: list) -> Any:

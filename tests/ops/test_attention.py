@@ -53,6 +53,8 @@ DEAD_MIDDLE_ROW = np.array([[0.0] * 5, [-np.inf] * 5, [0.0, -np.inf, 0.0, 0.0, 0
 
 BLOCK_CASES = {
     "causal": (dict(is_causal=True), ((2, 6, 3), (2, 5, 3), (2, 5, 2)), None),
+    # Keys past the last query get no gradient: a chunk of zeros after the summed ones.
+    "causal_fewer_queries": (dict(is_causal=True), ((2, 3, 3), (2, 5, 3), (2, 5, 2)), None),
     "float_mask_per_row": ({}, ((2, 4, 3), (2, 5, 3), (2, 5, 2)), (4, 5)),
     "float_mask_broadcast_rows": ({}, ((2, 4, 3), (2, 5, 3), (2, 5, 2)), (2, 1, 5)),
     "dead_row": ({}, ((2, 4, 3), (2, 5, 3), (2, 5, 2)), "dead"),
