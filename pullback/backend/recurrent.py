@@ -22,6 +22,7 @@ from pullback.kernels import recurrent as kernels
 
 LSTM_GATES, GRU_GATES = 4, 3
 LSTM_STATES, GRU_STATES = 6, 5  # the leading axis of y: h, c, i, f, g, o / h, r, z, n, hn
+_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 
 
 def _shape(value: Any) -> tuple:
@@ -48,8 +49,10 @@ def _check(op: str, xp: Any, state: Any, w_hh: Any, gates: int, extra: tuple) ->
         if _shape(value) != want:
             what = "initial cell state" if gates == LSTM_GATES else "recurrent bias"
             raise KernelError(op, operands, f"the {what} must have shape {want}")
-    dtypes = {str(getattr(v, "dtype", None)) for v in operands}
-    if len(dtypes) != 1 or dtypes.pop() not in ("float32", "float64"):
+    # Dtype objects compared, not their names: str(dtype) is a Python call in NumPy,
+    # and this check runs on every forward and backward of a (small) sequence.
+    dtype = getattr(xp, "dtype", None)
+    if dtype not in _FLOATS or any(getattr(v, "dtype", None) != dtype for v in operands):
         raise KernelError(op, operands, "operands must share one floating dtype")
     return shape[0], n, h
 

@@ -61,3 +61,11 @@ def test_gru_sequence_refuses_mixed_dtypes(cpu, rng):
     xs[3] = xs[3].astype(np.float32)
     with pytest.raises(KernelError, match=r"gru_sequence: .*one floating dtype"):
         cpu.gru_sequence(*xs)
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.int64])
+def test_lstm_sequence_refuses_a_shared_dtype_that_is_not_float32_or_float64(cpu, rng, dtype):
+    # Every operand in the same dtype, but one the kernels have no loop for.
+    xs = [x.astype(dtype) for x in _operands("lstm", np.float32, rng)]
+    with pytest.raises(KernelError, match=r"lstm_sequence: .*one floating dtype"):
+        cpu.lstm_sequence(*xs)

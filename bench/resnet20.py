@@ -1,0 +1,199 @@
+"""One training step of ResNet-20 (He et al.'s CIFAR net) on 3x32x32, batch 64, against
+PyTorch eager, BatchNorm in training mode, SGD with momentum 0.9, every library on 2 threads.
+
+ResNet-20: a 3x3 convolution to 16 channels + BatchNorm + ReLU, then three stages of
+three basic blocks (16, 32, 64 channels), stride 2 at the start of stages 2 and 3 with
+a 1x1 convolution + BatchNorm projection shortcut (option B), global average pooling
+and a linear layer over 10 classes. The same network in pullback and torch.nn, the
+same parameter and buffer names, pullback's initial weights copied into PyTorch's;
+random data (fixed seed). Contenders: pullback through a TRAINING plan, pullback eager,
+PyTorch eager. Before timing, three steps of each must give the same losses (1e-4
+relative, float32) and the same running statistics.
+
+Run: `python bench/resnet20.py` (`--profile` adds a cProfile of 10 plan steps, the
+functions by own time, and per-layer timings of the convolutions).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from common import both_ways, pin_threads
+
+THREADS = int(next((a.split("=")[1] for a in sys.argv if a.startswith("--threads=")), 2))
+pin_threads(THREADS)
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+import pullback as pb  # noqa: E402
+from pullback import nn, optim  # noqa: E402
+
+BATCH, LR, MOMENTUM, STAGES = 64, 0.05, 0.9, (16, 32, 64)
+
+
+class Block(nn.Module):
+    """ResNet's basic block: relu(bn2(conv2(relu(bn1(conv1(x))))) + shortcut(x)), the
+    shortcut a 1x1 convolution + BatchNorm where the width or the stride changes."""
+
+    def __init__(self, cin: int, cout: int, stride: int):
+        super().__init__()
+        self.conv1 = nn.Conv2d(cin, cout, 3, stride=stride, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(cout)
+        self.conv2 = nn.Conv2d(cout, cout, 3, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(cout)
+        self.relu = nn.ReLU()
+        self.shortcut = (nn.Sequential(nn.Conv2d(cin, cout, 1, stride=stride, bias=False),
+                                       nn.BatchNorm2d(cout))
+                         if stride != 1 or cin != cout else None)
+
+    def forward(self, x: object) -> object:
+        y = self.relu(self.bn1(self.conv1(x)))
+        y = self.bn2(self.conv2(y))
+        return self.relu(y + (x if self.shortcut is None else self.shortcut(x)))
+
+
+class TorchBlock(torch.nn.Module):
+    """Block in torch.nn, the same names."""
+
+    def __init__(self, cin: int, cout: int, stride: int):
+        super().__init__()
+        self.conv1 = torch.nn.Conv2d(cin, cout, 3, stride=stride, padding=1, bias=False)
+        self.bn1 = torch.nn.BatchNorm2d(cout)
+        self.conv2 = torch.nn.Conv2d(cout, cout, 3, padding=1, bias=False)
+        self.bn2 = torch.nn.BatchNorm2d(cout)
+        self.relu = torch.nn.ReLU()
+        self.shortcut = (torch.nn.Sequential(
+            torch.nn.Conv2d(cin, cout, 1, stride=stride, bias=False),
+            torch.nn.BatchNorm2d(cout)) if stride != 1 or cin != cout else None)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.relu(self.bn1(self.conv1(x)))
+        y = self.bn2(self.conv2(y))
+        return self.relu(y + (x if self.shortcut is None else self.shortcut(x)))
+
+
+def resnet20(lib: object, block: type) -> object:
+    """ResNet-20 from library `lib` (pullback.nn or torch.nn) with blocks of type `block`."""
+    linear = getattr(lib, "Dense", None) or lib.Linear
+    layers = [lib.Conv2d(3, STAGES[0], 3, padding=1, bias=False), lib.BatchNorm2d(STAGES[0]),
+              lib.ReLU()]
+    cin = STAGES[0]
+    for stage, cout in enumerate(STAGES):
+        for index in range(3):
+            layers.append(block(cin, cout, 2 if stage and not index else 1))
+            cin = cout
+    layers += [lib.AdaptiveAvgPool2d(1), lib.Flatten(), linear(cin, 10)]
+    return lib.Sequential(*layers)
+
+
+def models() -> tuple:
+    """(pullback model, its twin for eager, the torch model), the same weights."""
+    pb.manual_seed(0)
+    model = resnet20(nn, Block)
+    twin = resnet20(nn, Block)
+    twin.load_state_dict({k: v.numpy() for k, v in model.state_dict().items()})
+    tmodel = resnet20(torch.nn, TorchBlock)
+    tmodel.load_state_dict({k: torch.from_numpy(v.numpy().copy())
+                            for k, v in model.state_dict().items()})
+    return model, twin, tmodel
+
+
+def contenders() -> tuple:
+    """The three steps, each returning its loss, and the three models."""
+    model, twin, tmodel = models()
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((BATCH, 3, 32, 32)).astype(np.float32)
+    y = rng.integers(0, 10, BATCH)
+    xt, yt = torch.from_numpy(x), torch.from_numpy(y)
+
+    opt = optim.SGD(model.parameters(), LR, momentum=MOMENTUM)
+    plan = pb.compile(lambda x, y: nn.cross_entropy(model(x), y), x, y,
+                      mode=pb.LoweringMode.TRAINING)
+
+    def planned() -> float:
+        opt.zero_grad()
+        loss = plan(x, y)
+        opt.step()
+        return loss
+
+    eager_opt = optim.SGD(twin.parameters(), LR, momentum=MOMENTUM)
+
+    def eager() -> float:
+        eager_opt.zero_grad()
+        loss = nn.cross_entropy(twin(pb.tensor(x)), y)
+        loss.backward()
+        eager_opt.step()
+        return loss
+
+    topt = torch.optim.SGD(tmodel.parameters(), LR, momentum=MOMENTUM)
+
+    def torch_eager() -> float:
+        topt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(tmodel(xt), yt)
+        loss.backward()
+        topt.step()
+        return loss
+
+    return {"pullback plan": planned, "pullback eager": eager, "torch eager": torch_eager}, \
+        (model, twin, tmodel)
+
+
+def value(loss: object) -> float:
+    return float(loss.detach() if isinstance(loss, torch.Tensor) else np.asarray(loss))
+
+
+def check(steps: dict, nets: tuple) -> list:
+    """Three steps of each contender: the same losses and running statistics."""
+    losses = {name: [value(step()) for _ in range(3)] for name, step in steps.items()}
+    ref = losses["torch eager"]
+    for name in ("pullback plan", "pullback eager"):
+        np.testing.assert_allclose(losses[name], ref, rtol=1e-4, err_msg=name)
+    model, twin, tmodel = nets
+    torch_state = tmodel.state_dict()
+    for net in (model, twin):
+        for key, t in net.state_dict().items():
+            if "running" in key or "num_batches" in key:
+                np.testing.assert_allclose(t.numpy(), torch_state[key].numpy(), rtol=1e-4,
+                                           atol=1e-5, err_msg=key)
+    return ref
+
+
+def profile(step: object) -> None:
+    """cProfile of 10 plan steps: the 25 functions with the most own time."""
+    import cProfile
+    import pstats
+
+    step()
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(10):
+        step()
+    prof.disable()
+    stats = pstats.Stats(prof)
+    print(f"cProfile, 10 plan steps: {stats.total_calls} calls "
+          f"({stats.total_calls // 10} per step), {stats.total_tt / 10 * 1e3:.1f} ms per step")
+    stats.sort_stats("tottime").print_stats(25)
+
+
+def main() -> int:
+    torch.set_num_threads(THREADS)
+    steps, nets = contenders()
+    losses = check(steps, nets)
+    ways = both_ways(steps, repeats=3, number=2)
+    results = {way: {name: round(t * 1e3, 2) for name, t in ts.items()}
+               for way, ts in ways.items()}
+    results["torch / pullback"] = {
+        way: {name: round(ts["torch eager"] / ts[name], 2)
+              for name in ("pullback plan", "pullback eager")} for way, ts in ways.items()}
+    print(json.dumps({"bench": "ResNet-20 training step, 3x32x32, batch 64, SGD momentum, "
+                      f"float32, {THREADS} threads", "losses over 3 steps (torch)": losses,
+                      "ms per step": results}, indent=2))
+    if "--profile" in sys.argv:
+        profile(steps["pullback plan"])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
