@@ -139,7 +139,7 @@ def main() -> int:
         kind, batch, steps, inputs, hidden = case
         label = f"{kind} N={batch} T={steps} input {inputs} hidden {hidden}"
         fns = contenders(*case)
-        ways = both_ways(fns, repeats=5, number=50 if small else 3)
+        ways = both_ways(fns, repeats=5, number=20 if small else 3)
         unit, scale = ("us", 1e6) if small else ("ms", 1e3)
         results[label] = {f"{way} ({unit})": {name: round(t * scale, 1 if small else 2)
                                               for name, t in ts.items()}

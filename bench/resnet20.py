@@ -10,8 +10,10 @@ random data (fixed seed). Contenders: pullback through a TRAINING plan, pullback
 PyTorch eager. Before timing, three steps of each must give the same losses (1e-4
 relative, float32) and the same running statistics.
 
-Run: `python bench/resnet20.py` (`--profile` adds a cProfile of 10 plan steps, the
-functions by own time, and per-layer timings of the convolutions).
+Run: `python bench/resnet20.py` (`--threads=1` for one thread each; `--profile` adds a
+cProfile of 10 plan steps, the functions by own time; `--layers` times each distinct
+convolution and batch norm of the network alone, forward and backward, against
+PyTorch's, for the convolution rework).
 """
 
 from __future__ import annotations
@@ -177,7 +179,74 @@ def profile(step: object) -> None:
     stats.sort_stats("tottime").print_stats(25)
 
 
+# Each distinct convolution of ResNet-20: (in, out, kernel, stride, input size, count).
+CONVS = [(3, 16, 3, 1, 32, 1), (16, 16, 3, 1, 32, 6), (16, 32, 3, 2, 32, 1),
+         (32, 32, 3, 1, 16, 5), (16, 32, 1, 2, 32, 1), (32, 64, 3, 2, 16, 1),
+         (64, 64, 3, 1, 8, 5), (32, 64, 1, 2, 16, 1)]
+BATCH_NORMS = [(16, 32, 7), (32, 16, 7), (64, 8, 7)]  # (channels, size, count)
+
+
+def conv_times(be: object, cin: int, cout: int, k: int, stride: int, size: int) -> list:
+    """ms of one convolution's forward, input and weight backward: pullback, then torch."""
+    from common import best_time
+
+    rng, grad = np.random.default_rng(0), torch.nn.grad
+    pad, out = k // 2, size // stride
+    x = rng.standard_normal((BATCH, cin, size, size)).astype(np.float32)
+    w = rng.standard_normal((cout, cin, k, k)).astype(np.float32)
+    u = rng.standard_normal((BATCH, cout, out, out)).astype(np.float32)
+    xt, wt, ut = (torch.from_numpy(a) for a in (x, w, u))
+    st, pd = (stride, stride), (pad, pad)
+    return [best_time(fn, 3, 3) * 1e3 for fn in (
+        lambda: be.conv2d(x, w, st, pd),
+        lambda: be.conv2d_input_backward(u, w, x.shape, st, pd),
+        lambda: be.conv2d_weight_backward(u, x, w.shape, st, pd),
+        lambda: torch.nn.functional.conv2d(xt, wt, stride=stride, padding=pad),
+        lambda: grad.conv2d_input(xt.shape, wt, ut, stride=stride, padding=pad),
+        lambda: grad.conv2d_weight(xt, wt.shape, ut, stride=stride, padding=pad))]
+
+
+def batch_norm_times(be: object, channels: int, size: int) -> list:
+    """ms of one training-mode batch norm's forward and backward: pullback, then torch."""
+    from common import best_time
+
+    x = np.random.default_rng(0).standard_normal((BATCH, channels, size, size))
+    x = x.astype(np.float32)
+    w, b = np.ones(channels, np.float32), np.zeros(channels, np.float32)
+    xt = torch.from_numpy(x).requires_grad_()
+    wt, bt = torch.from_numpy(w).requires_grad_(), torch.from_numpy(b).requires_grad_()
+    yt = torch.nn.functional.batch_norm(xt, None, None, wt, bt, training=True)
+    ut = torch.ones_like(yt)
+    return [best_time(fn, 3, 5) * 1e3 for fn in (
+        lambda: be.batch_norm(x, w, b, 1e-5),
+        lambda: be.batch_norm_backward(x, x, w, 1e-5),
+        lambda: torch.nn.functional.batch_norm(xt, None, None, wt, bt, training=True),
+        lambda: torch.autograd.grad(yt, (xt, wt, bt), ut, retain_graph=True))]
+
+
+def layers() -> None:
+    """ms per call of each distinct layer, pullback's backend against PyTorch's ops."""
+    from pullback.backend import CpuBackend
+
+    be = CpuBackend()
+    print(f"{'layer':34s} {'count':>5s} {'pb fwd':>7s} {'pb dx':>7s} {'pb dw':>7s} "
+          f"{'pt fwd':>7s} {'pt dx':>7s} {'pt dw':>7s}  ms")
+    for cin, cout, k, stride, size, count in CONVS:
+        times = conv_times(be, cin, cout, k, stride, size)
+        name = f"conv {cin}->{cout} {k}x{k} s{stride} at {size}x{size}"
+        print(f"{name:34s} {count:5d} " + " ".join(f"{t:7.2f}" for t in times), flush=True)
+    for channels, size, count in BATCH_NORMS:
+        fwd, bwd, tfwd, tbwd = batch_norm_times(be, channels, size)
+        name = f"batch norm {channels} at {size}x{size}"
+        print(f"{name:34s} {count:5d} {fwd:7.2f} {bwd:7.2f} {'':7s} {tfwd:7.2f} {tbwd:7.2f}",
+              flush=True)
+
+
 def main() -> int:
+    if "--layers" in sys.argv:
+        torch.set_num_threads(THREADS)
+        layers()
+        return 0
     torch.set_num_threads(THREADS)
     steps, nets = contenders()
     losses = check(steps, nets)

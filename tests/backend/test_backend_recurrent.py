@@ -69,3 +69,21 @@ def test_lstm_sequence_refuses_a_shared_dtype_that_is_not_float32_or_float64(cpu
     xs = [x.astype(dtype) for x in _operands("lstm", np.float32, rng)]
     with pytest.raises(KernelError, match=r"lstm_sequence: .*one floating dtype"):
         cpu.lstm_sequence(*xs)
+
+
+@pytest.mark.parametrize("kind", ["lstm", "gru"])
+def test_a_small_sequence_in_one_kernel_matches_the_steps_through_blas(kind, cpu, rng,
+                                                                      monkeypatch):
+    # These shapes are small: one kernel runs every step. With the threshold at zero the
+    # same operands go step by step, the products through BLAS.
+    from pullback.backend import recurrent
+
+    xs = _operands(kind, np.float64, rng)
+    forward, backward = f"{kind}_sequence", f"{kind}_sequence_backward"
+    y = getattr(cpu, forward)(*xs)
+    u = rng.standard_normal(y.shape)
+    grads = getattr(cpu, backward)(u, *xs, y)
+    monkeypatch.setattr(recurrent, "SMALL_PRODUCT", 0)
+    np.testing.assert_allclose(getattr(cpu, forward)(*xs), y, rtol=1e-12, atol=1e-13)
+    for got, want in zip(getattr(cpu, backward)(u, *xs, y), grads, strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-13)
