@@ -25,9 +25,11 @@ LSTM_GATES, GRU_GATES = 4, 3
 LSTM_STATES, GRU_STATES = 6, 5  # the leading axis of y: h, c, i, f, g, o / h, r, z, n, hn
 # Up to this many multiply-adds in a step's recurrent product (N x gates H x H), the
 # whole sequence runs in one Numba kernel, its products as loops: calling BLAS and the
-# step kernel from Python per step costs more there (LSTM N=8, H=32, T=16: forward
-# about 1.5-2x faster, N=1 about 10x). Above it the products go to BLAS, step by step
-# (at N=32, H=64 the loops were 1.4-1.9x slower).
+# step kernel from Python per step costs more there. Forward + backward, T=16, H=32, one
+# thread, on a loaded machine: LSTM N=1 134 -> 57 us, GRU N=1 133-178 -> 49-55 us; at
+# N=8 about even (470-700 us either way, within the noise); at N=4, H=64 595 -> 448.
+# Above it the products go to BLAS step by step (LSTM N=32, H=64: the loops 1.4-1.9x
+# slower, N=8, H=64 and N=32, H=32 about even).
 SMALL_PRODUCT = 65536
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 
