@@ -11,6 +11,11 @@ activations) in the sequence's state array `y`:
 - GRU, gate order r z n: `y` is (5, T, N, H) holding h, r, z, n and hn = W_hn h + b_hn
   (PyTorch's n = tanh(x_n + r * hn)).
 
+A small recurrence (see pullback.backend.recurrent.SMALL_PRODUCT) runs whole: one
+kernel per direction loops over the steps, computing each step's recurrent product as
+a loop (`product`) and calling the step kernels above, compiled into it, so that no
+Python and no BLAS call runs between steps.
+
 Compiled per dtype (float32, float64) with one explicit signature each and kept in
 Numba's disk cache; a float32 kernel computes in float32 (jit.in_precision).
 """
