@@ -5,8 +5,9 @@ the recurrence over T steps and return the sequence's state array `y` (see
 pullback.kernels.recurrent for its layout: h, c and the gates per step, so that the
 backward needs no recomputation). Defaults are written in forward ops on `self`
 (forward) or derived from the primitives' rules (backward: `derive_default`);
-`CpuRecurrentOps` runs each step as one BLAS product and one Numba kernel, and the
-backward's weight gradient as one product over all steps.
+`CpuRecurrentOps` runs each step as one BLAS product and one Numba kernel (a small
+recurrence: every step in one Numba kernel, see SMALL_PRODUCT), and the backward's
+weight gradient as one product over all steps.
 """
 
 from __future__ import annotations
@@ -22,6 +23,15 @@ from pullback.kernels import recurrent as kernels
 
 LSTM_GATES, GRU_GATES = 4, 3
 LSTM_STATES, GRU_STATES = 6, 5  # the leading axis of y: h, c, i, f, g, o / h, r, z, n, hn
+# Up to this many multiply-adds in a step's recurrent product (N x gates H x H), the
+# whole sequence runs in one Numba kernel, its products as loops: calling BLAS and the
+# step kernel from Python per step costs more there. Forward + backward, T=16, H=32, one
+# thread, on a loaded machine: LSTM N=1 134 -> 57 us, GRU N=1 133-178 -> 49-55 us; at
+# N=8 about even (470-700 us either way, within the noise); at N=4, H=64 595 -> 448.
+# Above it the products go to BLAS step by step (LSTM N=32, H=64: the loops 1.4-1.9x
+# slower, N=8, H=64 and N=32, H=32 about even).
+SMALL_PRODUCT = 65536
+_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 
 
 def _shape(value: Any) -> tuple:
@@ -48,8 +58,10 @@ def _check(op: str, xp: Any, state: Any, w_hh: Any, gates: int, extra: tuple) ->
         if _shape(value) != want:
             what = "initial cell state" if gates == LSTM_GATES else "recurrent bias"
             raise KernelError(op, operands, f"the {what} must have shape {want}")
-    dtypes = {str(getattr(v, "dtype", None)) for v in operands}
-    if len(dtypes) != 1 or dtypes.pop() not in ("float32", "float64"):
+    # Dtype objects compared, not their names: str(dtype) is a Python call in NumPy,
+    # and this check runs on every forward and backward of a (small) sequence.
+    dtype = getattr(xp, "dtype", None)
+    if dtype not in _FLOATS or any(getattr(v, "dtype", None) != dtype for v in operands):
         raise KernelError(op, operands, "operands must share one floating dtype")
     return shape[0], n, h
 
@@ -141,18 +153,22 @@ class RecurrentOps:
 
 
 class CpuRecurrentOps(RecurrentOps):
-    """RecurrentOps on NumPy arrays: per step one BLAS product and one Numba kernel."""
+    """RecurrentOps on NumPy arrays: per step one BLAS product and one Numba kernel, or
+    for a small recurrence the whole sequence in one Numba kernel."""
 
     def lstm_sequence(self, xp: np.ndarray, h0: np.ndarray, c0: np.ndarray,
                       w_hh: np.ndarray) -> np.ndarray:
         steps, n, h = check_lstm("lstm_sequence", xp, h0, c0, w_hh)
         dtype = kernels.check_dtype("lstm_sequence", [xp, h0, c0, w_hh])
-        step = kernels.compiled(kernels.lstm_step, dtype)
         xp = np.ascontiguousarray(xp)
         y = np.empty((LSTM_STATES, steps, n, h), dtype)
         hw = np.empty((n, LSTM_GATES * h), dtype)
         wt = np.ascontiguousarray(w_hh.T)  # once: T products read it
         hs, cs = np.ascontiguousarray(h0), np.ascontiguousarray(c0)
+        if n * LSTM_GATES * h * h <= SMALL_PRODUCT:
+            kernels.compiled(kernels.lstm_sequence, dtype)(xp, hs, cs, wt, hw, y)
+            return y
+        step = kernels.compiled(kernels.lstm_step, dtype)
         for t in range(steps):
             np.matmul(hs, wt, out=hw)
             step(xp, hw, cs, y, t)
@@ -165,14 +181,18 @@ class CpuRecurrentOps(RecurrentOps):
         steps, n, h = check_lstm("lstm_sequence_backward", xp, h0, c0, w_hh)
         _check_upstream("lstm_sequence_backward", upstream, y)
         dtype = kernels.check_dtype("lstm_sequence_backward", [upstream, xp, h0, c0, w_hh, y])
-        step = kernels.compiled(kernels.lstm_step_backward, dtype)
         upstream, y = np.ascontiguousarray(upstream), np.ascontiguousarray(y)
         c0 = np.ascontiguousarray(c0)
         da = np.empty((steps, n, LSTM_GATES * h), dtype)
         carry, dc = np.zeros((n, h), dtype), np.zeros((n, h), dtype)
-        for t in range(steps - 1, -1, -1):
-            step(upstream, y, c0 if t == 0 else y[1, t - 1], carry, dc, da, t)
-            np.matmul(da[t], w_hh, out=carry)
+        if n * LSTM_GATES * h * h <= SMALL_PRODUCT:
+            kernels.compiled(kernels.lstm_sequence_backward, dtype)(
+                upstream, y, c0, np.ascontiguousarray(w_hh), carry, dc, da)
+        else:
+            step = kernels.compiled(kernels.lstm_step_backward, dtype)
+            for t in range(steps - 1, -1, -1):
+                step(upstream, y, c0 if t == 0 else y[1, t - 1], carry, dc, da, t)
+                np.matmul(da[t], w_hh, out=carry)
         grads = (da, carry, dc, self._weight_grad(da, h0, y, _wants(needed, 3)))
         return _only_needed(grads, needed)
 
@@ -180,12 +200,15 @@ class CpuRecurrentOps(RecurrentOps):
                      b_hh: np.ndarray) -> np.ndarray:
         steps, n, h = check_gru("gru_sequence", xp, h0, w_hh, b_hh)
         dtype = kernels.check_dtype("gru_sequence", [xp, h0, w_hh, b_hh])
-        step = kernels.compiled(kernels.gru_step, dtype)
         xp, b_hh = np.ascontiguousarray(xp), np.ascontiguousarray(b_hh)
         y = np.empty((GRU_STATES, steps, n, h), dtype)
         hw = np.empty((n, GRU_GATES * h), dtype)
         wt = np.ascontiguousarray(w_hh.T)  # once: T products read it
         hs = np.ascontiguousarray(h0)
+        if n * GRU_GATES * h * h <= SMALL_PRODUCT:
+            kernels.compiled(kernels.gru_sequence, dtype)(xp, hs, wt, b_hh, hw, y)
+            return y
+        step = kernels.compiled(kernels.gru_step, dtype)
         for t in range(steps):
             np.matmul(hs, wt, out=hw)
             step(xp, hw, b_hh, hs, y, t)
@@ -198,16 +221,20 @@ class CpuRecurrentOps(RecurrentOps):
         steps, n, h = check_gru("gru_sequence_backward", xp, h0, w_hh, b_hh)
         _check_upstream("gru_sequence_backward", upstream, y)
         dtype = kernels.check_dtype("gru_sequence_backward", [upstream, xp, h0, w_hh, b_hh, y])
-        step = kernels.compiled(kernels.gru_step_backward, dtype)
         upstream, y = np.ascontiguousarray(upstream), np.ascontiguousarray(y)
         h0 = np.ascontiguousarray(h0)
         dxp = np.empty((steps, n, GRU_GATES * h), dtype)
         dhw = np.empty((steps, n, GRU_GATES * h), dtype)
         carry, through_w = np.zeros((n, h), dtype), np.empty((n, h), dtype)
-        for t in range(steps - 1, -1, -1):
-            step(upstream, y, h0 if t == 0 else y[0, t - 1], carry, dxp, dhw, t)
-            np.matmul(dhw[t], w_hh, out=through_w)
-            carry += through_w
+        if n * GRU_GATES * h * h <= SMALL_PRODUCT:
+            kernels.compiled(kernels.gru_sequence_backward, dtype)(
+                upstream, y, h0, np.ascontiguousarray(w_hh), carry, through_w, dxp, dhw)
+        else:
+            step = kernels.compiled(kernels.gru_step_backward, dtype)
+            for t in range(steps - 1, -1, -1):
+                step(upstream, y, h0 if t == 0 else y[0, t - 1], carry, dxp, dhw, t)
+                np.matmul(dhw[t], w_hh, out=through_w)
+                carry += through_w
         grads = (dxp, carry, self._weight_grad(dhw, h0, y, _wants(needed, 2)),
                  dhw.reshape(steps * n, GRU_GATES * h).sum(axis=0))
         return _only_needed(grads, needed)

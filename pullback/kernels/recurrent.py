@@ -11,6 +11,11 @@ activations) in the sequence's state array `y`:
 - GRU, gate order r z n: `y` is (5, T, N, H) holding h, r, z, n and hn = W_hn h + b_hn
   (PyTorch's n = tanh(x_n + r * hn)).
 
+A small recurrence (see pullback.backend.recurrent.SMALL_PRODUCT) runs whole: one
+kernel per direction loops over the steps, computing each step's recurrent product as
+a loop (`product`) and calling the step kernels above, compiled into it, so that no
+Python and no BLAS call runs between steps.
+
 Compiled per dtype (float32, float64) with one explicit signature each and kept in
 Numba's disk cache; a float32 kernel computes in float32 (jit.in_precision).
 """
@@ -18,6 +23,7 @@ Numba's disk cache; a float32 kernel computes in float32 (jit.in_precision).
 from __future__ import annotations
 
 import threading
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -121,6 +127,66 @@ def gru_step_backward(upstream, y, h_prev, carry, dxp, dhw, t):
             carry[n, j] = dh * z
 
 
+def product(a, b, out):
+    """out = a @ b for C-ordered matrices, as a loop: for the small products of a small
+    recurrence, where calling BLAS from Python per step costs more than the product."""
+    for n in range(out.shape[0]):
+        for k in range(out.shape[1]):
+            out[n, k] = 0.0
+        for j in range(a.shape[1]):
+            v = a[n, j]
+            for k in range(out.shape[1]):
+                out[n, k] += v * b[j, k]
+
+
+def lstm_sequence(xp, h0, c0, wt, hw, y):
+    """Every step of a small LSTM in one call: hw = h_{t-1} @ W_hh^T (wt), then
+    `lstm_step`; no Python between steps."""
+    for t in range(xp.shape[0]):
+        if t == 0:
+            product(h0, wt, hw)
+            lstm_step(xp, hw, c0, y, t)
+        else:
+            product(y[0, t - 1], wt, hw)
+            lstm_step(xp, hw, y[1, t - 1], y, t)
+
+
+def lstm_sequence_backward(upstream, y, c0, w_hh, carry, dc, da):
+    """Every step of a small LSTM backwards in one call: `lstm_step_backward`, then the
+    cotangent h_{t-1} gets through the recurrent product, carry = da[t] @ W_hh."""
+    for t in range(y.shape[1] - 1, -1, -1):
+        if t == 0:
+            lstm_step_backward(upstream, y, c0, carry, dc, da, t)
+        else:
+            lstm_step_backward(upstream, y, y[1, t - 1], carry, dc, da, t)
+        product(da[t], w_hh, carry)
+
+
+def gru_sequence(xp, h0, wt, b_hh, hw, y):
+    """Every step of a small GRU in one call: hw = h_{t-1} @ W_hh^T, then `gru_step`."""
+    for t in range(xp.shape[0]):
+        if t == 0:
+            product(h0, wt, hw)
+            gru_step(xp, hw, b_hh, h0, y, t)
+        else:
+            product(y[0, t - 1], wt, hw)
+            gru_step(xp, hw, b_hh, y[0, t - 1], y, t)
+
+
+def gru_sequence_backward(upstream, y, h0, w_hh, carry, through_w, dxp, dhw):
+    """Every step of a small GRU backwards in one call: `gru_step_backward`, then
+    carry += dhw[t] @ W_hh."""
+    for t in range(y.shape[1] - 1, -1, -1):
+        if t == 0:
+            gru_step_backward(upstream, y, h0, carry, dxp, dhw, t)
+        else:
+            gru_step_backward(upstream, y, y[0, t - 1], carry, dxp, dhw, t)
+        product(dhw[t], w_hh, through_w)
+        for n in range(carry.shape[0]):
+            for j in range(carry.shape[1]):
+                carry[n, j] += through_w[n, j]
+
+
 # ---------------------------------------------------------------- compilation
 
 # Each body's parameters: "inK"/"outK" an array of K dims (read-only or written), "t"
@@ -130,6 +196,17 @@ _KINDS: dict[Callable, tuple[str, ...]] = {
     lstm_step_backward: ("in4", "in4", "in2", "in2", "out2", "out3", "t"),
     gru_step: ("in3", "in2", "in1", "in2", "out4", "t"),
     gru_step_backward: ("in4", "in4", "in2", "out2", "out3", "out3", "t"),
+    lstm_sequence: ("in3", "in2", "in2", "in2", "out2", "out4"),
+    lstm_sequence_backward: ("in4", "in4", "in2", "in2", "out2", "out2", "out3"),
+    gru_sequence: ("in3", "in2", "in2", "in1", "out2", "out4"),
+    gru_sequence_backward: ("in4", "in4", "in2", "in2", "out2", "out2", "out3", "out3"),
+}
+# The bodies a whole-sequence body calls, compiled into it (inlined) in its dtype.
+_CALLS: dict[Callable, tuple[Callable, ...]] = {
+    lstm_sequence: (product, lstm_step),
+    lstm_sequence_backward: (product, lstm_step_backward),
+    gru_sequence: (product, gru_step),
+    gru_sequence_backward: (product, gru_step_backward),
 }
 _lock = threading.Lock()
 _compiled: dict[tuple, Any] = {}
@@ -151,7 +228,7 @@ def compiled(body: Callable, dtype: np.dtype) -> Any:
             found = _compiled.get(key)
             if found is None:
                 nb = jit.numba()
-                found = nb.njit(cache=True, **jit.JIT_OPTIONS)(jit.in_precision(body, dtype))
+                found = nb.njit(cache=True, **jit.JIT_OPTIONS)(_with_callees(body, dtype))
                 found.compile(_signature(dtype, _KINDS[body]))
                 found.disable_compile()
                 _compiled[key] = found
@@ -165,3 +242,21 @@ def check_dtype(op: str, arrays: list[np.ndarray]) -> np.dtype:
         names = " and ".join(sorted({a.dtype.name for a in arrays}))
         raise KernelError(op, arrays, f"dtypes {names}: one float dtype is needed; {_SUPPORTED}")
     return dtype
+
+
+def _with_callees(body: Callable, dtype: np.dtype) -> Callable:
+    """`body` in `dtype` (jit.in_precision), the bodies it calls (`_CALLS`) bound in its
+    scope as Numba functions in the same dtype, inlined where they are called."""
+    fn = jit.in_precision(body, dtype)
+    callees = _CALLS.get(body)
+    if not callees:
+        return fn
+    nb = jit.numba()
+    scope = dict(fn.__globals__)
+    for callee in callees:
+        scope[callee.__name__] = nb.njit(inline="always", **jit.JIT_OPTIONS)(
+            jit.in_precision(callee, dtype))
+    copy = types.FunctionType(fn.__code__, scope, fn.__name__, fn.__defaults__,
+                              fn.__closure__)
+    copy.__qualname__, copy.__module__ = fn.__qualname__, fn.__module__
+    return copy

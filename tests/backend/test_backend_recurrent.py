@@ -61,3 +61,29 @@ def test_gru_sequence_refuses_mixed_dtypes(cpu, rng):
     xs[3] = xs[3].astype(np.float32)
     with pytest.raises(KernelError, match=r"gru_sequence: .*one floating dtype"):
         cpu.gru_sequence(*xs)
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.int64])
+def test_lstm_sequence_refuses_a_shared_dtype_that_is_not_float32_or_float64(cpu, rng, dtype):
+    # Every operand in the same dtype, but one the kernels have no loop for.
+    xs = [x.astype(dtype) for x in _operands("lstm", np.float32, rng)]
+    with pytest.raises(KernelError, match=r"lstm_sequence: .*one floating dtype"):
+        cpu.lstm_sequence(*xs)
+
+
+@pytest.mark.parametrize("kind", ["lstm", "gru"])
+def test_a_small_sequence_in_one_kernel_matches_the_steps_through_blas(kind, cpu, rng,
+                                                                      monkeypatch):
+    # These shapes are small: one kernel runs every step. With the threshold at zero the
+    # same operands go step by step, the products through BLAS.
+    from pullback.backend import recurrent
+
+    xs = _operands(kind, np.float64, rng)
+    forward, backward = f"{kind}_sequence", f"{kind}_sequence_backward"
+    y = getattr(cpu, forward)(*xs)
+    u = rng.standard_normal(y.shape)
+    grads = getattr(cpu, backward)(u, *xs, y)
+    monkeypatch.setattr(recurrent, "SMALL_PRODUCT", 0)
+    np.testing.assert_allclose(getattr(cpu, forward)(*xs), y, rtol=1e-12, atol=1e-13)
+    for got, want in zip(getattr(cpu, backward)(u, *xs, y), grads, strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-13)

@@ -1,0 +1,158 @@
+"""One training step of a recurrent classifier against PyTorch eager, every library on 2
+threads: an LSTM (or GRU), batch first, a linear head over 10 classes on the last
+step's output, cross-entropy, SGD with momentum 0.9.
+
+The default case is the issue's: LSTM input 64 -> hidden 256, 32 steps, batch 64.
+`--small` times small tensors instead, where per-call overhead dominates: LSTM and GRU
+with input 16, hidden 32, 16 steps, batch 8 and batch 1. Contenders: pullback through a
+TRAINING plan, pullback eager, PyTorch eager, the same initial weights (pullback's,
+copied) and random data (fixed seed); three steps of each must give the same losses
+(1e-4 relative, float32) before anything is timed.
+
+Run: `python bench/lstm_step.py` or `python bench/lstm_step.py --small`; `--profile`
+adds a cProfile of the plan step (Python calls per step, functions by own time).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from common import both_ways, pin_threads
+
+THREADS = int(next((a.split("=")[1] for a in sys.argv if a.startswith("--threads=")), 2))
+pin_threads(THREADS)
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+import pullback as pb  # noqa: E402
+from pullback import nn, optim  # noqa: E402
+
+LR, MOMENTUM, CLASSES = 0.05, 0.9, 10
+# (kind, batch, steps, input, hidden)
+LARGE = [("LSTM", 64, 32, 64, 256)]
+SMALL = [("LSTM", 8, 16, 16, 32), ("GRU", 8, 16, 16, 32), ("LSTM", 1, 16, 16, 32),
+         ("GRU", 1, 16, 16, 32)]
+
+
+class Net(nn.Module):
+    """A recurrent layer, then a linear head on the last step's output."""
+
+    def __init__(self, kind: str, inputs: int, hidden: int):
+        super().__init__()
+        self.rnn = getattr(nn, kind)(inputs, hidden)
+        self.head = nn.Dense(hidden, CLASSES)
+
+    def forward(self, x: object) -> object:
+        return self.head(self.rnn(x)[0][:, -1])
+
+
+class TorchNet(torch.nn.Module):
+    """Net in torch.nn, the same names."""
+
+    def __init__(self, kind: str, inputs: int, hidden: int):
+        super().__init__()
+        self.rnn = getattr(torch.nn, kind)(inputs, hidden, batch_first=True)
+        self.head = torch.nn.Linear(hidden, CLASSES)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.rnn(x)[0][:, -1])
+
+
+def contenders(kind: str, batch: int, steps: int, inputs: int, hidden: int) -> dict:
+    """The three training steps, each returning its loss, from the same weights."""
+    pb.manual_seed(0)
+    model, twin = Net(kind, inputs, hidden), Net(kind, inputs, hidden)
+    state = {k: v.numpy().copy() for k, v in model.state_dict().items()}
+    twin.load_state_dict(state)
+    tmodel = TorchNet(kind, inputs, hidden)
+    tmodel.load_state_dict({k: torch.from_numpy(v) for k, v in state.items()})
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((batch, steps, inputs)).astype(np.float32)
+    y = rng.integers(0, CLASSES, batch)
+    xt, yt = torch.from_numpy(x), torch.from_numpy(y)
+
+    opt = optim.SGD(model.parameters(), LR, momentum=MOMENTUM)
+    plan = pb.compile(lambda x, y: nn.cross_entropy(model(x), y), x, y,
+                      mode=pb.LoweringMode.TRAINING)
+
+    def planned() -> object:
+        opt.zero_grad()
+        loss = plan(x, y)
+        opt.step()
+        return loss
+
+    eager_opt = optim.SGD(twin.parameters(), LR, momentum=MOMENTUM)
+
+    def eager() -> object:
+        eager_opt.zero_grad()
+        loss = nn.cross_entropy(twin(pb.tensor(x)), y)
+        loss.backward()
+        eager_opt.step()
+        return loss
+
+    topt = torch.optim.SGD(tmodel.parameters(), LR, momentum=MOMENTUM)
+
+    def torch_eager() -> object:
+        topt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(tmodel(xt), yt)
+        loss.backward()
+        topt.step()
+        return loss
+
+    fns = {"pullback plan": planned, "pullback eager": eager, "torch eager": torch_eager}
+    losses = {name: [value(fn()) for _ in range(3)] for name, fn in fns.items()}
+    for name in ("pullback plan", "pullback eager"):
+        np.testing.assert_allclose(losses[name], losses["torch eager"], rtol=1e-4,
+                                   err_msg=f"{kind} {name}")
+    return fns
+
+
+def value(loss: object) -> float:
+    return float(loss.detach() if isinstance(loss, torch.Tensor) else np.asarray(loss))
+
+
+def profile(step: object, label: str) -> None:
+    """cProfile of the plan step: calls per step and the 15 functions with most own time."""
+    import cProfile
+    import pstats
+
+    n = 50
+    step()
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(n):
+        step()
+    prof.disable()
+    stats = pstats.Stats(prof)
+    print(f"cProfile, {label}, {n} plan steps: {stats.total_calls // n} Python calls per "
+          f"step, {stats.total_tt / n * 1e3:.3f} ms per step (profiled)")
+    stats.sort_stats("tottime").print_stats(15)
+
+
+def main() -> int:
+    torch.set_num_threads(THREADS)
+    small = "--small" in sys.argv
+    results = {}
+    for case in SMALL if small else LARGE:
+        kind, batch, steps, inputs, hidden = case
+        label = f"{kind} N={batch} T={steps} input {inputs} hidden {hidden}"
+        fns = contenders(*case)
+        ways = both_ways(fns, repeats=5, number=20 if small else 3)
+        unit, scale = ("us", 1e6) if small else ("ms", 1e3)
+        results[label] = {f"{way} ({unit})": {name: round(t * scale, 1 if small else 2)
+                                              for name, t in ts.items()}
+                          for way, ts in ways.items()}
+        results[label]["torch / pullback"] = {
+            way: {name: round(ts["torch eager"] / ts[name], 2)
+                  for name in ("pullback plan", "pullback eager")} for way, ts in ways.items()}
+        if "--profile" in sys.argv:
+            profile(fns["pullback plan"], label)
+    title = f"recurrent training step (SGD momentum, float32, {THREADS} threads)"
+    print(json.dumps({"bench": title, "per step": results}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
