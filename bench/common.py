@@ -55,9 +55,9 @@ def both_ways(fns: dict[str, Callable[[], object]], repeats: int = 7,
 
 
 def plan_sgd_step(model: object, x: object, y: object, lr: float,
-                  momentum: float) -> Callable[[], None]:
-    """One SGD-momentum step of `model` on (x, y) through a TRAINING plan (imports
-    pullback only when called, after the threads are pinned)."""
+                  momentum: float) -> Callable[[], object]:
+    """One SGD-momentum step of `model` on (x, y) through a TRAINING plan, returning the
+    loss (imports pullback only when called, after the threads are pinned)."""
     import pullback as pb
     from pullback import nn, optim
 
@@ -65,29 +65,52 @@ def plan_sgd_step(model: object, x: object, y: object, lr: float,
     plan = pb.compile(lambda x, y: nn.cross_entropy(model(x), y), x, y,
                       mode=pb.LoweringMode.TRAINING)
 
-    def step() -> None:
+    def step() -> object:
         opt.zero_grad()
-        plan(x, y)
+        loss = plan(x, y)
         opt.step()
+        return loss
 
     return step
 
 
-def torch_sgd_step(tmodel: object, weights_from: object, x: object, y: object, lr: float,
-                   momentum: float) -> Callable[[], None]:
-    """One SGD-momentum step of the PyTorch `tmodel`, its weights first copied from the
-    pullback module `weights_from` (same data, same start)."""
+def eager_sgd_step(model: object, x: object, y: object, lr: float,
+                   momentum: float) -> Callable[[], object]:
+    """The same step through eager autograd (`loss.backward()`), returning the loss."""
+    import pullback as pb
+    from pullback import nn, optim
+
+    opt = optim.SGD(model.parameters(), lr, momentum=momentum)
+
+    def step() -> object:
+        opt.zero_grad()
+        loss = nn.cross_entropy(model(pb.tensor(x)), y)
+        loss.backward()
+        opt.step()
+        return loss
+
+    return step
+
+
+def torch_sgd_step(tmodel: object, weights_from: object | None, x: object, y: object,
+                   lr: float, momentum: float) -> Callable[[], object]:
+    """One SGD-momentum step of the PyTorch `tmodel`, returning the loss; its parameters
+    first copied from the pullback module `weights_from` in order (same data, same
+    start), unless None (the caller loaded them)."""
     import torch
 
-    with torch.no_grad():
-        for tp, p in zip(tmodel.parameters(), weights_from.parameters()):
-            tp.copy_(torch.from_numpy(p.numpy().copy()))
+    if weights_from is not None:
+        with torch.no_grad():
+            for tp, p in zip(tmodel.parameters(), weights_from.parameters()):
+                tp.copy_(torch.from_numpy(p.numpy().copy()))
     opt = torch.optim.SGD(tmodel.parameters(), lr, momentum=momentum)
     xt, yt = torch.from_numpy(x), torch.from_numpy(y)
 
-    def step() -> None:
+    def step() -> object:
         opt.zero_grad()
-        torch.nn.functional.cross_entropy(tmodel(xt), yt).backward()
+        loss = torch.nn.functional.cross_entropy(tmodel(xt), yt)
+        loss.backward()
         opt.step()
+        return loss
 
     return step

@@ -26,7 +26,7 @@ pin_threads(THREADS)
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
+from twins import TorchGPT, twin_of  # noqa: E402
 
 import pullback as pb  # noqa: E402
 from pullback.gpt import GPT, generate  # noqa: E402
@@ -37,52 +37,10 @@ SHAPES = {"train --model gpt default (2 layers, context 64)": (2, 64),
           "issue's GPT (4 layers, context 128)": (4, 128)}
 
 
-class TorchGPT(torch.nn.Module):
-    """pullback's GPT in PyTorch, its children named alike so the state dict loads."""
-
-    def __init__(self, layers: int, context: int) -> None:
-        super().__init__()
-        self.context = context
-        self.tokens = torch.nn.Embedding(VOCAB, WIDTH)
-        self.positions = torch.nn.Embedding(context, WIDTH)
-        self.blocks = torch.nn.ModuleList(
-            torch.nn.TransformerEncoderLayer(WIDTH, HEADS, 4 * WIDTH, dropout=0.0,
-                                             activation="gelu", batch_first=True,
-                                             norm_first=True) for _ in range(layers))
-        self.norm = torch.nn.LayerNorm(WIDTH)
-        self.head = torch.nn.Linear(WIDTH, VOCAB)
-
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        t = ids.shape[1]
-        x = self.tokens(ids) + self.positions(torch.arange(t))
-        mask = torch.nn.Transformer.generate_square_subsequent_mask(t)
-        for block in self.blocks:
-            x = block(x, src_mask=mask, is_causal=True)
-        return self.head(self.norm(x))
-
-    def step(self, ids: torch.Tensor, cache: list[torch.Tensor], start: int) -> torch.Tensor:
-        """The rows of positions start.. of `forward`, their keys and values written into
-        `cache` (per layer a (2, 1, heads, context, head_dim) buffer), attending over it."""
-        n, t = ids.shape
-        stop, head_dim = start + t, WIDTH // HEADS
-        x = self.tokens(ids) + self.positions(torch.arange(start, stop))
-        mask = None if t == 1 else torch.ones(t, stop, dtype=torch.bool).tril(start)
-        for block, buffer in zip(self.blocks, cache):
-            attn = block.self_attn
-            qkv = F.linear(block.norm1(x), attn.in_proj_weight, attn.in_proj_bias)
-            qkv = qkv.view(n, t, 3, HEADS, head_dim).permute(2, 0, 3, 1, 4)
-            buffer[:, :, :, start:stop] = qkv[1:]
-            out = F.scaled_dot_product_attention(qkv[0], buffer[0, :, :, :stop],
-                                                 buffer[1, :, :, :stop], attn_mask=mask)
-            x = x + attn.out_proj(out.transpose(1, 2).reshape(n, t, WIDTH))
-            x = x + block.linear2(F.gelu(block.linear1(block.norm2(x))))
-        return self.head(self.norm(x))
-
-
 def torch_cached(twin: TorchGPT, layers: int, context: int) -> list[int]:
     """Greedy ids through the twin's cache, with `generate`'s window (restart at the
     last context // 2 ids when full)."""
-    cache = [torch.zeros(2, 1, HEADS, context, WIDTH // HEADS) for _ in range(layers)]
+    cache = twin.new_cache()
     ids, length, new = list(PROMPT), 0, PROMPT[-context:]
     with torch.no_grad():
         for _ in range(TOKENS):
@@ -109,9 +67,7 @@ def contenders(layers: int, context: int) -> dict[str, Callable[[], list[int]]]:
     pb.manual_seed(0)
     model = GPT(VOCAB, context, WIDTH, HEADS, layers)
     model.eval()
-    twin = TorchGPT(layers, context).eval()
-    twin.load_state_dict({k: torch.from_numpy(v.numpy().copy())
-                          for k, v in model.state_dict().items()})
+    twin = twin_of(model).eval()
 
     def pullback_forward(window: list[int]) -> np.ndarray:
         with pb.no_grad():

@@ -28,6 +28,7 @@ pin_threads(THREADS)
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
+from twins import TorchGPT, twin_of  # noqa: E402
 
 import pullback as pb  # noqa: E402
 from pullback import optim  # noqa: E402
@@ -36,40 +37,6 @@ from pullback.gpt import GPT, _loss  # noqa: E402
 VOCAB, CONTEXT, WIDTH, HEADS, LAYERS, BATCH = 96, 128, 128, 4, 4, 16
 ADAMW = {"lr": 3e-3, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.01}
 CHECK_STEPS, RTOL = 10, 1e-5
-
-
-class TorchGPT(torch.nn.Module):
-    """pullback.gpt.GPT in PyTorch, with the same child names (the same state dict)."""
-
-    def __init__(self, vocab: int, context: int, width: int, heads: int, layers: int):
-        super().__init__()
-        self.tokens = torch.nn.Embedding(vocab, width)
-        self.positions = torch.nn.Embedding(context, width)
-        self.blocks = torch.nn.ModuleList(
-            torch.nn.TransformerEncoderLayer(width, heads, 4 * width, dropout=0.0,
-                                             activation="gelu", batch_first=True,
-                                             norm_first=True)
-            for _ in range(layers))
-        self.norm = torch.nn.LayerNorm(width)
-        self.head = torch.nn.Linear(width, vocab)
-
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        t = ids.shape[1]
-        x = self.tokens(ids) + self.positions(torch.arange(t))
-        mask = torch.nn.Transformer.generate_square_subsequent_mask(t)
-        for block in self.blocks:
-            x = block(x, src_mask=mask, is_causal=True)
-        return self.head(self.norm(x))
-
-
-def twin_of(model: GPT) -> TorchGPT:
-    """A TorchGPT holding copies of `model`'s weights, matched by name."""
-    twin = TorchGPT(VOCAB, CONTEXT, WIDTH, HEADS, LAYERS)
-    ours = {k: torch.from_numpy(v.numpy().copy()) for k, v in model.state_dict().items()}
-    if set(ours) != set(twin.state_dict()):
-        raise SystemExit(f"state dicts differ: {sorted(set(ours) ^ set(twin.state_dict()))}")
-    twin.load_state_dict(ours)
-    return twin
 
 
 def torch_loss(twin: TorchGPT, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import sys
 
-from common import both_ways, pin_threads
+from common import both_ways, eager_sgd_step, pin_threads, plan_sgd_step, torch_sgd_step
 
 THREADS = int(next((a.split("=")[1] for a in sys.argv if a.startswith("--threads=")), 2))
 pin_threads(THREADS)
@@ -27,7 +27,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 import pullback as pb  # noqa: E402
-from pullback import nn, optim  # noqa: E402
+from pullback import nn  # noqa: E402
 
 LR, MOMENTUM, CLASSES = 0.05, 0.9, 10
 # (kind, batch, steps, input, hidden)
@@ -71,37 +71,9 @@ def contenders(kind: str, batch: int, steps: int, inputs: int, hidden: int) -> d
     rng = np.random.default_rng(0)
     x = rng.standard_normal((batch, steps, inputs)).astype(np.float32)
     y = rng.integers(0, CLASSES, batch)
-    xt, yt = torch.from_numpy(x), torch.from_numpy(y)
-
-    opt = optim.SGD(model.parameters(), LR, momentum=MOMENTUM)
-    plan = pb.compile(lambda x, y: nn.cross_entropy(model(x), y), x, y,
-                      mode=pb.LoweringMode.TRAINING)
-
-    def planned() -> object:
-        opt.zero_grad()
-        loss = plan(x, y)
-        opt.step()
-        return loss
-
-    eager_opt = optim.SGD(twin.parameters(), LR, momentum=MOMENTUM)
-
-    def eager() -> object:
-        eager_opt.zero_grad()
-        loss = nn.cross_entropy(twin(pb.tensor(x)), y)
-        loss.backward()
-        eager_opt.step()
-        return loss
-
-    topt = torch.optim.SGD(tmodel.parameters(), LR, momentum=MOMENTUM)
-
-    def torch_eager() -> object:
-        topt.zero_grad()
-        loss = torch.nn.functional.cross_entropy(tmodel(xt), yt)
-        loss.backward()
-        topt.step()
-        return loss
-
-    fns = {"pullback plan": planned, "pullback eager": eager, "torch eager": torch_eager}
+    fns = {"pullback plan": plan_sgd_step(model, x, y, LR, MOMENTUM),
+           "pullback eager": eager_sgd_step(twin, x, y, LR, MOMENTUM),
+           "torch eager": torch_sgd_step(tmodel, None, x, y, LR, MOMENTUM)}
     losses = {name: [value(fn()) for _ in range(3)] for name, fn in fns.items()}
     for name in ("pullback plan", "pullback eager"):
         np.testing.assert_allclose(losses[name], losses["torch eager"], rtol=1e-4,

@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import sys
 
-from common import both_ways, pin_threads
+from common import both_ways, eager_sgd_step, pin_threads, plan_sgd_step, torch_sgd_step
 
 THREADS = int(next((a.split("=")[1] for a in sys.argv if a.startswith("--threads=")), 2))
 pin_threads(THREADS)
@@ -31,7 +31,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 import pullback as pb  # noqa: E402
-from pullback import nn, optim  # noqa: E402
+from pullback import nn  # noqa: E402
 
 BATCH, LR, MOMENTUM, STAGES = 64, 0.01, 0.9, (16, 32, 64)
 
@@ -109,37 +109,9 @@ def contenders() -> tuple:
     rng = np.random.default_rng(0)
     x = rng.standard_normal((BATCH, 3, 32, 32)).astype(np.float32)
     y = rng.integers(0, 10, BATCH)
-    xt, yt = torch.from_numpy(x), torch.from_numpy(y)
-
-    opt = optim.SGD(model.parameters(), LR, momentum=MOMENTUM)
-    plan = pb.compile(lambda x, y: nn.cross_entropy(model(x), y), x, y,
-                      mode=pb.LoweringMode.TRAINING)
-
-    def planned() -> float:
-        opt.zero_grad()
-        loss = plan(x, y)
-        opt.step()
-        return loss
-
-    eager_opt = optim.SGD(twin.parameters(), LR, momentum=MOMENTUM)
-
-    def eager() -> float:
-        eager_opt.zero_grad()
-        loss = nn.cross_entropy(twin(pb.tensor(x)), y)
-        loss.backward()
-        eager_opt.step()
-        return loss
-
-    topt = torch.optim.SGD(tmodel.parameters(), LR, momentum=MOMENTUM)
-
-    def torch_eager() -> float:
-        topt.zero_grad()
-        loss = torch.nn.functional.cross_entropy(tmodel(xt), yt)
-        loss.backward()
-        topt.step()
-        return loss
-
-    return {"pullback plan": planned, "pullback eager": eager, "torch eager": torch_eager}, \
+    return {"pullback plan": plan_sgd_step(model, x, y, LR, MOMENTUM),
+            "pullback eager": eager_sgd_step(twin, x, y, LR, MOMENTUM),
+            "torch eager": torch_sgd_step(tmodel, None, x, y, LR, MOMENTUM)}, \
         (model, twin, tmodel)
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from gpt_twin import twin_of
 
 import pullback as pb
 from pullback import nn
@@ -77,33 +78,8 @@ def test_greedy_generate_gives_the_ids_of_full_forwards(model: GPT, prompt: list
     assert len(set(got[len(prompt):])) > 1  # not a degenerate model repeating one id
 
 
-class TorchGPT(torch.nn.Module):
-    """The GPT in PyTorch, its children named as pullback's so state dicts match."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.tokens = torch.nn.Embedding(VOCAB, WIDTH)
-        self.positions = torch.nn.Embedding(CONTEXT, WIDTH)
-        self.blocks = torch.nn.ModuleList(
-            torch.nn.TransformerEncoderLayer(WIDTH, HEADS, 4 * WIDTH, dropout=0.0,
-                                             activation="gelu", batch_first=True,
-                                             norm_first=True) for _ in range(LAYERS))
-        self.norm = torch.nn.LayerNorm(WIDTH)
-        self.head = torch.nn.Linear(WIDTH, VOCAB)
-
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        t = ids.shape[1]
-        x = self.tokens(ids) + self.positions(torch.arange(t))
-        mask = torch.nn.Transformer.generate_square_subsequent_mask(t)
-        for block in self.blocks:
-            x = block(x, src_mask=mask, is_causal=True)
-        return self.head(self.norm(x))
-
-
 def test_cached_steps_match_pytorch_with_the_same_weights(model: GPT) -> None:
-    twin = TorchGPT().eval()
-    twin.load_state_dict({k: torch.from_numpy(v.numpy().copy())
-                          for k, v in model.state_dict().items()})
+    twin = twin_of(model.state_dict(), VOCAB, CONTEXT, WIDTH, HEADS, LAYERS).eval()
     ids = np.random.default_rng(1).integers(0, VOCAB, (2, CONTEXT))  # a batch of two
     with torch.no_grad():
         expected = twin(torch.from_numpy(ids)).numpy()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from gpt_twin import twin_of
 
 import pullback as pb
 from pullback import optim
@@ -16,33 +17,8 @@ VOCAB, CONTEXT, WIDTH, HEADS, LAYERS, BATCH, STEPS = 11, 8, 16, 2, 2, 4, 10
 ADAMW = {"lr": 1e-2, "betas": (0.9, 0.98), "eps": 1e-8, "weight_decay": 0.1}
 
 
-class TorchGPT(torch.nn.Module):
-    """GPT from torch.nn layers, with pullback's child names (the same state dict)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.tokens = torch.nn.Embedding(VOCAB, WIDTH)
-        self.positions = torch.nn.Embedding(CONTEXT, WIDTH)
-        self.blocks = torch.nn.ModuleList(
-            torch.nn.TransformerEncoderLayer(WIDTH, HEADS, 4 * WIDTH, dropout=0.0,
-                                             activation="gelu", batch_first=True,
-                                             norm_first=True)
-            for _ in range(LAYERS))
-        self.norm = torch.nn.LayerNorm(WIDTH)
-        self.head = torch.nn.Linear(WIDTH, VOCAB)
-
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        t = ids.shape[1]
-        x = self.tokens(ids) + self.positions(torch.arange(t))
-        mask = torch.nn.Transformer.generate_square_subsequent_mask(t)
-        for block in self.blocks:
-            x = block(x, src_mask=mask, is_causal=True)
-        return self.head(self.norm(x))
-
-
 def _torch_losses(weights: dict, windows: list[np.ndarray]) -> list[float]:
-    twin = TorchGPT()
-    twin.load_state_dict({k: torch.from_numpy(v.copy()) for k, v in weights.items()})
+    twin = twin_of(weights, VOCAB, CONTEXT, WIDTH, HEADS, LAYERS)
     opt = torch.optim.AdamW(twin.parameters(), **ADAMW)
     losses = []
     for w in windows:
