@@ -328,7 +328,9 @@ def train_gpt(config: GPTConfig, *, resume: bool = False, overwrite: bool = Fals
     say = log if procs.primary else _quiet
     out = procs.agree(lambda: prepare_output(config.output, resume=resume,
                                              overwrite=overwrite))
-    train_text, validation_text = load_texts(config)
+    # Rank 0 reads the text and sends it: every process then trains on the same bytes
+    # (another machine's standard library may differ) and only rank 0 needs the file.
+    train_text, validation_text = procs.agree(lambda: load_texts(config))
     vocab = sorted(set(train_text) | set(validation_text))
     if resume:  # the vocabulary the run's weights were trained with (rank 0 reads it)
         seen = vocab
@@ -352,14 +354,15 @@ def train_gpt(config: GPTConfig, *, resume: bool = False, overwrite: bool = Fals
         averaged = procs.share(model, optimizer)
         rng = creation.default_generator()  # rank 0's, on every process
         last_start = len(train_ids) - config.context - 1
-        part = procs.part(config.batch_size)
-        share = len(np.arange(config.batch_size)[part]) / config.batch_size
-        # The averaged gradient is the global batch's mean: weight this process's mean
-        # loss by its share of the batch (1 with one process, or equal parts).
+        # This process's windows of each batch, and its share of the batch: the averaged
+        # gradient is the global batch's mean when each process's mean loss is weighted
+        # by its share times N (1 with one process, or equal parts).
+        part = np.arange(config.batch_size)[procs.part(config.batch_size)]
+        share = len(part) / config.batch_size
         weight = np.array(share * procs.size, dtype=np.float32)
         # The plan's example is not drawn from rng, so a resumed run draws what one
         # that never stopped would.
-        example = _windows(train_ids, np.zeros(config.batch_size, np.int64)[part],
+        example = _windows(train_ids, np.zeros(len(part), np.int64),
                            config.context)
         step_fn = _step_function(model, config.eager, example)
         watchdog = procs.watchdog()

@@ -1,6 +1,7 @@
 """`pullback train --model gpt` under mpirun: two processes train like one on the same
 global batches (5 windows, split 2 and 3: their mean losses must be weighted by those
-counts to give the batch's mean), only rank 0 prints and writes.
+counts to give the batch's mean), resume from rank 0's checkpoint, and only rank 0
+prints and writes.
 
 One launch of two processes; the one-process reference trains here, in the test's own
 process. mpirun is started as tests/cli/test_train_mpi.py starts it."""
@@ -66,14 +67,20 @@ def test_two_processes_train_the_gpt_like_one_and_only_rank_0_writes(
     text = tmp_path / "text.txt"
     text.write_text("def add(a, b):\n    return a + b\n\nclass Point:\n    x = 1\n" * 30)
 
+    # One process, here: epoch 1 (its checkpoint copied for the processes to resume),
+    # then the run finished.
     one = tmp_path / "one"
-    reference = train_gpt(GPTConfig(text=str(text), output=str(one), **SETTINGS),
-                          progress=False, log=_quiet, sample_tokens=8)
-
+    config = GPTConfig(text=str(text), output=str(one), **SETTINGS)
+    train_gpt(config, progress=False, log=_quiet, sample_tokens=8, stop_after=1)
     rank0, rank1 = tmp_path / "rank0", tmp_path / "rank1"
-    rank0.mkdir()
+    shutil.copytree(one, rank0 / "run")
     rank1.mkdir()
-    done = _mpirun([rank0, rank1], f"--text={text}", "--output=run", "--no-progress")
+    reference = train_gpt(config, resume=True, progress=False, log=_quiet, sample_tokens=8)
+
+    # Two processes resume epoch 1's checkpoint, which only rank 0's folder holds: rank 1
+    # gets the weights, optimizer state and generator from rank 0.
+    done = _mpirun([rank0, rank1], f"--text={text}", "--output=run", "--resume",
+                   "--no-progress")
     assert done.returncode == 0, done.stdout + done.stderr
     assert "Traceback" not in done.stderr, done.stderr
     # Each process's stdout is a terminal under mpirun: colorama (imported by Numba)
@@ -82,11 +89,12 @@ def test_two_processes_train_the_gpt_like_one_and_only_rank_0_writes(
              if line]
     assert re.fullmatch(r"validation loss: \d+\.\d{4}", lines[-1]), done.stdout
     assert sum(line.startswith("validation loss:") for line in lines) == 1
+    assert sum(line.startswith("resumed from run/") for line in lines) == 1
     # printed to 4 decimals: equal to the one-process figure up to rounding that last one
     assert abs(float(lines[-1].split(": ")[1]) - reference.validation_loss) <= 5e-5 + 1e-5, \
         (lines[-1], reference.validation_loss)
     assert done.stdout.count("epoch 2/2:") == 1 and done.stdout.count("sample:") == 1
-    assert "10 steps in" in done.stdout and "on 2 processes" in done.stdout
+    assert "5 steps in" in done.stdout and "on 2 processes" in done.stdout
 
     run = rank0 / "run"
     got, want = _weights(run / "model.safetensors"), _weights(one / "model.safetensors")
