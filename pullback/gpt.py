@@ -35,13 +35,13 @@ from .training import (
     BACKENDS,
     CHECKPOINT,
     OPTIMIZERS,
-    _fail_if_asked,
-    _Processes,
-    _quiet,
+    Processes,
+    fail_if_asked,
     make_optimizer,
     plot_history,
     prepare_output,
     progress_bar,
+    quiet,
     resume_run,
 )
 
@@ -323,9 +323,9 @@ def train_gpt(config: GPTConfig, *, resume: bool = False, overwrite: bool = Fals
     its contiguous part of every batch, and the gradients are averaged; rank 0 alone
     logs, evaluates, writes and samples, and every process returns its result."""
     config.check()
-    procs = _Processes.start()
+    procs = Processes.start()
     procs.check_batches(config.steps_per_epoch * config.batch_size, config.batch_size)
-    say = log if procs.primary else _quiet
+    say = log if procs.primary else quiet
     out = procs.agree(lambda: prepare_output(config.output, resume=resume,
                                              overwrite=overwrite))
     # Rank 0 reads the text and sends it: every process then trains on the same bytes
@@ -375,7 +375,7 @@ def train_gpt(config: GPTConfig, *, resume: bool = False, overwrite: bool = Fals
                 bar = progress_bar(range(config.steps_per_epoch), config.steps_per_epoch,
                                    epoch, config, progress and procs.primary)
                 for done in bar:
-                    _fail_if_asked(procs.rank, step + 1)
+                    fail_if_asked(procs.rank, step + 1)
                     starts = rng.integers(0, last_start + 1, config.batch_size)
                     averaged.zero_grad()
                     loss = step_fn(_windows(train_ids, starts[part], config.context), weight)
