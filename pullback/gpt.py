@@ -362,8 +362,7 @@ def train_gpt(config: GPTConfig, *, resume: bool = False, overwrite: bool = Fals
         weight = np.array(share * procs.size, dtype=np.float32)
         # The plan's example is not drawn from rng, so a resumed run draws what one
         # that never stopped would.
-        example = _windows(train_ids, np.zeros(len(part), np.int64),
-                           config.context)
+        example = _windows(train_ids, np.zeros(len(part), np.int64), config.context)
         step_fn = _step_function(model, config.eager, example)
         watchdog = procs.watchdog()
         started, trained_steps = time.perf_counter(), 0
