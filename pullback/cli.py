@@ -62,7 +62,7 @@ def _add_train(commands: Any) -> None:
         "final weights and (with matplotlib) a plot of loss and accuracy to the output folder. "
         "The last line printed is the test accuracy. With --model gpt: a character-level "
         "transformer on text, ending with a sample and the validation loss per character. "
-        "Under `mpirun -n N` (digits models): data-parallel on N processes with the same "
+        "Under `mpirun -n N`: data-parallel on N processes with the same "
         "global batch; rank 0 prints and writes (docs/distributed.md).")
     train.add_argument("--model", choices=(*MODELS, GPT_MODEL), default=defaults.model)
     # These four default by model (digits: the first value, gpt: the second).
@@ -102,7 +102,6 @@ def _add_train(commands: Any) -> None:
 
 
 def _run_train(args: argparse.Namespace, injected: dict[str, Any]) -> int:
-    from .distributed.launch import launched_by_mpirun
     from .gpt import MODEL as GPT_MODEL
     from .gpt import GPTConfig, train_gpt
     from .training import TrainConfig, train
@@ -120,9 +119,6 @@ def _run_train(args: argparse.Namespace, injected: dict[str, Any]) -> int:
         config = TrainConfig(**common)
     try:
         if make is GPTConfig:
-            if launched_by_mpirun():
-                raise ValueError("train --model gpt runs on one process; run it without "
-                                 "mpirun (data-parallel training covers the digits models)")
             result = train_gpt(config, resume=args.resume, overwrite=args.overwrite,
                                progress=args.progress)
         else:

@@ -35,10 +35,13 @@ from .training import (
     BACKENDS,
     CHECKPOINT,
     OPTIMIZERS,
+    Processes,
+    fail_if_asked,
     make_optimizer,
     plot_history,
     prepare_output,
     progress_bar,
+    quiet,
     resume_run,
 )
 
@@ -228,17 +231,29 @@ def _loss(model: nn.Module, x: Any, y: Any) -> Any:
 
 
 def _step_function(model: nn.Module, eager: bool, example: np.ndarray) -> Callable:
-    """`window -> loss`, leaving gradients in `.grad`: eager autograd, or one TRAINING
-    plan (batches keep one shape, so one plan serves the whole run)."""
+    """`(window, weight) -> loss`, leaving the gradients of `weight * loss` in `.grad`
+    (`weight` a float32 scalar array: this process's share of the global batch, see
+    `train_gpt`): eager autograd, or one TRAINING plan (this process's part of every
+    batch keeps one shape, so one plan serves the whole run)."""
     if eager:
-        def eager_step(window: np.ndarray) -> Any:
+        def eager_step(window: np.ndarray, weight: np.ndarray) -> Any:
             loss = _loss(model, tensor(window[:, :-1]), window[:, 1:])
-            loss.backward()
+            (loss * tensor(weight)).backward()
             return loss
         return eager_step
-    plan = compile(lambda x, y: _loss(model, x, y), example[:, :-1], example[:, 1:],
+
+    def weighted_loss(x: Any, y: Any, weight: Any) -> Any:
+        loss = _loss(model, x, y)
+        return loss * weight, loss
+
+    plan = compile(weighted_loss, example[:, :-1], example[:, 1:], np.ones((), np.float32),
                    mode=LoweringMode.TRAINING)
-    return lambda window: plan(window[:, :-1], window[:, 1:])
+
+    def planned_step(window: np.ndarray, weight: np.ndarray) -> Any:
+        _, loss = plan(window[:, :-1], window[:, 1:], weight)
+        return loss
+
+    return planned_step
 
 
 def evaluate(model: nn.Module, ids: np.ndarray, starts: np.ndarray,
@@ -301,16 +316,29 @@ def train_gpt(config: GPTConfig, *, resume: bool = False, overwrite: bool = Fals
               progress: bool = True, log: Callable[[str], None] = print,
               stop_after: int | None = None, sample_tokens: int = 200) -> GPTResult:
     """Train, evaluate on the validation text each epoch, checkpoint each epoch, and
-    end with a sample. Arguments as `training.train`'s."""
+    end with a sample. Arguments as `training.train`'s.
+
+    Under mpirun every process calls it and trains data-parallel as the digits job
+    does: all draw the same batch starts from the run's one generator, each trains
+    its contiguous part of every batch, and the gradients are averaged; rank 0 alone
+    logs, evaluates, writes and samples, and every process returns its result."""
     config.check()
-    out = prepare_output(config.output, resume=resume, overwrite=overwrite)
-    train_text, validation_text = load_texts(config)
+    procs = Processes.start()
+    procs.check_batches(config.steps_per_epoch * config.batch_size, config.batch_size)
+    say = log if procs.primary else quiet
+    out = procs.agree(lambda: prepare_output(config.output, resume=resume,
+                                             overwrite=overwrite))
+    # Rank 0 reads the text and sends it: every process then trains on the same bytes
+    # (another machine's standard library may differ) and only rank 0 needs the file.
+    train_text, validation_text = procs.agree(lambda: load_texts(config))
     vocab = sorted(set(train_text) | set(validation_text))
-    if resume:  # the vocabulary the run's weights were trained with
-        vocab = training_metadata(out / CHECKPOINT)["extra"].get("vocab", vocab)
+    if resume:  # the vocabulary the run's weights were trained with (rank 0 reads it)
+        seen = vocab
+        vocab = procs.agree(lambda: training_metadata(out / CHECKPOINT)["extra"].get(
+            "vocab", seen))
     train_ids, validation_ids = encode(train_text, vocab), encode(validation_text, vocab)
     validation_starts = _validation_starts(validation_ids, config)
-    log(f"text: {len(train_ids):,} training and {len(validation_ids):,} validation "
+    say(f"text: {len(train_ids):,} training and {len(validation_ids):,} validation "
         f"characters from {config.text or 'the standard library'}, {len(vocab)} distinct")
     with use_backend(BACKENDS[config.backend]()):
         creation.manual_seed(config.seed)
@@ -320,52 +348,75 @@ def train_gpt(config: GPTConfig, *, resume: bool = False, overwrite: bool = Fals
         history: list[dict] = []
         step = 0
         if resume:
-            step, history = resume_run(out / CHECKPOINT, config, model, optimizer)
-            log(f"resumed from {out / CHECKPOINT} after epoch {len(history)}")
-        rng = creation.default_generator()
+            step, history = procs.agree(
+                lambda: resume_run(out / CHECKPOINT, config, model, optimizer))
+            say(f"resumed from {out / CHECKPOINT} after epoch {len(history)}")
+        averaged = procs.share(model, optimizer)
+        rng = creation.default_generator()  # rank 0's, on every process
         last_start = len(train_ids) - config.context - 1
+        # This process's windows of each batch, and its share of the batch: the averaged
+        # gradient is the global batch's mean when each process's mean loss is weighted
+        # by its share times N (1 with one process, or equal parts).
+        part = np.arange(config.batch_size)[procs.part(config.batch_size)]
+        share = len(part) / config.batch_size
+        weight = np.array(share * procs.size, dtype=np.float32)
         # The plan's example is not drawn from rng, so a resumed run draws what one
         # that never stopped would.
-        example = _windows(train_ids, np.zeros(config.batch_size, np.int64), config.context)
+        example = _windows(train_ids, np.zeros(len(part), np.int64), config.context)
         step_fn = _step_function(model, config.eager, example)
+        watchdog = procs.watchdog()
         started, trained_steps = time.perf_counter(), 0
-        for epoch in range(len(history), config.epochs):
-            if stop_after is not None and epoch >= stop_after:
-                break
-            loss_sum = 0.0
-            bar = progress_bar(range(config.steps_per_epoch), config.steps_per_epoch,
-                               epoch, config, progress)
-            for done in bar:
-                starts = rng.integers(0, last_start + 1, config.batch_size)
-                optimizer.zero_grad()
-                loss = step_fn(_windows(train_ids, starts, config.context))
-                optimizer.step()
-                step += 1
-                trained_steps += 1
-                loss_sum += loss.item()
-                if progress:
-                    bar.set_postfix(loss=f"{loss_sum / (done + 1):.4f}", refresh=False)
-            validation_loss = evaluate(model, validation_ids, validation_starts, config)
-            history.append({"epoch": epoch + 1, "train_loss": loss_sum / config.steps_per_epoch,
-                            "test_loss": validation_loss})
-            log(f"epoch {epoch + 1}/{config.epochs}: train loss "
-                f"{loss_sum / config.steps_per_epoch:.4f}, validation loss "
-                f"{validation_loss:.4f}")
-            save_training(out / CHECKPOINT, model=model, optimizer=optimizer, step=step,
-                          rng=rng, extra={"history": history, "config": asdict(config),
-                                          "vocab": vocab})
-        elapsed = time.perf_counter() - started
-        save(model.state_dict(), out / "model.safetensors")
-        plot_history(history, out / "history.png", log, held_out="validation")
-        # The last epoch's figure, unless nothing was left to train.
-        validation_loss = history[-1]["test_loss"] if history else \
-            evaluate(model, validation_ids, validation_starts, config)
-        prompt = b"def " if set(b"def ") <= set(vocab) else validation_text[:1]
-        text = decode(generate(model, encode(prompt, vocab), sample_tokens,
-                               temperature=0.8, rng=np.random.default_rng(config.seed)),
-                      vocab)
+        with procs.abort_on_error(), watchdog:
+            for epoch in range(len(history), config.epochs):
+                if stop_after is not None and epoch >= stop_after:
+                    break
+                loss_sum = 0.0  # this process's share of the batches' mean losses
+                bar = progress_bar(range(config.steps_per_epoch), config.steps_per_epoch,
+                                   epoch, config, progress and procs.primary)
+                for done in bar:
+                    fail_if_asked(procs.rank, step + 1)
+                    starts = rng.integers(0, last_start + 1, config.batch_size)
+                    averaged.zero_grad()
+                    loss = step_fn(_windows(train_ids, starts[part], config.context), weight)
+                    averaged.step()
+                    watchdog.beat()
+                    step += 1
+                    trained_steps += 1
+                    loss_sum += loss.item() * share
+                    if progress and procs.primary:
+                        # rank 0's part of the batches so far
+                        bar.set_postfix(loss=f"{loss_sum / share / (done + 1):.4f}",
+                                        refresh=False)
+                train_loss = float(procs.sum([loss_sum])[0]) / config.steps_per_epoch
+                if procs.primary:
+                    validation_loss = evaluate(model, validation_ids, validation_starts,
+                                               config)
+                    history.append({"epoch": epoch + 1, "train_loss": train_loss,
+                                    "test_loss": validation_loss})
+                    log(f"epoch {epoch + 1}/{config.epochs}: train loss {train_loss:.4f}, "
+                        f"validation loss {validation_loss:.4f}")
+                    save_training(out / CHECKPOINT, model=model, optimizer=optimizer,
+                                  step=step, rng=rng,
+                                  extra={"history": history, "config": asdict(config),
+                                         "vocab": vocab})
+            elapsed = time.perf_counter() - started
+            procs.check_same_parameters(model)
+            validation_loss, text = None, None
+            if procs.primary:
+                save(model.state_dict(), out / "model.safetensors")
+                plot_history(history, out / "history.png", log, held_out="validation")
+                # The last epoch's figure, unless nothing was left to train.
+                validation_loss = history[-1]["test_loss"] if history else \
+                    evaluate(model, validation_ids, validation_starts, config)
+                prompt = b"def " if set(b"def ") <= set(vocab) else validation_text[:1]
+                text = decode(generate(model, encode(prompt, vocab), sample_tokens,
+                                       temperature=0.8, rng=np.random.default_rng(config.seed)),
+                              vocab)
+            validation_loss, text, history = procs.from_primary(
+                (validation_loss, text, history))
     rate = trained_steps / elapsed if elapsed > 0 else 0.0
-    log(f"{trained_steps} steps in {elapsed:.1f} s ({rate:.1f} steps/s); "
+    on = f" on {procs.size} processes" if procs.size > 1 else ""
+    say(f"{trained_steps} steps in {elapsed:.1f} s ({rate:.1f} steps/s){on}; "
         f"checkpoint and weights in {out}/")
     return GPTResult(validation_loss, text, history, model)
 

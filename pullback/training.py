@@ -153,7 +153,7 @@ def evaluate(model: nn.Module, x: np.ndarray, y: np.ndarray) -> tuple[float, flo
     return loss, float((logits.numpy().argmax(axis=1) == y).mean())
 
 
-class _Processes:
+class Processes:
     """The processes training together: rank 0 of 1 in a plain run; under mpirun,
     pullback.distributed's group. Wraps what the job does differently with several."""
 
@@ -161,7 +161,7 @@ class _Processes:
         self.rank, self.size, self.dist = rank, size, dist
 
     @classmethod
-    def start(cls) -> _Processes:
+    def start(cls) -> Processes:
         """One process, unless mpirun started several: then MPI starts here (and a plain
         run never imports mpi4py)."""
         from .distributed.launch import launched_by_mpirun
@@ -306,10 +306,10 @@ def train(config: TrainConfig, *, resume: bool = False, overwrite: bool = False,
     returns rank 0's result; only rank 0 logs and writes.
     """
     config.check()
-    procs = _Processes.start()
+    procs = Processes.start()
     x_train, y_train, x_test, y_test = digits_split()
     procs.check_batches(len(x_train), config.batch_size)
-    say = log if procs.primary else _quiet
+    say = log if procs.primary else quiet
     out = procs.agree(lambda: prepare_output(config.output, resume=resume,
                                              overwrite=overwrite))
     with use_backend(BACKENDS[config.backend]()):
@@ -369,13 +369,13 @@ def train(config: TrainConfig, *, resume: bool = False, overwrite: bool = False,
     return TrainResult(accuracy, history, model)
 
 
-def _train_epoch(procs: _Processes, bar: Any, step_fn: Callable, optimizer: Any,
+def _train_epoch(procs: Processes, bar: Any, step_fn: Callable, optimizer: Any,
                  step: int, beat: Callable[[], None]) -> np.ndarray:
     """One epoch of steps on this process's part of each global batch, calling `beat`
     after each; returns this process's [loss x samples, correct, samples, steps]."""
     sums = np.zeros(4)
     for xb, yb in bar:
-        _fail_if_asked(procs.rank, step + int(sums[3]) + 1)
+        fail_if_asked(procs.rank, step + int(sums[3]) + 1)
         part = procs.part(len(yb))
         x, y = xb[part], yb[part]
         # The averaged gradient is the global batch's mean: weight each process's mean
@@ -394,11 +394,11 @@ def _train_epoch(procs: _Processes, bar: Any, step_fn: Callable, optimizer: Any,
     return sums
 
 
-def _quiet(message: str) -> None:
+def quiet(message: str) -> None:
     """The log of every process but rank 0."""
 
 
-def _fail_if_asked(rank: int, step: int) -> None:
+def fail_if_asked(rank: int, step: int) -> None:
     """Fail as PULLBACK_FAIL_AT asks (a testing aid for faults in multi-process runs)."""
     asked = os.environ.get(FAIL_AT)
     if not asked:

@@ -22,10 +22,10 @@ import pullback as pb
 from pullback.io import load_training
 from pullback.training import (
     CHECKPOINT,
+    Processes,
     TrainConfig,
-    _fail_if_asked,
-    _Processes,
     build_model,
+    fail_if_asked,
     make_optimizer,
     train,
 )
@@ -131,27 +131,27 @@ def test_a_plain_run_is_one_process_and_never_imports_mpi4py(monkeypatch) -> Non
     monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "1")  # mpirun -n 1 is a plain run too
     monkeypatch.delenv("PMI_SIZE", raising=False)
     monkeypatch.delenv("MV2_COMM_WORLD_SIZE", raising=False)
-    procs = _Processes.start()
+    procs = Processes.start()
     assert (procs.rank, procs.size, procs.primary) == (0, 1, True)
     assert procs.part(5) == slice(None)
 
 
 def test_batches_with_fewer_samples_than_processes_are_refused() -> None:
     with pytest.raises(ValueError, match=r"--batch-size 2 on 3 processes: each batch holds 2 "):
-        _Processes(0, 3).check_batches(1438, 2)
+        Processes(0, 3).check_batches(1438, 2)
     # 1438 = 3 x 479 + 1: the last batch of each epoch would leave two processes nothing.
     with pytest.raises(ValueError, match=r"the last batch of each epoch holds 1 sample"):
-        _Processes(2, 3).check_batches(1438, 479)
-    _Processes(0, 3).check_batches(1438, 478)  # 3 x 478 + 4: every process has one
-    _Processes().check_batches(1438, 479)  # one process takes any batch
+        Processes(2, 3).check_batches(1438, 479)
+    Processes(0, 3).check_batches(1438, 478)  # 3 x 478 + 4: every process has one
+    Processes().check_batches(1438, 479)  # one process takes any batch
 
 
 def test_the_failure_hook_is_checked_and_fires_on_its_rank_and_step(monkeypatch) -> None:
     monkeypatch.setenv("PULLBACK_FAIL_AT", "1:3")
-    _fail_if_asked(0, 3)
-    _fail_if_asked(1, 2)
+    fail_if_asked(0, 3)
+    fail_if_asked(1, 2)
     with pytest.raises(RuntimeError, match="rank 1 fails at step 3"):
-        _fail_if_asked(1, 3)
+        fail_if_asked(1, 3)
     monkeypatch.setenv("PULLBACK_FAIL_AT", "1-3")
     with pytest.raises(ValueError, match="must be RANK:STEP, RANK:STEP:kill or RANK:STEP:hang"):
-        _fail_if_asked(0, 1)
+        fail_if_asked(0, 1)
