@@ -26,6 +26,7 @@ import numpy as np
 
 from . import nn
 from .backend.current import use_backend
+from .distributed.job import Processes, fail_if_asked, quiet
 from .io import save, save_training, training_metadata
 from .io.checkpoint import read_arrays
 from .lower import LoweringMode, compile
@@ -35,13 +36,10 @@ from .training import (
     BACKENDS,
     CHECKPOINT,
     OPTIMIZERS,
-    Processes,
-    fail_if_asked,
     make_optimizer,
     plot_history,
     prepare_output,
     progress_bar,
-    quiet,
     resume_run,
 )
 

@@ -19,13 +19,12 @@ import numpy as np
 import pytest
 
 import pullback as pb
+from pullback.distributed.job import Processes, fail_if_asked
 from pullback.io import load_training
 from pullback.training import (
     CHECKPOINT,
-    Processes,
     TrainConfig,
     build_model,
-    fail_if_asked,
     make_optimizer,
     train,
 )
