@@ -114,12 +114,14 @@ def backward_pass(
     executor: Any,
     targets: Sequence[Any] | None = None,
     release: bool = False,
+    on_result: Callable[[Any, Any], None] | None = None,
 ) -> dict:
     """Push cotangents from `roots` (pairs of node and cotangent) back through the graph.
 
     Returns the cotangent reaching each leaf, or, with `targets`, each target
     node (the traversal then stops at the targets and skips everything that
     does not lead to one): the schedule of this graph, computed and run once.
+    `on_result` as `run_schedule`'s.
     """
     return run_schedule(BackwardSchedule((node for node, _ in roots), targets), roots,
-                        executor, release)
+                        executor, release, on_result)

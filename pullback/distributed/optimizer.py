@@ -1,12 +1,12 @@
 """`DistributedOptimizer`: wraps an optimizer so that `step()` first averages every
 parameter's gradient over all processes, then steps.
 
-Gradients travel in buckets (buckets.py). With a TRAINING plan, a bucket's allreduce
-starts, non-blocking (`Iallreduce`), as soon as the backward has finished the
-bucket's last gradient (the plan's gradient-ready hook), so communication overlaps
-the rest of the backward; `step()` waits for what is still in flight and sends what
-was not sent yet (everything, after an eager `loss.backward()`). Buckets start in the
-same order on every process, so the collectives match.
+Gradients travel in buckets (buckets.py). A bucket's allreduce starts, non-blocking
+(`Iallreduce`), as soon as the backward (a TRAINING plan's, or eager
+`loss.backward()`) has finished the bucket's last gradient (the gradient-ready hook),
+so communication overlaps the rest of the backward; `step()` waits for what is still
+in flight and sends what was not sent yet (a bucket holding a parameter that got no
+gradient). Buckets start in the same order on every process, so the collectives match.
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
 """Lowering: a function or module traced once into a static graph, then a plan
 that runs it for inference or training (`pb.compile`, `pb.LoweringMode`), and the
-hooks a training plan calls as each parameter's gradient becomes final
+hooks a training plan (and eager backward) calls as each parameter's gradient becomes final
 (`on_gradient_ready`)."""
 
+from ..tensor.hooks import HookHandle, on_gradient_ready
 from .graph import Eqn, StaticGraph, Var, trace
-from .hooks import HookHandle, on_gradient_ready
 from .plan import LoweringError, LoweringMode, Plan, TrainingPlan, compile
 
 __all__ = ["Eqn", "HookHandle", "LoweringError", "LoweringMode", "Plan", "StaticGraph",

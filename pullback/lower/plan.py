@@ -19,9 +19,10 @@ import numpy as np
 
 from ..ad import BackwardSchedule, DerivativeError, Leaf, Node, run_schedule
 from ..backend.current import get_backend
+from ..tensor import hooks
 from ..tensor.backward import EagerExecutor, accumulate_grad
 from ..tensor.eager import saved_as_float, wrap
-from . import buffers, cotangents, hooks
+from . import buffers, cotangents
 from .fuse import Step, schedule
 from .graph import Eqn, LoweringError, StaticGraph, Var, resolve_params, trace
 from .retrace import Retracer
@@ -298,7 +299,7 @@ class TrainingPlan(Plan):
 
     A function may return `(loss, *aux)`: the extra outputs (logits, say) are
     returned after the loss and not differentiated. Each parameter's gradient is left
-    in `.grad` the moment it is final, and the gradient-ready hooks (hooks.py) are
+    in `.grad` the moment it is final, and the gradient-ready hooks (tensor/hooks.py) are
     called then, while the rest of the backward runs."""
 
     mode = LoweringMode.TRAINING

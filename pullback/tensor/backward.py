@@ -28,6 +28,7 @@ from ..ad import (
 )
 from ..backend.backward_ops import BackwardOps
 from ..backend.current import get_backend
+from . import hooks
 from .eager import Tensor, wrap
 from .state import grad_mode
 
@@ -157,6 +158,17 @@ def run_backward(output: Tensor, grad: Any, retain_graph: bool | None,
         ct = ct._data
     retain = create_graph if retain_graph is None else retain_graph
     executor = EagerExecutor(create_graph=create_graph)
+    if hooks.active() and not create_graph:
+        # Each leaf's gradient is handed over the moment it is final, so that the
+        # gradient-ready hooks (an allreduce) overlap the rest of the backward.
+        def ready(leaf: Any, leaf_ct: Any) -> None:
+            owner = leaf.owner() if leaf.owner is not None else None
+            if owner is not None:
+                accumulate_grad(owner, leaf_ct, False)
+                hooks.gradient_ready(owner)
+
+        backward_pass([(node, ct)], executor, release=not retain, on_result=ready)
+        return
     leaf_cts = backward_pass([(node, ct)], executor, release=not retain)
     for leaf, leaf_ct in leaf_cts.items():
         owner = leaf.owner() if leaf.owner is not None else None

@@ -185,7 +185,7 @@ def main() -> None:
     del mixed
 
     # 50 steps: overlap on, overlap off (one bucket per step() call), and eager backward
-    # all train the same weights as one process on the whole batches.
+    # (overlapping too) all train the same weights as one process on the whole batches.
     runs = {}
     for label, overlap, bucket_bytes, planned in [("overlap", True, 64, True),
                                                   ("no overlap", False, 2**20, True),
@@ -201,6 +201,8 @@ def main() -> None:
                 train(data_x[batch], data_y[batch])
             else:
                 loss_of(net)(pb.tensor(data_x[batch]), data_y[batch]).backward()
+            # With overlap, either backward started every bucket's allreduce: step() waits.
+            assert all((b.request is not None) == overlap for b in dopt.buckets), label
             dopt.step()
         assert same_everywhere(digest(net)), label
         runs[label] = net
