@@ -35,7 +35,7 @@ from .tensor import creation, no_grad, tensor
 from .training import (
     BACKENDS,
     CHECKPOINT,
-    OPTIMIZERS,
+    check_choices,
     make_optimizer,
     plot_history,
     prepare_output,
@@ -71,12 +71,7 @@ class GPTConfig:
     eval_batches: int = 8  # validation windows: eval_batches * batch_size of them
 
     def check(self) -> None:
-        if self.optimizer not in OPTIMIZERS:
-            raise ValueError(f"train: optimizer must be one of {OPTIMIZERS}, not "
-                             f"{self.optimizer!r}")
-        if self.backend not in BACKENDS:
-            raise ValueError(f"train: backend must be one of {tuple(BACKENDS)}, not "
-                             f"{self.backend!r}")
+        check_choices(self.optimizer, self.backend)
         sizes = {"epochs": self.epochs, "steps per epoch": self.steps_per_epoch,
                  "batch size": self.batch_size, "context": self.context,
                  "width": self.width, "heads": self.heads, "layers": self.layers,

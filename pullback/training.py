@@ -61,15 +61,18 @@ class TrainConfig:
     def check(self) -> None:
         if self.model not in MODELS:
             raise ValueError(f"train: model must be one of {MODELS}, not {self.model!r}")
-        if self.optimizer not in OPTIMIZERS:
-            raise ValueError(f"train: optimizer must be one of {OPTIMIZERS}, not "
-                             f"{self.optimizer!r}")
-        if self.backend not in BACKENDS:
-            raise ValueError(f"train: backend must be one of {tuple(BACKENDS)}, not "
-                             f"{self.backend!r}")
+        check_choices(self.optimizer, self.backend)
         if self.epochs < 1 or self.batch_size < 1 or not self.lr > 0:
             raise ValueError("train: epochs and batch size must be >= 1 and lr > 0, got "
                              f"{self.epochs}, {self.batch_size} and {self.lr}")
+
+
+def check_choices(optimizer: str, backend: str) -> None:
+    """The optimizer and backend settings every job shares, checked by name."""
+    if optimizer not in OPTIMIZERS:
+        raise ValueError(f"train: optimizer must be one of {OPTIMIZERS}, not {optimizer!r}")
+    if backend not in BACKENDS:
+        raise ValueError(f"train: backend must be one of {tuple(BACKENDS)}, not {backend!r}")
 
 
 @dataclass

@@ -156,7 +156,7 @@ class Processes:
 
 class _NoWatchdog(contextlib.nullcontext):
     def beat(self) -> None:
-        pass
+        """Nothing to watch in a run of one process."""
 
 
 def quiet(message: str) -> None:
