@@ -93,8 +93,8 @@ def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> np.nd
 def _stacked(a: np.ndarray, b: np.ndarray, out: np.ndarray | None) -> np.ndarray:
     """(..., M, K) @ (K, N) as one (rows, K) @ (K, N) product. NumPy runs the stacked
     form as one BLAS call per matrix of the stack; on two OpenBLAS threads a
-    transformer's (16, 128, 128) @ (128, 384) took 6-12x longer so than as one product
-    on a busy machine (on one thread, alike): bench/RESULTS.md, issue 13."""
+    transformer's (16, 128, 128) @ (128, 384) took 6-12x longer that way than as one
+    product on a busy machine (alike on one thread): bench/RESULTS.md, issue 13."""
     rows = math.prod(a.shape[:-1])
     shape = a.shape[:-1] + (b.shape[1],)
     flat = a.reshape(rows, a.shape[-1])  # a copy only where a's rows are not contiguous
