@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pullback.check.runner import declared_specs, format_table, run_checks
+from pullback.check.runner import FULL_SECOND_ORDER, declared_specs, format_table, run_checks
 from pullback.cli import main
 from pullback.ops import PRIMITIVES
 from pullback.ops.checks import Spec, declare_check, inputs, normal
@@ -81,6 +81,18 @@ def test_a_wrong_forward_fails_against_numpy():
     rows = run_checks(["less"], ["cpu"], specs=specs)
     assert rows and not any(r.passed for r in rows)
     assert "NumPy" in rows[0].detail
+
+
+def test_a_large_sample_still_catches_a_wrong_second_derivative(bad_second_square):
+    # 12 x 13 elements: a 24,336-entry Jacobian, past FULL_SECOND_ORDER, so the second
+    # derivative is compared along random directions; it must still fail, and only it.
+    assert FULL_SECOND_ORDER < (12 * 13) ** 2
+    primitives = {"bad_second_square": bad_second_square}
+    specs = {"bad_second_square": Spec(bad_second_square.bind, inputs(normal(12, 13)))}
+    rows = run_checks(backends=["cpu"], primitives=primitives, specs=specs)
+    failed = {(r.dtype, r.check) for r in rows if not r.passed}
+    assert failed == {("float32", "grad2"), ("float64", "grad2")}
+    assert all("the derivative of the" in r.detail for r in rows if not r.passed)
 
 
 def test_backend_option_limits_the_rows():
