@@ -45,6 +45,7 @@ from .tensor import (
     zeros_like,
 )
 
+# The package's one version: pyproject.toml reads it from here.
 __version__ = "0.1.0"
 
 __all__ = [

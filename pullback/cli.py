@@ -15,6 +15,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from . import __version__
 from .check.runner import BACKENDS, format_table, run_checks, summary
 
 
@@ -39,6 +40,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="pullback", description="pullback: a deep-learning engine built around the "
         "backward pass.")
+    parser.add_argument("--version", action="version", version=f"pullback {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     _add_train(commands)
     _add_sample(commands)
