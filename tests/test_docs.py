@@ -103,14 +103,22 @@ def _env() -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, subprocess.Popen]]:
-    """The site build ("site", into a temporary folder) and every script, started at once."""
-    site = tmp_path_factory.mktemp("site")
-    started = {"site": subprocess.Popen(
-        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(site)],
-        cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)}
-    started["site"].site = site  # type: ignore[attr-defined]
-    for script, (args, _) in SCRIPTS.items():
+def runs(request: pytest.FixtureRequest,
+         tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, subprocess.Popen]]:
+    """The site build ("site", into a temporary folder) and the scripts, started at once:
+    those of the tests selected in this session (all of them, unless `-k` says less)."""
+    selected = {item.name for item in request.session.items if item.path == Path(__file__)}
+    wanted = [s for s in SCRIPTS if f"test_guide_script_runs_and_prints_what_it_promises[{s}]"
+              in selected]
+    started = {}
+    if "test_site_builds_strictly_with_every_api_name_in_the_reference" in selected:
+        site = tmp_path_factory.mktemp("site")
+        started["site"] = subprocess.Popen(
+            [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(site)],
+            cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        started["site"].site = site  # type: ignore[attr-defined]
+    for script in wanted:
+        args = SCRIPTS[script][0]
         started[script] = subprocess.Popen(
             [sys.executable, str(EXAMPLES / script), *args], cwd=tmp_path_factory.mktemp("run"),
             env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
