@@ -9,6 +9,8 @@ fixture) so that they share the two cores instead of waiting for one another.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import re
 import subprocess
@@ -138,6 +140,25 @@ def _finish(process: subprocess.Popen, what: str) -> str:
         pytest.fail(f"{what} did not finish in {TIMEOUT_S} s:\n{out}")
     assert process.returncode == 0, f"{what} failed:\n{out}"
     return out
+
+
+# A page's Python block that starts with `import` is a whole script; a plain block
+# right after it is what the script prints.
+_BLOCK = re.compile(r"^```python\n(import .*?)^```\n(?:\n```\n(.*?)^```)?",
+                    flags=re.S | re.M)
+PAGES = [p for p in sorted((ROOT / "docs").rglob("*.md")) if _BLOCK.search(p.read_text())]
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT / "docs")))
+def test_page_scripts_run_and_print_what_the_page_shows(page: Path, tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    for number, (source, shown) in enumerate(_BLOCK.findall(page.read_text()), 1):
+        printed = io.StringIO()
+        with contextlib.redirect_stdout(printed):
+            exec(compile(source, f"{page.name} python block {number}", "exec"), {})
+        if shown:
+            assert printed.getvalue() == shown
 
 
 def test_every_script_in_examples_is_run_here_and_included_by_a_guide() -> None:
