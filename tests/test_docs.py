@@ -1,7 +1,8 @@
 """The documentation site and its guides: `mkdocs build --strict` passes (a broken
 reference, link or included file fails it), every guide's script in examples/ runs
-with small settings and prints what it promises, and every public name of the API
-has its entry in the generated reference.
+with small settings and prints what it promises, the scripts on the other pages run
+(and print what the page shows), and every public name of the API has its entry in
+the generated reference.
 
 The site build and the scripts are separate processes started together (one module
 fixture) so that they share the two cores instead of waiting for one another.
@@ -149,6 +150,8 @@ _BLOCK = re.compile(r"^```python\n(import .*?)^```\n(?:\n```\n(.*?)^```)?",
 PAGES = [p for p in sorted((ROOT / "docs").rglob("*.md")) if _BLOCK.search(p.read_text())]
 
 
+# `runs` first: the site build and the scripts run in their processes meanwhile.
+@pytest.mark.usefixtures("runs")
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT / "docs")))
 def test_page_scripts_run_and_print_what_the_page_shows(page: Path, tmp_path: Path,
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
