@@ -70,7 +70,23 @@ from .views import *  # noqa: F403
 
 set_tangent_add(add_p)
 
-__all__ = [name for module in (attention, batchnorm, contraction, conv, custom, elementwise, gather,
-                                layer_norm_module, linalg, loss, masks, reduce, shape, sorting,
-                                stats, views)
-           for name in module.__all__]
+# A sum of the modules' lists (not a comprehension) so that documentation tools reading
+# the source statically (griffe, behind mkdocstrings) see which names `pb` offers.
+__all__ = (
+    attention.__all__
+    + batchnorm.__all__
+    + contraction.__all__
+    + conv.__all__
+    + custom.__all__
+    + elementwise.__all__
+    + gather.__all__
+    + layer_norm_module.__all__
+    + linalg.__all__
+    + loss.__all__
+    + masks.__all__
+    + reduce.__all__
+    + shape.__all__
+    + sorting.__all__
+    + stats.__all__
+    + views.__all__
+)
