@@ -6,8 +6,11 @@ run on two threads: onnxruntime with intra-op 2 and inter-op 1, pullback with
 NumPy's BLAS pinned to 2. Best-of-N wall time per inference, both in one run,
 taking turns (the machine's load changes from second to second);
 the outputs are checked against each other and the file's expected output.
-`--profile` adds a cProfile of pullback's call (what the time goes to).
-Run: `python bench/onnx_resnet.py [--repeats 10] [--number 2] [--profile]`.
+`--profile` adds a cProfile of pullback's call (what the time goes to), `--layers N`
+a table of the plan's steps timed one by one, best of N calls: convolutions by shape
+with their GFLOP/s (bench/layer_profile.py). Run with another tree's pullback
+(`PYTHONPATH=<tree> python bench/onnx_resnet.py --layers 8`) for a before and after.
+Run: `python bench/onnx_resnet.py [--repeats 10] [--number 2] [--profile] [--layers 8]`.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import sys
 import time
 
 from common import pin_threads
+from layer_profile import layer_profile
 
 pin_threads(2)
 
@@ -71,6 +75,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=10, help="timed runs (best kept)")
     parser.add_argument("--number", type=int, default=2, help="inferences per timed run")
     parser.add_argument("--profile", action="store_true", help="cProfile pullback's call")
+    parser.add_argument("--layers", type=int, default=0, metavar="N",
+                        help="time the plan's steps one by one, best of N calls")
     args = parser.parse_args()
 
     path = os.path.join(data_dir(), "light", "light_resnet50.onnx")
@@ -131,6 +137,11 @@ def main() -> None:
             model(x)
         profiler.disable()
         pstats.Stats(profiler).sort_stats("tottime").print_stats(15)
+
+    if args.layers:
+        (runner,) = model._runners.values()
+        print(f"steps of pullback's plan ({pullback.__file__}), best of {args.layers} calls:")
+        print(layer_profile(runner.plan, lambda: model(x), args.layers))
 
 
 if __name__ == "__main__":

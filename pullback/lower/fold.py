@@ -1,0 +1,234 @@
+"""Folding per-channel affine maps into the convolution before them, for inference plans.
+
+An eval-mode batch_norm after a conv2d is `y * scale + shift` per output channel, and so
+is ONNX's BatchNormalization as pullback imports it (a mul and an add by per-channel
+constants). Scaling the convolution's weights instead, `conv2d(x, w * scale) + shift`,
+drops a pass over the activations and leaves a bias add, which the plan then runs in the
+convolution's epilogue (fuse.py). A chain `conv2d -> add/mul by per-channel vectors ->
+batch_norm(eval) -> ...` is rewritten when each link's result has no other reader and
+none is a result of the plan; the values are equal up to rounding (the products are
+summed in another order).
+
+When the folded weights are computed: at lowering, once, when everything they come from
+is a constant the plan owns (an ONNX model's initializers, and values computed from
+them); at every call otherwise, as steps of the plan (one pass over the weights: the
+conv's weight or the batch norm's weight and bias are parameters an optimizer may
+update in place, and a module's buffers, its running statistics, may be overwritten in
+place, so they are read anew at each call like the unfolded plan reads them). Training
+plans never fold: their batch norms train.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..backend.current import get_backend
+from ..ops.batchnorm import batch_norm_p
+from ..ops.conv import conv2d_p
+from ..ops.elementwise import add_p, div_p, mul_p, sqrt_p
+from ..ops.shape import reshape_p
+from .graph import Eqn, StaticGraph, Var
+
+
+@dataclass
+class Fold:
+    """One rewrite: the convolution's weights `weight` (a new value) replace `conv`'s,
+    absorbing `absorbed` (the ops after it); `at_lowering` says whether the weights were
+    computed once when the plan was built (else at every call)."""
+
+    conv: Eqn
+    absorbed: list[Eqn]
+    weight: Var
+    at_lowering: bool
+
+    def describe(self) -> str:
+        ops = ", ".join(f"{e.primitive.name} {e.out!r}" for e in self.absorbed)
+        when = "once, at lowering" if self.at_lowering else "at every call (from parameters)"
+        return (f"conv2d {self.conv.out!r}: {ops} folded into its weights {self.weight!r} "
+                f"and bias, computed {when}")
+
+
+def fold_into_convolutions(graph: StaticGraph) -> list[Fold]:
+    """Rewrite `graph` in place, each foldable chain after a conv2d folded into its
+    weights and a bias add; returns what was folded."""
+    readers: dict[int, list[Eqn]] = {}
+    for eqn in graph.eqns:
+        for a in eqn.args + eqn.param_vars:
+            if isinstance(a, Var):
+                readers.setdefault(a.index, []).append(eqn)
+    results = {v.index for v in graph.outputs} | {new.index for _, _, new in graph.state}
+    static = _static_values(graph)
+    folds: list[Fold] = []
+    replaced: dict[int, list[Eqn]] = {}  # id(last eqn of a chain) -> what replaces it
+    removed: set[int] = set()
+    for eqn in graph.eqns:
+        if eqn.primitive is not conv2d_p or eqn.out.dtype.kind != "f":
+            continue
+        chain = _chain(eqn, readers, results, static)
+        if not any(link.primitive is not add_p for link, _ in chain):
+            continue  # nothing to fold into the weights (bias adds stay as they are)
+        rewrite = _Rewrite(graph, eqn)
+        for link, operand in chain:
+            rewrite.absorb(link, operand)
+        new_eqns, weight = rewrite.finish(chain[-1][0].out)
+        removed.update(id(e) for e in [eqn, *(link for link, _ in chain)])
+        replaced[id(chain[-1][0])] = new_eqns
+        folds.append(Fold(eqn, [link for link, _ in chain], weight, False))
+    if not folds:
+        return folds
+    eqns: list[Eqn] = []
+    for eqn in graph.eqns:
+        if id(eqn) in replaced:
+            eqns.extend(replaced[id(eqn)])
+        elif id(eqn) not in removed:
+            eqns.append(eqn)
+    graph.eqns = eqns
+    _evaluate_constants(graph, [e for new in replaced.values() for e in new])
+    for fold in folds:
+        fold.at_lowering = fold.weight.kind == "const"
+    return folds
+
+
+def _static_values(graph: StaticGraph) -> set[int]:
+    """The values that do not depend on the inputs: constants, parameters, and what is
+    computed from those only."""
+    static = {v.index for v in graph.vars if v.kind in ("const", "param")}
+    for eqn in graph.eqns:
+        if all(not isinstance(a, Var) or a.index in static
+               for a in eqn.args + eqn.param_vars):
+            static.add(eqn.out.index)
+    return static
+
+
+def _per_channel(a: Any, channels: int, dtype: Any, static: set[int]) -> bool:
+    """Whether `a` is a vector of one value per channel of an (N, C, H, W) value,
+    shaped to broadcast over it, and the same for every input."""
+    return (isinstance(a, Var) and a.index in static and a.dtype == dtype
+            and a.shape in ((1, channels, 1, 1), (channels, 1, 1)))
+
+
+def _chain(conv: Eqn, readers: dict, results: set[int], static: set[int]) -> list[tuple]:
+    """The ops after `conv` that fold into it, each with its per-channel operand (a
+    batch_norm's: the batch_norm itself), each the only reader of the value before it."""
+    chain: list[tuple[Eqn, Any]] = []
+    value = conv.out
+    channels, dtype = value.shape[1], value.dtype
+    while value.index not in results and len(readers.get(value.index, ())) == 1:
+        (eqn,) = readers[value.index]
+        if eqn.out.shape != value.shape or eqn.out.dtype != dtype:
+            break
+        prim = eqn.primitive
+        if prim in (add_p, mul_p) and len(eqn.args) == 2 and value in eqn.args:
+            other = eqn.args[1] if eqn.args[0] is value else eqn.args[0]
+            if other is value or not _per_channel(other, channels, dtype, static):
+                break
+            chain.append((eqn, other))
+        elif (prim is batch_norm_p and not eqn.params["training"] and eqn.args[0] is value
+              and all(a is None or (isinstance(a, Var) and a.index in static)
+                      for a in eqn.args[1:])):
+            chain.append((eqn, eqn))
+        else:
+            break
+        value = eqn.out
+    return chain
+
+
+class _Rewrite:
+    """The equations of one fold: the per-channel scale and shift as (C,) vectors, the
+    scaled weights, the convolution and its bias add."""
+
+    def __init__(self, graph: StaticGraph, conv: Eqn):
+        self.graph, self.conv = graph, conv
+        self.channels = conv.out.shape[1]
+        self.eqns: list[Eqn] = []
+        self.scale: Var | None = None
+        self.shift: Var | None = None
+
+    def emit(self, prim: Any, *args: Any, out: Var | None = None, **params: Any) -> Var:
+        if out is None:
+            shape, dtype = prim.abstract_eval(*args, **params)
+            out = self.graph.new_var(shape, dtype, "value")
+        eqn = Eqn(prim, args, params, out)
+        out.producer = eqn
+        self.eqns.append(eqn)
+        return out
+
+    def vector(self, a: Var) -> Var:
+        return self.emit(reshape_p, a, shape=(self.channels,))
+
+    def times(self, a: Var | None, b: Var) -> Var:
+        return b if a is None else self.emit(mul_p, a, b)
+
+    def plus(self, a: Var | None, b: Var) -> Var:
+        return b if a is None else self.emit(add_p, a, b)
+
+    def absorb(self, link: Eqn, operand: Any) -> None:
+        """(y * scale + shift) followed by `link` is y * scale' + shift'."""
+        if link.primitive is add_p:
+            self.shift = self.plus(self.shift, self.vector(operand))
+            return
+        if link.primitive is mul_p:
+            factor, offset = self.vector(operand), None
+        else:  # eval-mode batch_norm, in the order its own implementation computes it
+            _, mean, var, weight, bias = link.args
+            factor = self.emit(div_p, 1.0, self.emit(sqrt_p, self.emit(
+                add_p, var, link.params["eps"])))
+            if weight is not None:
+                factor = self.emit(mul_p, factor, weight)
+            offset = self.emit(mul_p, self.emit(mul_p, mean, factor), -1.0)
+            if bias is not None:
+                offset = self.emit(add_p, offset, bias)
+        self.scale = self.times(self.scale, factor)
+        if self.shift is not None:
+            self.shift = self.emit(mul_p, self.shift, factor)
+        if offset is not None:
+            self.shift = self.plus(self.shift, offset)
+
+    def finish(self, result: Var) -> tuple[list[Eqn], Var]:
+        """The equations computing `result` from the convolution's input, and the
+        folded weights."""
+        x, w = self.conv.args
+        column = self.emit(reshape_p, self.scale, shape=(self.channels, 1, 1, 1))
+        weight = self.emit(mul_p, w, column)
+        if self.shift is None:
+            self.emit(conv2d_p, x, weight, out=result, **self.conv.params)
+        else:
+            y = self.emit(conv2d_p, x, weight, **self.conv.params)
+            bias = self.emit(reshape_p, self.shift, shape=(1, self.channels, 1, 1))
+            self.emit(add_p, y, bias, out=result)
+        return self.eqns, weight
+
+
+def _evaluate_constants(graph: StaticGraph, eqns: list[Eqn]) -> None:
+    """Compute at lowering each of `eqns`, and each equation they depend on, whose
+    operands are all constants the plan owns: arrays, not a tensor's (a module's
+    buffers, which may change in place between calls). Its result becomes such a
+    constant. Only pure equations are computed so: a differentiable primitive (a
+    function of its operands; random draws such as dropout_mask are not) with at
+    least one operand and no function among its parameters."""
+    wanted = {id(e) for e in eqns}
+    for eqn in reversed(graph.eqns):  # ... and what they read, back to the constants
+        if id(eqn) in wanted:
+            wanted.update(id(a.producer) for a in eqn.args
+                          if isinstance(a, Var) and a.producer is not None)
+    owned = {v.index: data for v, data in graph.consts if v.index not in graph.tensor_consts}
+    backend = get_backend()
+    done: set[int] = set()
+    for eqn in graph.eqns:
+        if id(eqn) not in wanted or not _pure(eqn) or not all(
+                not isinstance(a, Var) or a.index in owned for a in eqn.args):
+            continue
+        values = [owned[a.index] if isinstance(a, Var) else a for a in eqn.args]
+        data = eqn.primitive.impl(backend, *values, **eqn.params)
+        eqn.out.kind, eqn.out.producer = "const", None
+        graph.consts.append((eqn.out, data))
+        owned[eqn.out.index] = data
+        done.add(id(eqn))
+    graph.eqns = [e for e in graph.eqns if id(e) not in done]
+
+
+def _pure(eqn: Eqn) -> bool:
+    return (eqn.primitive.differentiable and eqn.primitive is not conv2d_p
+            and not eqn.param_vars and any(isinstance(a, Var) for a in eqn.args)
+            and not any(callable(v) for v in eqn.params.values()))
