@@ -1,7 +1,8 @@
-"""Convolutions with their epilogue: in an inference plan, a conv2d followed by a bias add
-per channel, a residual add and a relu (each optional, in that order) runs as one step,
-the backend's fused `conv2d_epilogue`, which applies them to each chunk of the output
-while it is in cache instead of a pass over memory per op afterwards.
+"""Convolutions with their epilogue: in an inference plan, a conv2d followed by a multiply
+and an add per channel (a bias, a batch norm), a residual add and a relu (each optional,
+in that order) runs as one step, the backend's fused `conv2d_epilogue`, which applies
+them to each chunk of the output while it is in cache instead of a pass over memory per
+op afterwards.
 
 A member joins only through a value with no other reader that is not a result of the
 plan (nor state), so no intermediate is ever needed; the step runs where its last
@@ -15,10 +16,10 @@ from typing import Any
 from ..backend.fused import fused_ops
 from ..kernels.core import SUPPORTED_DTYPES
 from ..ops.conv import conv2d_p
-from ..ops.elementwise import add_p, relu_p
+from ..ops.elementwise import add_p, mul_p, relu_p
 from .graph import Eqn, StaticGraph, Var
 
-BIAS, RESIDUAL, RELU = 0, 1, 2  # the members' roles, in the only order they join
+SCALE, BIAS, RESIDUAL, RELU = 0, 1, 2, 3  # the members' roles, in the only order they join
 
 
 def conv_epilogues(graph: StaticGraph, pinned: set[int]) -> dict[int, list[tuple]]:
@@ -38,7 +39,7 @@ def conv_epilogues(graph: StaticGraph, pinned: set[int]) -> dict[int, list[tuple
         if eqn.primitive is not conv2d_p or eqn.out.dtype not in SUPPORTED_DTYPES:
             continue
         members: list[tuple] = [(eqn, None, None)]
-        value, next_role = eqn.out, BIAS
+        value, next_role = eqn.out, SCALE
         while value.index not in pinned and len(readers.get(value.index, ())) == 1:
             (reader,) = readers[value.index]
             role = None if id(reader) in claimed else _role(reader, value, next_role)
@@ -61,13 +62,16 @@ def _role(eqn: Eqn, value: Var, earliest: int) -> int | None:
         return None
     if eqn.primitive is relu_p:
         return RELU
-    if eqn.primitive is not add_p or len(eqn.args) != 2 or value not in eqn.args:
+    if eqn.primitive not in (add_p, mul_p) or len(eqn.args) != 2 or value not in eqn.args:
         return None
     other = eqn.args[1] if eqn.args[0] is value else eqn.args[0]
     if not isinstance(other, Var) or other is value or other.dtype != value.dtype:
         return None
     channels = value.shape[1]
-    if earliest <= BIAS and other.shape in ((1, channels, 1, 1), (channels, 1, 1)):
+    per_channel = other.shape in ((1, channels, 1, 1), (channels, 1, 1))
+    if eqn.primitive is mul_p:
+        return SCALE if earliest <= SCALE and per_channel else None
+    if earliest <= BIAS and per_channel:
         return BIAS
     if earliest <= RESIDUAL and other.shape == value.shape:
         return RESIDUAL
@@ -79,10 +83,9 @@ def lower_epilogue(members: list[tuple]) -> tuple[Any, tuple]:
     convolution's input and weights, then the bias and the residual where present."""
     conv = members[0][0]
     roles = {role: other for _, role, other in members[1:]}
-    args = tuple(conv.args)
-    has_bias, has_residual = BIAS in roles, RESIDUAL in roles
-    if has_bias:
-        args += (roles[BIAS],)
+    vectors = [role for role in (SCALE, BIAS) if role in roles]
+    args = (*conv.args, *(roles[role] for role in vectors))
+    has_residual = RESIDUAL in roles
     if has_residual:
         args += (roles[RESIDUAL],)
     relu = RELU in roles
@@ -91,12 +94,14 @@ def lower_epilogue(members: list[tuple]) -> tuple[Any, tuple]:
                                          ("stride", "padding", "dilation", "groups"))
 
     def run(backend: Any, x: Any, w: Any, *rest: Any, out: Any = None) -> Any:
-        bias = backend.reshape(rest[0], (channels,)) if has_bias else None
+        given = dict(zip(vectors, rest))
+        scale, bias = (backend.reshape(given[role], (channels,)) if role in given else None
+                       for role in (SCALE, BIAS))
         residual = rest[-1] if has_residual else None
         if out is not None and backend.runs_plan_kernels():
-            return backend.conv2d_epilogue(x, w, bias, residual, relu, stride, padding,
-                                           dilation, groups, out=out)
-        return fused_ops(backend).conv2d_epilogue(x, w, bias, residual, relu, stride,
+            return backend.conv2d_epilogue(x, w, scale, bias, residual, relu, stride,
+                                           padding, dilation, groups, out=out)
+        return fused_ops(backend).conv2d_epilogue(x, w, scale, bias, residual, relu, stride,
                                                   padding, dilation, groups)
 
     return run, args

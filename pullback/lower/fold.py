@@ -2,20 +2,21 @@
 
 An eval-mode batch_norm after a conv2d is `y * scale + shift` per output channel, and so
 is ONNX's BatchNormalization as pullback imports it (a mul and an add by per-channel
-constants). Scaling the convolution's weights instead, `conv2d(x, w * scale) + shift`,
-drops a pass over the activations and leaves a bias add, which the plan then runs in the
-convolution's epilogue (fuse.py). A chain `conv2d -> add/mul by per-channel vectors ->
-batch_norm(eval) -> ...` is rewritten when each link's result has no other reader and
-none is a result of the plan; the values are equal up to rounding (the products are
-summed in another order).
+constants). A chain `conv2d -> add/mul by per-channel vectors -> batch_norm(eval) ->
+...` is rewritten when each link's result has no other reader and none is a result of
+the plan (nor state); values are equal up to rounding (products summed in another order).
 
-When the folded weights are computed: at lowering, once, when everything they come from
-is a constant the plan owns (an ONNX model's initializers, and values computed from
-them); at every call otherwise, as steps of the plan (one pass over the weights: the
-conv's weight or the batch norm's weight and bias are parameters an optimizer may
-update in place, and a module's buffers, its running statistics, may be overwritten in
-place, so they are read anew at each call like the unfolded plan reads them). Training
-plans never fold: their batch norms train.
+How depends on when the folded values can be computed:
+- once, at lowering, when everything they come from is a constant the plan owns (an
+  ONNX model's initializers, and what is computed from them): the scale goes into the
+  weights, `conv2d(x, w * scale) + shift`, and the plan never multiplies again;
+- at every call otherwise (a parameter an optimizer may update in place, a module's
+  running statistics, which may be overwritten in place): the chain becomes one scale
+  and one shift per channel, `conv2d(x, w) * scale + shift`, computed from the current
+  values at each call (O(channels)) and applied in the convolution's epilogue
+  (epilogue.py), where they cost no pass of their own; scaling the weights at each
+  call would cost a pass over them (ResNet-50's 100 MB at batch 1), more than it saves.
+Training plans never fold: their batch norms train.
 """
 
 from __future__ import annotations
@@ -33,20 +34,22 @@ from .graph import Eqn, StaticGraph, Var
 
 @dataclass
 class Fold:
-    """One rewrite: the convolution's weights `weight` (a new value) replace `conv`'s,
-    absorbing `absorbed` (the ops after it); `at_lowering` says whether the weights were
-    computed once when the plan was built (else at every call)."""
+    """One rewrite: the ops `absorbed` after `conv`, folded into its weights `weight` (a
+    constant computed at lowering) or, when `weight` is None, into one scale and shift
+    per channel computed at every call."""
 
     conv: Eqn
     absorbed: list[Eqn]
-    weight: Var
-    at_lowering: bool
+    weight: Var | None
 
     def describe(self) -> str:
         ops = ", ".join(f"{e.primitive.name} {e.out!r}" for e in self.absorbed)
-        when = "once, at lowering" if self.at_lowering else "at every call (from parameters)"
-        return (f"conv2d {self.conv.out!r}: {ops} folded into its weights {self.weight!r} "
-                f"and bias, computed {when}")
+        if self.weight is not None:
+            return (f"conv2d {self.conv.out!r}: {ops} folded into its weights "
+                    f"{self.weight!r} and a bias, computed once, at lowering")
+        return (f"conv2d {self.conv.out!r}: {ops} folded into one scale and shift per "
+                "channel, computed at every call (from parameters or buffers), applied in "
+                "the convolution's epilogue")
 
 
 def fold_into_convolutions(graph: StaticGraph) -> list[Fold]:
@@ -59,6 +62,7 @@ def fold_into_convolutions(graph: StaticGraph) -> list[Fold]:
                 readers.setdefault(a.index, []).append(eqn)
     results = {v.index for v in graph.outputs} | {new.index for _, _, new in graph.state}
     static = _static_values(graph)
+    lowerable = _lowerable_values(graph)
     folds: list[Fold] = []
     replaced: dict[int, list[Eqn]] = {}  # id(last eqn of a chain) -> what replaces it
     removed: set[int] = set()
@@ -68,13 +72,16 @@ def fold_into_convolutions(graph: StaticGraph) -> list[Fold]:
         chain = _chain(eqn, readers, results, static)
         if not any(link.primitive is not add_p for link, _ in chain):
             continue  # nothing to fold into the weights (bias adds stay as they are)
+        sources = [eqn.args[1]] + [a for link, operand in chain
+                                   for a in (link.args[1:] if operand is link else (operand,))]
+        into_weights = all(a is None or a.index in lowerable for a in sources)
         rewrite = _Rewrite(graph, eqn)
         for link, operand in chain:
             rewrite.absorb(link, operand)
-        new_eqns, weight = rewrite.finish(chain[-1][0].out)
+        new_eqns, weight = rewrite.finish(chain[-1][0].out, into_weights)
         removed.update(id(e) for e in [eqn, *(link for link, _ in chain)])
         replaced[id(chain[-1][0])] = new_eqns
-        folds.append(Fold(eqn, [link for link, _ in chain], weight, False))
+        folds.append(Fold(eqn, [link for link, _ in chain], weight))
     if not folds:
         return folds
     eqns: list[Eqn] = []
@@ -85,8 +92,6 @@ def fold_into_convolutions(graph: StaticGraph) -> list[Fold]:
             eqns.append(eqn)
     graph.eqns = eqns
     _evaluate_constants(graph, [e for new in replaced.values() for e in new])
-    for fold in folds:
-        fold.at_lowering = fold.weight.kind == "const"
     return folds
 
 
@@ -99,6 +104,16 @@ def _static_values(graph: StaticGraph) -> set[int]:
                for a in eqn.args + eqn.param_vars):
             static.add(eqn.out.index)
     return static
+
+
+def _lowerable_values(graph: StaticGraph) -> set[int]:
+    """The values that can be computed once, at lowering: the constants the plan owns
+    (arrays, not a tensor's) and what pure equations compute from those only."""
+    known = {v.index for v, _ in graph.consts if v.index not in graph.tensor_consts}
+    for eqn in graph.eqns:
+        if _pure(eqn) and all(not isinstance(a, Var) or a.index in known for a in eqn.args):
+            known.add(eqn.out.index)
+    return known
 
 
 def _per_channel(a: Any, channels: int, dtype: Any, static: set[int]) -> bool:
@@ -185,18 +200,23 @@ class _Rewrite:
         if offset is not None:
             self.shift = self.plus(self.shift, offset)
 
-    def finish(self, result: Var) -> tuple[list[Eqn], Var]:
-        """The equations computing `result` from the convolution's input, and the
-        folded weights."""
+    def finish(self, result: Var, into_weights: bool) -> tuple[list[Eqn], Var | None]:
+        """The equations computing `result` from the convolution's input, and the folded
+        weights (None when the scale is applied after the convolution instead)."""
         x, w = self.conv.args
-        column = self.emit(reshape_p, self.scale, shape=(self.channels, 1, 1, 1))
-        weight = self.emit(mul_p, w, column)
-        if self.shift is None:
-            self.emit(conv2d_p, x, weight, out=result, **self.conv.params)
-        else:
-            y = self.emit(conv2d_p, x, weight, **self.conv.params)
-            bias = self.emit(reshape_p, self.shift, shape=(1, self.channels, 1, 1))
-            self.emit(add_p, y, bias, out=result)
+        weight = None
+        if into_weights:
+            column = self.emit(reshape_p, self.scale, shape=(self.channels, 1, 1, 1))
+            weight = w = self.emit(mul_p, w, column)
+        last = self.shift is None and weight is not None
+        y = self.emit(conv2d_p, x, w, out=result if last else None, **self.conv.params)
+        row = (1, self.channels, 1, 1)
+        if weight is None:
+            last = self.shift is None
+            y = self.emit(mul_p, y, self.emit(reshape_p, self.scale, shape=row),
+                          out=result if last else None)
+        if self.shift is not None:
+            self.emit(add_p, y, self.emit(reshape_p, self.shift, shape=row), out=result)
         return self.eqns, weight
 
 

@@ -87,20 +87,21 @@ def test_folded_plan_matches_eager_and_torch(dtype):
     np.testing.assert_allclose(got, _torch_forward(twin, x), **TOL[dtype])
     steps = [step.name for step in plan._schedule]
     assert "batch_norm" not in steps
-    # Three convolutions, each with its epilogue; the last takes the shortcut's result
-    # as its residual.
-    assert steps.count("fused(conv2d, add, relu)") == 1
-    assert steps.count("fused(conv2d, add)") == 1
-    assert steps.count("fused(conv2d, add, add, relu)") == 1
+    # Three convolutions, each with its batch norm's scale and shift in its epilogue (the
+    # weights are parameters: not scaled at each call); the last takes the shortcut's
+    # result as its residual.
+    assert steps.count("fused(conv2d, mul, add, relu)") == 1
+    assert steps.count("fused(conv2d, mul, add)") == 1
+    assert steps.count("fused(conv2d, mul, add, add, relu)") == 1
     text = plan.explain()
     assert text.count("folded: conv2d") == 3
-    assert "computed at every call (from parameters)" in text
+    assert text.count("computed at every call (from parameters or buffers)") == 3
     assert "its epilogue applied to each chunk of its output in cache" in text
 
 
 def test_changes_after_compiling_are_seen():
-    """The folded weights come from parameters and buffers: computed at every call, so
-    an in-place update (an optimizer's, a new running mean) reaches the next call."""
+    """The folded scale and shift come from parameters and buffers: computed at every
+    call, so an in-place update (an optimizer's, a new running mean) reaches the next."""
     model, twin = _block(np.float32)
     x = np.random.default_rng(2).standard_normal((2, 3, 5, 5)).astype(np.float32)
     plan = pb.compile(model, x)
