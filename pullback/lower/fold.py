@@ -62,7 +62,7 @@ def fold_into_convolutions(graph: StaticGraph) -> list[Fold]:
                 readers.setdefault(a.index, []).append(eqn)
     results = {v.index for v in graph.outputs} | {new.index for _, _, new in graph.state}
     static = _static_values(graph)
-    lowerable = _lowerable_values(graph)
+    lowerable = _lowerable_values(graph, results)
     folds: list[Fold] = []
     replaced: dict[int, list[Eqn]] = {}  # id(last eqn of a chain) -> what replaces it
     removed: set[int] = set()
@@ -106,12 +106,14 @@ def _static_values(graph: StaticGraph) -> set[int]:
     return static
 
 
-def _lowerable_values(graph: StaticGraph) -> set[int]:
+def _lowerable_values(graph: StaticGraph, results: set[int]) -> set[int]:
     """The values that can be computed once, at lowering: the constants the plan owns
-    (arrays, not a tensor's) and what pure equations compute from those only."""
+    (arrays, not a tensor's) and what pure equations compute from those only (results
+    aside: see `_evaluate_constants`)."""
     known = {v.index for v, _ in graph.consts if v.index not in graph.tensor_consts}
     for eqn in graph.eqns:
-        if _pure(eqn) and all(not isinstance(a, Var) or a.index in known for a in eqn.args):
+        if _pure(eqn) and eqn.out.index not in results and all(
+                not isinstance(a, Var) or a.index in known for a in eqn.args):
             known.add(eqn.out.index)
     return known
 
@@ -233,10 +235,12 @@ def _evaluate_constants(graph: StaticGraph, eqns: list[Eqn]) -> None:
             wanted.update(id(a.producer) for a in eqn.args
                           if isinstance(a, Var) and a.producer is not None)
     owned = {v.index: data for v, data in graph.consts if v.index not in graph.tensor_consts}
+    # A result of the plan stays a step: the caller gets a fresh array at every call.
+    results = {v.index for v in graph.outputs} | {new.index for _, _, new in graph.state}
     backend = get_backend()
     done: set[int] = set()
     for eqn in graph.eqns:
-        if id(eqn) not in wanted or not _pure(eqn) or not all(
+        if id(eqn) not in wanted or eqn.out.index in results or not _pure(eqn) or not all(
                 not isinstance(a, Var) or a.index in owned for a in eqn.args):
             continue
         values = [owned[a.index] if isinstance(a, Var) else a for a in eqn.args]
