@@ -795,19 +795,20 @@ class CpuBackend(BackwardOps, FusedOps, CpuRecurrentOps, CpuGatherOps, Backend):
         return self._from_channel_rows(grad_x, x.shape), grad_weight, grad_bias
 
     def conv2d_epilogue(
-        self, x: np.ndarray, w: np.ndarray, scale: np.ndarray | None,
-        bias: np.ndarray | None, residual: np.ndarray | None, relu: bool, stride: Any,
-        padding: Any, dilation: Any = (1, 1), groups: int = 1, out: np.ndarray | None = None,
+        self, x: np.ndarray, w: np.ndarray, bias: np.ndarray | None,
+        scale: np.ndarray | None, shift: np.ndarray | None, residual: np.ndarray | None,
+        relu: bool, stride: Any, padding: Any, dilation: Any = (1, 1), groups: int = 1,
+        out: np.ndarray | None = None,
     ) -> np.ndarray:
         # A subclass that overrides conv2d gets the defaults, through its own conv2d.
         if type(self).conv2d is not CpuBackend.conv2d:
-            return super().conv2d_epilogue(x, w, scale, bias, residual, relu, stride,
+            return super().conv2d_epilogue(x, w, bias, scale, shift, residual, relu, stride,
                                            padding, dilation, groups)
         win = conv.check_conv(x, w, stride, padding, dilation, groups)
         shape = (x.shape[0], w.shape[0], *win.out_hw)
-        given = [a for a in (x, w, scale, bias, residual) if a is not None]
+        given = [a for a in (x, w, bias, scale, shift, residual) if a is not None]
         vectors = []
-        for name, v in (("scale", scale), ("bias", bias)):
+        for name, v in (("bias", bias), ("scale", scale), ("shift", shift)):
             if v is not None and (v.shape != shape[1:2] or v.dtype != x.dtype):
                 raise KernelError("conv2d", given, f"{name} must be a ({shape[1]},) {x.dtype} "
                                                    "vector")

@@ -171,20 +171,21 @@ class FusedOps:
 
     # -- convolution with its epilogue ---------------------------------------------------
 
-    def conv2d_epilogue(self, x: Array, w: Array, scale: Array | None, bias: Array | None,
-                        residual: Array | None, relu: bool, stride: tuple, padding: tuple,
-                        dilation: tuple = (1, 1), groups: int = 1) -> Array:
-        """relu((conv2d(x, w) * scale + bias) + residual): scale and bias (O,) per output
-        channel and a residual of the output's shape each optional, relu a flag. What an
+    def conv2d_epilogue(self, x: Array, w: Array, bias: Array | None, scale: Array | None,
+                        shift: Array | None, residual: Array | None, relu: bool,
+                        stride: tuple, padding: tuple, dilation: tuple = (1, 1),
+                        groups: int = 1) -> Array:
+        """relu(((conv2d(x, w) + bias) * scale + shift) + residual): bias, scale and shift
+        (O,) per output channel (a convolution's bias, then a batch norm's affine map)
+        and a residual of the output's shape, each optional, relu a flag. What an
         inference plan runs for a convolution and the elementwise ops after it; a
         backend applies them to each chunk of the output while it is in cache
         (CpuBackend), these defaults op by op."""
         y = self.conv2d(x, w, stride, padding, dilation, groups)
         column = (1, w.shape[0], 1, 1)
-        if scale is not None:
-            y = self.mul(y, self.reshape(scale, column))
-        if bias is not None:
-            y = self.add(y, self.reshape(bias, column))
+        for op, vector in ((self.add, bias), (self.mul, scale), (self.add, shift)):
+            if vector is not None:
+                y = op(y, self.reshape(vector, column))
         if residual is not None:
             y = self.add(y, residual)
         return self.relu(y) if relu else y

@@ -1,8 +1,8 @@
-"""Convolutions with their epilogue: in an inference plan, a conv2d followed by a multiply
-and an add per channel (a bias, a batch norm), a residual add and a relu (each optional,
-in that order) runs as one step, the backend's fused `conv2d_epilogue`, which applies
-them to each chunk of the output while it is in cache instead of a pass over memory per
-op afterwards.
+"""Convolutions with their epilogue: in an inference plan, a conv2d followed by an add, a
+multiply and an add per channel (a bias, a batch norm's scale and shift), a residual add
+and a relu (each optional, in that order) runs as one step, the backend's fused
+`conv2d_epilogue`, which applies them to each chunk of the output while it is in cache
+instead of a pass over memory per op afterwards.
 
 A member joins only through a value with no other reader that is not a result of the
 plan (nor state), so no intermediate is ever needed; the step runs where its last
@@ -19,7 +19,8 @@ from ..ops.conv import conv2d_p
 from ..ops.elementwise import add_p, mul_p, relu_p
 from .graph import Eqn, StaticGraph, Var
 
-SCALE, BIAS, RESIDUAL, RELU = 0, 1, 2, 3  # the members' roles, in the only order they join
+# The members' roles, in the only order they join.
+BIAS, SCALE, SHIFT, RESIDUAL, RELU = range(5)
 
 
 def conv_epilogues(graph: StaticGraph, pinned: set[int]) -> dict[int, list[tuple]]:
@@ -39,7 +40,7 @@ def conv_epilogues(graph: StaticGraph, pinned: set[int]) -> dict[int, list[tuple
         if eqn.primitive is not conv2d_p or eqn.out.dtype not in SUPPORTED_DTYPES:
             continue
         members: list[tuple] = [(eqn, None, None)]
-        value, next_role = eqn.out, SCALE
+        value, next_role = eqn.out, BIAS
         while value.index not in pinned and len(readers.get(value.index, ())) == 1:
             (reader,) = readers[value.index]
             role = None if id(reader) in claimed else _role(reader, value, next_role)
@@ -71,8 +72,8 @@ def _role(eqn: Eqn, value: Var, earliest: int) -> int | None:
     per_channel = other.shape in ((1, channels, 1, 1), (channels, 1, 1))
     if eqn.primitive is mul_p:
         return SCALE if earliest <= SCALE and per_channel else None
-    if earliest <= BIAS and per_channel:
-        return BIAS
+    if per_channel and earliest <= SHIFT:
+        return BIAS if earliest <= BIAS else SHIFT
     if earliest <= RESIDUAL and other.shape == value.shape:
         return RESIDUAL
     return None
@@ -83,7 +84,7 @@ def lower_epilogue(members: list[tuple]) -> tuple[Any, tuple]:
     convolution's input and weights, then the bias and the residual where present."""
     conv = members[0][0]
     roles = {role: other for _, role, other in members[1:]}
-    vectors = [role for role in (SCALE, BIAS) if role in roles]
+    vectors = [role for role in (BIAS, SCALE, SHIFT) if role in roles]
     args = (*conv.args, *(roles[role] for role in vectors))
     has_residual = RESIDUAL in roles
     if has_residual:
@@ -95,13 +96,13 @@ def lower_epilogue(members: list[tuple]) -> tuple[Any, tuple]:
 
     def run(backend: Any, x: Any, w: Any, *rest: Any, out: Any = None) -> Any:
         given = dict(zip(vectors, rest))
-        scale, bias = (backend.reshape(given[role], (channels,)) if role in given else None
-                       for role in (SCALE, BIAS))
+        bias, scale, shift = (backend.reshape(given[role], (channels,)) if role in given
+                              else None for role in (BIAS, SCALE, SHIFT))
         residual = rest[-1] if has_residual else None
         if out is not None and backend.runs_plan_kernels():
-            return backend.conv2d_epilogue(x, w, scale, bias, residual, relu, stride,
+            return backend.conv2d_epilogue(x, w, bias, scale, shift, residual, relu, stride,
                                            padding, dilation, groups, out=out)
-        return fused_ops(backend).conv2d_epilogue(x, w, scale, bias, residual, relu, stride,
-                                                  padding, dilation, groups)
+        return fused_ops(backend).conv2d_epilogue(x, w, bias, scale, shift, residual, relu,
+                                                  stride, padding, dilation, groups)
 
     return run, args

@@ -11,11 +11,12 @@ How depends on when the folded values can be computed:
   ONNX model's initializers, and what is computed from them): the scale goes into the
   weights, `conv2d(x, w * scale) + shift`, and the plan never multiplies again;
 - at every call otherwise (a parameter an optimizer may update in place, a module's
-  running statistics, which may be overwritten in place): the chain becomes one scale
-  and one shift per channel, `conv2d(x, w) * scale + shift`, computed from the current
-  values at each call (O(channels)) and applied in the convolution's epilogue
-  (epilogue.py), where they cost no pass of their own; scaling the weights at each
-  call would cost a pass over them (ResNet-50's 100 MB at batch 1), more than it saves.
+  running statistics, which may be overwritten in place): each batch_norm becomes the
+  scale and shift per channel its own implementation computes, from the current values
+  at each call (O(channels)), a mul and an add that the convolution's epilogue
+  (epilogue.py) applies with no pass of its own, bit for bit as the batch_norm would;
+  scaling the weights at each call would cost a pass over them (ResNet-50's 100 MB at
+  batch 1), more than it saves.
 Training plans never fold: their batch norms train.
 """
 
@@ -47,9 +48,9 @@ class Fold:
         if self.weight is not None:
             return (f"conv2d {self.conv.out!r}: {ops} folded into its weights "
                     f"{self.weight!r} and a bias, computed once, at lowering")
-        return (f"conv2d {self.conv.out!r}: {ops} folded into one scale and shift per "
-                "channel, computed at every call (from parameters or buffers), applied in "
-                "the convolution's epilogue")
+        return (f"conv2d {self.conv.out!r}: {ops} as a scale and shift per channel, "
+                "computed at every call (from parameters or buffers), applied in the "
+                "convolution's epilogue")
 
 
 def fold_into_convolutions(graph: StaticGraph) -> list[Fold]:
@@ -64,7 +65,7 @@ def fold_into_convolutions(graph: StaticGraph) -> list[Fold]:
     static = _static_values(graph)
     lowerable = _lowerable_values(graph, results)
     folds: list[Fold] = []
-    replaced: dict[int, list[Eqn]] = {}  # id(last eqn of a chain) -> what replaces it
+    replaced: dict[int, list[Eqn]] = {}  # id(an equation) -> the equations replacing it
     removed: set[int] = set()
     for eqn in graph.eqns:
         if eqn.primitive is not conv2d_p or eqn.out.dtype.kind != "f":
@@ -74,14 +75,22 @@ def fold_into_convolutions(graph: StaticGraph) -> list[Fold]:
             continue  # nothing to fold into the weights (bias adds stay as they are)
         sources = [eqn.args[1]] + [a for link, operand in chain
                                    for a in (link.args[1:] if operand is link else (operand,))]
-        into_weights = all(a is None or a.index in lowerable for a in sources)
-        rewrite = _Rewrite(graph, eqn)
-        for link, operand in chain:
-            rewrite.absorb(link, operand)
-        new_eqns, weight = rewrite.finish(chain[-1][0].out, into_weights)
-        removed.update(id(e) for e in [eqn, *(link for link, _ in chain)])
-        replaced[id(chain[-1][0])] = new_eqns
-        folds.append(Fold(eqn, [link for link, _ in chain], weight))
+        links = [link for link, _ in chain]
+        if all(a is None or a.index in lowerable for a in sources):
+            rewrite = _Rewrite(graph, eqn)
+            for link, operand in chain:
+                rewrite.absorb(link, operand)
+            replaced[id(links[-1])], weight = rewrite.into_weights(links[-1].out)
+            removed.update(id(e) for e in [eqn, *links])
+        else:  # each batch_norm as its mul and add, in place; the rest as it is
+            norms = [link for link in links if link.primitive is batch_norm_p]
+            if not norms:
+                continue
+            for link in norms:
+                rewrite = _Rewrite(graph, eqn)
+                replaced[id(link)] = rewrite.expand(link)
+            weight = None
+        folds.append(Fold(eqn, links, weight))
     if not folds:
         return folds
     eqns: list[Eqn] = []
@@ -152,8 +161,9 @@ def _chain(conv: Eqn, readers: dict, results: set[int], static: set[int]) -> lis
 
 
 class _Rewrite:
-    """The equations of one fold: the per-channel scale and shift as (C,) vectors, the
-    scaled weights, the convolution and its bias add."""
+    """The equations of one fold: the per-channel scale and shift as (C,) vectors, then
+    the scaled weights, the convolution and its bias add (or a batch_norm's mul and add
+    on the activations)."""
 
     def __init__(self, graph: StaticGraph, conv: Eqn):
         self.graph, self.conv = graph, conv
@@ -180,6 +190,19 @@ class _Rewrite:
     def plus(self, a: Var | None, b: Var) -> Var:
         return b if a is None else self.emit(add_p, a, b)
 
+    def normalization(self, link: Eqn) -> tuple[Var, Var]:
+        """An eval-mode batch_norm's scale and shift per channel, in the order its own
+        implementation computes them (ops/batchnorm.py `_eval_affine`)."""
+        _, mean, var, weight, bias = link.args
+        factor = self.emit(div_p, 1.0, self.emit(sqrt_p, self.emit(
+            add_p, var, link.params["eps"])))
+        if weight is not None:
+            factor = self.emit(mul_p, factor, weight)
+        offset = self.emit(mul_p, self.emit(mul_p, mean, factor), -1.0)
+        if bias is not None:
+            offset = self.emit(add_p, offset, bias)
+        return factor, offset
+
     def absorb(self, link: Eqn, operand: Any) -> None:
         """(y * scale + shift) followed by `link` is y * scale' + shift'."""
         if link.primitive is add_p:
@@ -187,39 +210,35 @@ class _Rewrite:
             return
         if link.primitive is mul_p:
             factor, offset = self.vector(operand), None
-        else:  # eval-mode batch_norm, in the order its own implementation computes it
-            _, mean, var, weight, bias = link.args
-            factor = self.emit(div_p, 1.0, self.emit(sqrt_p, self.emit(
-                add_p, var, link.params["eps"])))
-            if weight is not None:
-                factor = self.emit(mul_p, factor, weight)
-            offset = self.emit(mul_p, self.emit(mul_p, mean, factor), -1.0)
-            if bias is not None:
-                offset = self.emit(add_p, offset, bias)
+        else:
+            factor, offset = self.normalization(link)
         self.scale = self.times(self.scale, factor)
         if self.shift is not None:
             self.shift = self.emit(mul_p, self.shift, factor)
         if offset is not None:
             self.shift = self.plus(self.shift, offset)
 
-    def finish(self, result: Var, into_weights: bool) -> tuple[list[Eqn], Var | None]:
-        """The equations computing `result` from the convolution's input, and the folded
-        weights (None when the scale is applied after the convolution instead)."""
+    def into_weights(self, result: Var) -> tuple[list[Eqn], Var]:
+        """The equations computing `result` as conv2d(x, w * scale) + shift, and the
+        folded weights."""
         x, w = self.conv.args
-        weight = None
-        if into_weights:
-            column = self.emit(reshape_p, self.scale, shape=(self.channels, 1, 1, 1))
-            weight = w = self.emit(mul_p, w, column)
-        last = self.shift is None and weight is not None
-        y = self.emit(conv2d_p, x, w, out=result if last else None, **self.conv.params)
-        row = (1, self.channels, 1, 1)
-        if weight is None:
-            last = self.shift is None
-            y = self.emit(mul_p, y, self.emit(reshape_p, self.scale, shape=row),
-                          out=result if last else None)
-        if self.shift is not None:
+        column = self.emit(reshape_p, self.scale, shape=(self.channels, 1, 1, 1))
+        weight = self.emit(mul_p, w, column)
+        if self.shift is None:
+            self.emit(conv2d_p, x, weight, out=result, **self.conv.params)
+        else:
+            y = self.emit(conv2d_p, x, weight, **self.conv.params)
+            row = (1, self.channels, 1, 1)
             self.emit(add_p, y, self.emit(reshape_p, self.shift, shape=row), out=result)
         return self.eqns, weight
+
+    def expand(self, link: Eqn) -> list[Eqn]:
+        """The equations computing the batch_norm `link`'s result as x * scale + shift."""
+        factor, offset = self.normalization(link)
+        row = (1, self.channels, 1, 1)
+        scaled = self.emit(mul_p, link.args[0], self.emit(reshape_p, factor, shape=row))
+        self.emit(add_p, scaled, self.emit(reshape_p, offset, shape=row), out=link.out)
+        return self.eqns
 
 
 def _evaluate_constants(graph: StaticGraph, eqns: list[Eqn]) -> None:

@@ -1,6 +1,6 @@
 """`conv2d_epilogue`: CpuBackend's, applied to each chunk of the output inside the
 convolution's loops, is bit for bit FusedOps' defaults (the ops one by one) on every
-convolution path, and NumPy's relu((conv * scale + bias) + residual) by hand."""
+convolution path, and NumPy's relu(((conv + bias) * scale + shift) + residual) by hand."""
 
 from __future__ import annotations
 
@@ -29,14 +29,16 @@ def test_epilogue_is_the_ops_one_by_one(shapes, dtype):
     bias = rng.standard_normal(w_shape[0]).astype(dtype)
     residual = rng.standard_normal(conv.shape).astype(dtype)
     residual.flat[::7] = np.nan  # NaN stays NaN through relu
-    for s, b, r, relu in ((scale, bias, residual, True), (None, bias, None, True),
-                          (scale, None, residual, False)):
-        args = (x, w, s, b, r, relu, (stride, stride), (padding, padding))
+    shift = rng.standard_normal(w_shape[0]).astype(dtype)
+    for b, s, t, r, relu in ((bias, scale, shift, residual, True), (bias, None, None, None, True),
+                             (None, scale, shift, residual, False)):
+        args = (x, w, b, s, t, r, relu, (stride, stride), (padding, padding))
         out = np.empty_like(conv)
         got = backend.conv2d_epilogue(*args, out=out)
         assert got is out
-        expected = conv * (1 if s is None else s.reshape(1, -1, 1, 1))
-        expected = expected + (0 if b is None else b.reshape(1, -1, 1, 1))
+        expected = conv + (0 if b is None else b.reshape(1, -1, 1, 1))
+        expected = expected * (1 if s is None else s.reshape(1, -1, 1, 1))
+        expected = expected + (0 if t is None else t.reshape(1, -1, 1, 1))
         expected = expected + (0 if r is None else r)
         if relu:
             expected = np.where(expected <= 0, 0, expected)
@@ -48,5 +50,5 @@ def test_epilogue_refuses_a_residual_of_another_shape():
     x = np.ones((1, 2, 4, 4), np.float32)
     w = np.ones((3, 2, 3, 3), np.float32)
     with pytest.raises(KernelError, match=r"conv2d: .*the residual must be \(1, 3, 2, 2\)"):
-        CpuBackend().conv2d_epilogue(x, w, None, None, np.ones((1, 3, 4, 4), np.float32),
-                                     True, (1, 1), (0, 0))
+        CpuBackend().conv2d_epilogue(x, w, None, None, None,
+                                     np.ones((1, 3, 4, 4), np.float32), True, (1, 1), (0, 0))
