@@ -55,9 +55,9 @@ class Step:
 
 def schedule(graph: StaticGraph, keep: set[int], epilogues: bool = False) -> list[Step]:
     """The graph's equations as forward steps, elementwise chains fused, and with
-    `epilogues` (inference plans) each convolution with the bias, residual and relu
-    after it; `keep` holds the values something besides the next op needs (saved for
-    backward)."""
+    `epilogues` (inference plans) each convolution with the per-channel ops, residual
+    add and relu after it (epilogue.py); `keep` holds the values something besides the
+    next op needs (saved for backward)."""
     readers: dict[int, int] = {}
     for eqn in graph.eqns:
         for a in eqn.args + eqn.param_vars:

@@ -2,10 +2,12 @@
 
 A plan runs each primitive's forward on the current backend with as little
 Python as possible per step, and drops every value right after its last use.
-An INFERENCE plan keeps nothing for backward. A TRAINING plan keeps exactly
-the values each backward step reads (the activation cache), frees each one
-when the last backward step that reads it is done, and leaves every
-parameter's gradient in its `.grad`, accumulated as `loss.backward()` would.
+An INFERENCE plan keeps nothing for backward; it folds eval-mode batch norms into
+the convolutions before them (fold.py) and runs each convolution with the per-channel
+ops, residual add and relu after it as one step (epilogue.py). A TRAINING plan keeps
+exactly the values each backward step reads (the activation cache), frees each one
+when the last backward step that reads it is done, and leaves every parameter's
+gradient in its `.grad`, accumulated as `loss.backward()` would.
 """
 
 from __future__ import annotations
