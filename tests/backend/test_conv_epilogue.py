@@ -52,3 +52,20 @@ def test_epilogue_refuses_a_residual_of_another_shape():
     with pytest.raises(KernelError, match=r"conv2d: .*the residual must be \(1, 3, 2, 2\)"):
         CpuBackend().conv2d_epilogue(x, w, None, None, None,
                                      np.ones((1, 3, 4, 4), np.float32), True, (1, 1), (0, 0))
+
+
+def test_a_convolution_path_without_epilogue_still_gets_it(monkeypatch):
+    """A path of backend/conv.py's conv2d that ignores `epilogue` (a new one, say): the
+    epilogue then runs once over its output."""
+    from pullback.backend import conv as window_ops
+
+    plain = window_ops.conv2d
+    monkeypatch.setattr(window_ops, "conv2d", lambda *args, epilogue=None, **kwargs: plain(
+        *args, **kwargs))
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((2, 3, 4, 4))
+    w = rng.standard_normal((2, 3, 3, 3))
+    bias = rng.standard_normal(2)
+    got = CpuBackend().conv2d_epilogue(x, w, bias, None, None, None, True, (1, 1), (1, 1))
+    expected = plain(x, w, (1, 1), (1, 1)) + bias.reshape(1, -1, 1, 1)
+    np.testing.assert_array_equal(got, np.where(expected <= 0, 0, expected))
