@@ -6,8 +6,14 @@ run on two threads: onnxruntime with intra-op 2 and inter-op 1, pullback with
 NumPy's BLAS pinned to 2. Best-of-N wall time per inference, both in one run,
 taking turns (the machine's load changes from second to second);
 the outputs are checked against each other and the file's expected output.
-`--profile` adds a cProfile of pullback's call (what the time goes to).
-Run: `python bench/onnx_resnet.py [--repeats 10] [--number 2] [--profile]`.
+`--profile` adds a cProfile of pullback's call (what the time goes to), `--layers N`
+a table of the plan's steps timed one by one, best of N calls: convolutions by shape
+with their GFLOP/s (bench/layer_profile.py). Run with another tree's pullback
+(`PYTHONPATH=<tree> python bench/onnx_resnet.py --layers 8`) for a before and after.
+`--unfolded` times, taking turns with the others, the plan built without folding
+batch norms into convolutions and without epilogues (a before and after in one run).
+Run: `python bench/onnx_resnet.py [--repeats 10] [--number 2] [--profile] [--layers 8]
+[--unfolded]`.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import sys
 import time
 
 from common import pin_threads
+from layer_profile import layer_profile
 
 pin_threads(2)
 
@@ -66,11 +73,34 @@ def with_logits(proto: onnx.ModelProto) -> tuple[bytes, str]:
     return copy.SerializeToString(), info.name
 
 
+def unfolded(model_bytes: bytes, x: np.ndarray) -> object | None:
+    """The model with its plan built as before folding and epilogues (this tree's code,
+    both switched off while it is lowered), for a before and after in one run; None on a
+    tree without them."""
+    import pullback.lower.plan as lowering
+
+    if not hasattr(lowering, "fold_into_convolutions"):
+        return None
+    fold, schedule = lowering.fold_into_convolutions, lowering.schedule
+    lowering.fold_into_convolutions = lambda graph: []
+    lowering.schedule = lambda graph, keep, epilogues=False: schedule(graph, keep)
+    try:
+        plain = pullback.onnx.load(model_bytes)
+        plain(x)
+    finally:
+        lowering.fold_into_convolutions, lowering.schedule = fold, schedule
+    return plain
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=10, help="timed runs (best kept)")
     parser.add_argument("--number", type=int, default=2, help="inferences per timed run")
     parser.add_argument("--profile", action="store_true", help="cProfile pullback's call")
+    parser.add_argument("--unfolded", action="store_true",
+                        help="also time the plan without folding and epilogues, in turns")
+    parser.add_argument("--layers", type=int, default=0, metavar="N",
+                        help="time the plan's steps one by one, best of N calls")
     args = parser.parse_args()
 
     path = os.path.join(data_dir(), "light", "light_resnet50.onnx")
@@ -111,12 +141,23 @@ def main() -> None:
     np.testing.assert_allclose(ours[0], expected, rtol=1e-3, atol=1e-7)
 
     feeds = {spec.name: x}
-    t_pb, t_spin, t_sleep = interleaved_best({
+    contenders = {
         "pullback": lambda: model(x),
         "onnxruntime": lambda: sessions["1"].run(None, feeds),
         "onnxruntime, no spinning": lambda: sessions["0"].run(None, feeds),
-    }, args.repeats, args.number).values()
+    }
+    plain = unfolded(model_bytes, x) if args.unfolded else None
+    if plain is not None:
+        np.testing.assert_allclose(np.asarray(plain(x)[1]), ours[1], rtol=1e-4)
+        contenders["pullback, unfolded"] = lambda: plain(x)
+    times = interleaved_best(contenders, args.repeats, args.number)
+    t_pb, t_spin, t_sleep = times["pullback"], times["onnxruntime"], \
+        times["onnxruntime, no spinning"]
     t_ort = min(t_spin, t_sleep)
+    if plain is not None:
+        t_plain = times["pullback, unfolded"]
+        print(f"pullback without folding and epilogues (--unfolded) {t_plain * 1e3:.1f} ms; "
+              f"ratio with / without {t_pb / t_plain:.2f}")
     print(f"pullback load {load_s * 1e3:.0f} ms, first call (trace + plan) {first_s * 1e3:.0f} ms")
     print(f"best of {args.repeats} x {args.number} per inference: pullback {t_pb * 1e3:.1f} ms, "
           f"onnxruntime {t_spin * 1e3:.1f} ms (spinning workers, its default), "
@@ -131,6 +172,14 @@ def main() -> None:
             model(x)
         profiler.disable()
         pstats.Stats(profiler).sort_stats("tottime").print_stats(15)
+
+    if args.layers:
+        for name, which in (("", model), (" without folding and epilogues", plain)):
+            if which is not None:
+                (runner,) = which._runners.values()
+                print(f"steps of pullback's plan{name} ({pullback.__file__}), best of "
+                      f"{args.layers} calls:")
+                print(layer_profile(runner.plan, lambda m=which: m(x), args.layers))
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ no window buffer for the whole batch is ever written to memory.
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -223,11 +223,18 @@ def _result(op: str, operands: list, shape: tuple, dtype: np.dtype,
     return out
 
 
+# What a convolution applies to each chunk of its output right after computing it:
+# `epilogue(rows, start, stop)`, rows the chunk's samples start:stop as (m, O, OH OW).
+Epilogue = Callable[[np.ndarray, int, int], None]
+
+
 def conv2d(x: np.ndarray, w: np.ndarray, stride: Any, padding: Any, dilation: Any = (1, 1),
-           groups: int = 1, out: np.ndarray | None = None) -> np.ndarray:
+           groups: int = 1, out: np.ndarray | None = None,
+           epilogue: Epilogue | None = None) -> np.ndarray:
     """x (N, C, H, W) cross-correlated with w (O, C/groups, kh, kw): per chunk of the
     batch, im2col then one batched GEMM per sample and group, written in place (into
-    `out` when given)."""
+    `out` when given); `epilogue` then runs on each chunk of the output while it is in
+    cache."""
     win = check_conv(x, w, stride, padding, dilation, groups)
     n, c = x.shape[:2]
     o = w.shape[0]
@@ -236,21 +243,28 @@ def conv2d(x: np.ndarray, w: np.ndarray, stride: Any, padding: Any, dilation: An
     out = _result("conv2d", [x, w], (n, o, *win.out_hw), x.dtype, out)
     if out.size == 0 or x.size == 0 or w.size == 0:
         out[...] = 0  # an empty batch (or no channels): a sum over nothing, as PyTorch
+        if epilogue is not None:
+            epilogue(out.reshape(n, o, pixels), 0, n)
         return out
     rows = out.reshape(n, groups, o // groups, pixels)
     x = np.ascontiguousarray(x)
     if _pointwise(win):
-        return np.matmul(weight, x.reshape(n, groups, -1, pixels), out=rows).reshape(out.shape)
+        np.matmul(weight, x.reshape(n, groups, -1, pixels), out=rows)
+        if epilogue is not None:
+            epilogue(out.reshape(n, o, pixels), 0, n)
+        return out
     per_sample = c * win.kernel[0] * win.kernel[1] * pixels
     chunks = _chunks(n, per_sample * x.itemsize)
     if pixels < CHUNK_GEMM_PIXELS and chunks[0][1] > 1:
-        _conv_by_chunk_gemm(x, weight, win, rows, chunks)
+        _conv_by_chunk_gemm(x, weight, win, rows, chunks, epilogue)
         return out
     buffer = _WindowBuffer(win, c, chunks[0][1], x.dtype)
     for start, stop in chunks:
         cols = buffer.take(stop - start)
         kernels.unfold(x[start:stop], cols, buffer.geometry, 0.0)
         np.matmul(weight, cols.reshape(stop - start, groups, -1, pixels), out=rows[start:stop])
+        if epilogue is not None:
+            epilogue(out[start:stop].reshape(stop - start, o, pixels), start, stop)
     return out
 
 
@@ -271,7 +285,7 @@ def _windows_channels_outer(x: np.ndarray, win: Windows, windows: np.ndarray) ->
 
 
 def _conv_by_chunk_gemm(x: np.ndarray, weight: np.ndarray, win: Windows, rows: np.ndarray,
-                        chunks: list) -> None:
+                        chunks: list, epilogue: Epilogue | None) -> None:
     """The forward as one GEMM per chunk and group, weight (O/g, C/g kh kw) times the
     chunk's windows (C/g kh kw, m OH OW), the product moved into the NCHW result `rows`
     (N, g, O/g, OH OW) while still in cache."""
@@ -288,6 +302,8 @@ def _conv_by_chunk_gemm(x: np.ndarray, weight: np.ndarray, win: Windows, rows: n
         np.matmul(weight, cols.reshape(groups, -1, m * pixels), out=product)
         np.copyto(rows[start:stop], product.reshape(groups, per_group, m, pixels)
                   .transpose(2, 0, 1, 3))
+        if epilogue is not None:
+            epilogue(rows[start:stop].reshape(m, groups * per_group, pixels), start, stop)
 
 
 def conv2d_input_backward(

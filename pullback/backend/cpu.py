@@ -24,6 +24,7 @@ from pullback.backend.recurrent import CpuRecurrentOps
 from pullback.errors import KernelError, index_error
 from pullback.kernels import activations as compiled
 from pullback.kernels import channels as compiled_channels
+from pullback.kernels import epilogue as conv_epilogue
 from pullback.kernels import rows as compiled_rows
 from pullback.kernels import scalar_math
 from pullback.kernels.core import SUPPORTED_DTYPES, Kernel
@@ -792,6 +793,47 @@ class CpuBackend(BackwardOps, FusedOps, CpuRecurrentOps, CpuGatherOps, Backend):
             compiled_channels.batch_norm_backward, self._channel_rows(upstream),
             self._channel_rows(x), weight, float(eps))
         return self._from_channel_rows(grad_x, x.shape), grad_weight, grad_bias
+
+    def conv2d_epilogue(
+        self, x: np.ndarray, w: np.ndarray, bias: np.ndarray | None,
+        scale: np.ndarray | None, shift: np.ndarray | None, residual: np.ndarray | None,
+        relu: bool, stride: Any, padding: Any, dilation: Any = (1, 1), groups: int = 1,
+        out: np.ndarray | None = None,
+    ) -> np.ndarray:
+        # A subclass that overrides conv2d gets the defaults, through its own conv2d.
+        if type(self).conv2d is not CpuBackend.conv2d:
+            return super().conv2d_epilogue(x, w, bias, scale, shift, residual, relu, stride,
+                                           padding, dilation, groups)
+        win = conv.check_conv(x, w, stride, padding, dilation, groups)
+        shape = (x.shape[0], w.shape[0], *win.out_hw)
+        given = [a for a in (x, w, bias, scale, shift, residual) if a is not None]
+        vectors = []
+        for name, v in (("bias", bias), ("scale", scale), ("shift", shift)):
+            if v is not None and (v.shape != shape[1:2] or v.dtype != x.dtype):
+                raise KernelError("conv2d", given, f"{name} must be a ({shape[1]},) {x.dtype} "
+                                                   "vector")
+            vectors.append(None if v is None else np.ascontiguousarray(v))
+        if residual is not None:
+            if residual.shape != shape or residual.dtype != x.dtype:
+                raise KernelError("conv2d", given, f"the residual must be {shape} {x.dtype}, "
+                                                   "the convolution's output")
+            residual = np.ascontiguousarray(residual).reshape(shape[0], shape[1], -1)
+
+        covered = [0]  # samples the epilogue has run on
+
+        def epilogue(rows: np.ndarray, start: int, stop: int) -> None:
+            conv_epilogue.apply(rows, *vectors,
+                                None if residual is None else residual[start:stop], relu)
+            covered[0] += stop - start
+
+        y = conv.conv2d(x, w, stride, padding, dilation, groups, out=out, epilogue=epilogue)
+        if covered[0] == 0 and shape[0]:
+            # A convolution path that takes no epilogue: one pass after it, still right.
+            epilogue(y.reshape(shape[0], shape[1], -1), 0, shape[0])
+        elif covered[0] != shape[0]:
+            raise KernelError("conv2d", given, f"the epilogue ran on {covered[0]} of "
+                                               f"{shape[0]} samples")
+        return y
 
     # -- fused backward kernels ------------------------------------------------------------
 

@@ -46,7 +46,8 @@ def check_rows(op: str, x: Any) -> None:
 
 
 class FusedOps:
-    """Fused ops: cross-entropy, layer norm, batch norm, with backward."""
+    """Fused ops: cross-entropy, layer norm, batch norm, with backward; a convolution
+    with its epilogue (forward only)."""
 
     def _rows_of(self, x: Array) -> tuple[tuple[int, ...], int]:
         shape = tuple(x.shape)
@@ -166,6 +167,28 @@ class FusedOps:
         channels = column[1:2]
         return (self.mul(scale, inner), self.reshape(grad_weight, channels),
                 self.reshape(grad_bias, channels))
+
+
+    # -- convolution with its epilogue ---------------------------------------------------
+
+    def conv2d_epilogue(self, x: Array, w: Array, bias: Array | None, scale: Array | None,
+                        shift: Array | None, residual: Array | None, relu: bool,
+                        stride: tuple, padding: tuple, dilation: tuple = (1, 1),
+                        groups: int = 1) -> Array:
+        """relu(((conv2d(x, w) + bias) * scale + shift) + residual): bias, scale and shift
+        (O,) per output channel (a convolution's bias, then a batch norm's affine map)
+        and a residual of the output's shape, each optional, relu a flag. What an
+        inference plan runs for a convolution and the elementwise ops after it; a
+        backend applies them to each chunk of the output while it is in cache
+        (CpuBackend), these defaults op by op."""
+        y = self.conv2d(x, w, stride, padding, dilation, groups)
+        column = (1, w.shape[0], 1, 1)
+        for op, vector in ((self.add, bias), (self.mul, scale), (self.add, shift)):
+            if vector is not None:
+                y = op(y, self.reshape(vector, column))
+        if residual is not None:
+            y = self.add(y, residual)
+        return self.relu(y) if relu else y
 
 
 class _Defaults(FusedOps):

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from ..kernels.core import SUPPORTED_DTYPES, kernel
+from .epilogue import conv_epilogues, lower_epilogue
 from .graph import Eqn, StaticGraph, Var, resolve_params
 
 # A chain this small is not worth a kernel: NumPy's own loops are as fast there, and
@@ -39,6 +40,7 @@ class Step:
     params: dict
     out: Var
     eqns: list[Eqn] = field(default_factory=list)
+    epilogue: bool = False  # a convolution and its epilogue (epilogue.py), not a chain
 
     @property
     def fused(self) -> bool:
@@ -51,18 +53,29 @@ class Step:
         return self.eqns[0].primitive.name
 
 
-def schedule(graph: StaticGraph, keep: set[int]) -> list[Step]:
-    """The graph's equations as forward steps, elementwise chains fused; `keep` holds
-    the values something besides the next op needs (saved for backward)."""
+def schedule(graph: StaticGraph, keep: set[int], epilogues: bool = False) -> list[Step]:
+    """The graph's equations as forward steps, elementwise chains fused, and with
+    `epilogues` (inference plans) each convolution with the per-channel ops, residual
+    add and relu after it (epilogue.py); `keep` holds the values something besides the
+    next op needs (saved for backward)."""
     readers: dict[int, int] = {}
     for eqn in graph.eqns:
         for a in eqn.args + eqn.param_vars:
             if isinstance(a, Var):
                 readers[a.index] = readers.get(a.index, 0) + 1
     pinned = set(keep) | {v.index for v in graph.outputs}
+    groups = conv_epilogues(graph, pinned) if epilogues else {}
+    grouped = {id(eqn) for members in groups.values() for eqn, _, _ in members}
     steps: list[Step] = []
     open_chain: dict[int, Step] = {}  # a fusible step's output index -> its step
     for eqn in graph.eqns:
+        if id(eqn) in grouped:
+            # The convolution runs where its last member was: its operands exist then.
+            members = groups.get(id(eqn))
+            if members is not None:
+                impl, args = lower_epilogue(members)
+                steps.append(Step(impl, args, {}, eqn.out, [e for e, _, _ in members], True))
+            continue
         chain = _chain_to_extend(eqn, open_chain, readers, pinned)
         if chain is None:
             step = _single(eqn)
@@ -80,7 +93,7 @@ def schedule(graph: StaticGraph, keep: set[int]) -> list[Step]:
         if _fusible(eqn):
             open_chain[eqn.out.index] = step
     for step in steps:
-        if step.fused:
+        if step.fused and not step.epilogue:
             _lower_chain(step)
     return steps
 

@@ -94,6 +94,10 @@ class StaticGraph:
     #: (tensor, var its values were read as at the start or None, var of the values
     #: written into it last): what plans write back into the tensor after each call.
     state: list[tuple[Tensor, Var | None, Var]] = field(default_factory=list)
+    #: The constants read from a tensor (a module's buffer) rather than given as arrays:
+    #: their values may be overwritten in place between calls, so a plan reads them at
+    #: each call and computes nothing from them once for all (fold.py).
+    tensor_consts: set[int] = field(default_factory=set)
 
     def new_var(self, shape: tuple, dtype: Any, kind: str) -> Var:
         var = Var(len(self.vars), tuple(shape), np.dtype(dtype), kind)
@@ -193,6 +197,8 @@ class _Tracer:
         data = np.asarray(data)
         var = self.graph.new_var(data.shape, data.dtype, "const")
         self.graph.consts.append((var, data))
+        if isinstance(arg, Tensor):
+            self.graph.tensor_consts.add(var.index)
         self._remember(arg, var)
         if not isinstance(arg, Tensor):
             self.source_of[id(arg)] = var  # an array read before the tensor that holds it

@@ -2,10 +2,12 @@
 
 A plan runs each primitive's forward on the current backend with as little
 Python as possible per step, and drops every value right after its last use.
-An INFERENCE plan keeps nothing for backward. A TRAINING plan keeps exactly
-the values each backward step reads (the activation cache), frees each one
-when the last backward step that reads it is done, and leaves every
-parameter's gradient in its `.grad`, accumulated as `loss.backward()` would.
+An INFERENCE plan keeps nothing for backward; it folds eval-mode batch norms into
+the convolutions before them (fold.py) and runs each convolution with the per-channel
+ops, residual add and relu after it as one step (epilogue.py). A TRAINING plan keeps
+exactly the values each backward step reads (the activation cache), frees each one
+when the last backward step that reads it is done, and leaves every parameter's
+gradient in its `.grad`, accumulated as `loss.backward()` would.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from ..tensor import hooks
 from ..tensor.backward import EagerExecutor, accumulate_grad
 from ..tensor.eager import saved_as_float, wrap
 from . import buffers, cotangents
+from .fold import fold_into_convolutions
 from .fuse import Step, schedule
 from .graph import Eqn, LoweringError, StaticGraph, Var, resolve_params, trace
 from .retrace import Retracer
@@ -111,6 +114,10 @@ class Plan:
         return 1 if self._retracer is None else self._retracer.traces
 
     def __init__(self, graph: StaticGraph, single: bool):
+        inference = self.mode is LoweringMode.INFERENCE
+        # Inference only: a training plan's batch norms train, and its weights are
+        # differentiated as they are.
+        self._folds = fold_into_convolutions(graph) if inference else []
         self.graph = graph
         self.single = single
         self._scalar_slots: dict[Any, int] = {}
@@ -121,7 +128,7 @@ class Plan:
         # Values written into buffers (state): results of the plan, written back per call.
         self._state = {new.index for _, _, new in graph.state}
         self._saved: set[int] = self._plan_backward()
-        self._schedule = schedule(graph, keep=self._saved | self._state)
+        self._schedule = schedule(graph, keep=self._saved | self._state, epilogues=inference)
         self._frees = self._forward_frees(keep=self._saved | self._state)
         self._owner, self._buffers, self._fortran = buffers.assign(
             self._schedule, self._frees, self._saved,
@@ -228,15 +235,21 @@ class Plan:
     def explain(self) -> str:
         """The plan as text: its steps, buffers, saved activations and peak memory."""
         g = self.graph
-        fused = sum(step.fused for step in self._schedule)
+        fused = sum(step.fused and not step.epilogue for step in self._schedule)
+        epilogues = sum(step.epilogue for step in self._schedule)
         lines = [f"plan ({self.mode.value}): {len(g.inputs)} inputs, {len(g.params)} "
                  f"parameters, {len(self._schedule)} forward steps ({len(g.eqns)} ops, "
-                 f"{fused} fused chains)"]
+                 f"{fused} fused chains"
+                 + (f", {epilogues} convolutions with their epilogue" if epilogues else "")
+                 + (f", {len(self._folds)} folds into convolutions" if self._folds else "")
+                 + ")"]
         for v in g.inputs:
             lines.append(f"  input {v!r}: {_describe(v)}")
         for v, p in g.params:
             name = getattr(p._node, "name", None) or "parameter"
             lines.append(f"  param {v!r} ({name}): {_describe(v)}")
+        for fold in self._folds:
+            lines.append(f"  folded: {fold.describe()}")
         for _, _, new in g.state:
             lines.append(f"  state {new!r}: {_describe(new)}, written back into the buffer it "
                          "updates after every call")
@@ -257,7 +270,9 @@ class Plan:
                 inner = "; ".join(f"{e.out!r} = {e.primitive.name}("
                                   + ", ".join(repr(a) for a in e.args) + ")"
                                   for e in step.eqns)
-                lines.append(f"       one kernel, no intermediates stored: {inner}")
+                how = ("the convolution, its epilogue applied to each chunk of its output "
+                       "in cache" if step.epilogue else "one kernel")
+                lines.append(f"       {how}, no intermediates stored: {inner}")
         if self._buffers:
             shared = len(self._owner) - len(self._buffers)
             lines.append(f"buffers: {len(self._buffers)} preallocated "

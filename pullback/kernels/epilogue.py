@@ -1,0 +1,82 @@
+"""A convolution's epilogue: a bias, a scale and a shift per channel, a residual, ReLU,
+applied in one pass to the rows (samples, channels, pixels) a convolution has just
+written, while they are still in cache, instead of one pass over memory per elementwise
+op afterwards.
+
+One body for every combination (flags choose at run time), compiled per dtype: one
+compile per dtype, shared by every convolution. The order of operations is the
+unfused ops' own, `relu(((y + bias) * scale + shift) + residual)` (a convolution's
+bias, then a batch norm's affine map), so results are bit for bit theirs.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import numpy as np
+
+from pullback.errors import KernelError
+from pullback.kernels import jit
+from pullback.kernels.base import _SUPPORTED, SUPPORTED_DTYPES
+
+
+def epilogue_body(rows, bias, scale, shift, residual, has_bias, has_scale, has_shift,
+                  has_residual, relu, zero):
+    """rows (m, C, P) in place: + bias[c], * scale[c], + shift[c], + residual (m, C, P),
+    each when its flag is set, then relu (NaN stays NaN, as the relu primitive)."""
+    m_, c_, p_ = rows.shape
+    for n in range(m_):
+        for c in range(c_):
+            b = bias[c] if has_bias else zero
+            a = scale[c] if has_scale else zero
+            t = shift[c] if has_shift else zero
+            for p in range(p_):
+                v = rows[n, c, p]
+                if has_bias:
+                    v = v + b
+                if has_scale:
+                    v = v * a
+                if has_shift:
+                    v = v + t
+                if has_residual:
+                    v = v + residual[n, c, p]
+                if relu:
+                    v = zero if v <= zero else v
+                rows[n, c, p] = v
+
+
+_lock = threading.Lock()
+_compiled: dict[np.dtype, Any] = {}
+
+
+def _kernel(dtype: np.dtype) -> Any:
+    found = _compiled.get(dtype)
+    if found is None:
+        with _lock:
+            found = _compiled.get(dtype)
+            if found is None:
+                nb = jit.numba()
+                found = nb.njit(cache=True, **jit.JIT_OPTIONS)(epilogue_body)
+                vector = jit.array_type(dtype, 1, "C", readonly=True)
+                found.compile((jit.array_type(dtype, 3, "C"), vector, vector, vector,
+                               jit.array_type(dtype, 3, "C", readonly=True),
+                               *(nb.types.boolean,) * 5, nb.from_dtype(dtype)))
+                found.disable_compile()
+                _compiled[dtype] = found
+    return found
+
+
+def apply(rows: np.ndarray, bias: np.ndarray | None, scale: np.ndarray | None,
+          shift: np.ndarray | None, residual: np.ndarray | None, relu: bool) -> np.ndarray:
+    """The epilogue on `rows` (m, C, P), C-contiguous, in place: bias, scale and shift
+    (C,) and residual (m, C, P), each or None; returns rows."""
+    dtype = rows.dtype
+    if dtype not in SUPPORTED_DTYPES:
+        raise KernelError("conv2d", [rows], f"unsupported dtype {dtype.name}; {_SUPPORTED}")
+    none = np.empty(0, dtype)
+    vectors = [none if v is None else v for v in (bias, scale, shift)]
+    _kernel(dtype)(rows, *vectors, np.empty((0, 0, 0), dtype) if residual is None else residual,
+                   bias is not None, scale is not None, shift is not None,
+                   residual is not None, bool(relu), dtype.type(0))
+    return rows

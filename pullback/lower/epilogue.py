@@ -1,0 +1,108 @@
+"""Convolutions with their epilogue: in an inference plan, a conv2d followed by an add, a
+multiply and an add per channel (a bias, a batch norm's scale and shift), a residual add
+and a relu (each optional, in that order) runs as one step, the backend's fused
+`conv2d_epilogue`, which applies them to each chunk of the output while it is in cache
+instead of a pass over memory per op afterwards.
+
+A member joins only through a value with no other reader that is not a result of the
+plan (nor state), so no intermediate is ever needed; the step runs where its last
+member was, when every operand exists. Results are bit for bit the ops one by one.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..backend.fused import fused_ops
+from ..kernels.core import SUPPORTED_DTYPES
+from ..ops.conv import conv2d_p
+from ..ops.elementwise import add_p, mul_p, relu_p
+from .graph import Eqn, StaticGraph, Var
+
+# The members' roles, in the only order they join.
+BIAS, SCALE, SHIFT, RESIDUAL, RELU = range(5)
+
+
+def conv_epilogues(graph: StaticGraph, pinned: set[int]) -> dict[int, list[tuple]]:
+    """Per convolution that has an epilogue, keyed by id() of its last member: the
+    members as (equation, role, its operand besides the convolution's partial result),
+    the conv2d first (role and operand None)."""
+    readers: dict[int, list[Eqn]] = {}
+    for eqn in graph.eqns:
+        for a in eqn.args + eqn.param_vars:
+            if isinstance(a, Var):
+                readers.setdefault(a.index, []).append(eqn)
+    groups: dict[int, list[tuple]] = {}
+    # An add may follow two convolutions (a residual block's two branches): the first
+    # takes it, with the other's result as its residual; the other stops before it.
+    claimed: set[int] = set()
+    for eqn in graph.eqns:
+        if eqn.primitive is not conv2d_p or eqn.out.dtype not in SUPPORTED_DTYPES:
+            continue
+        members: list[tuple] = [(eqn, None, None)]
+        value, next_role = eqn.out, BIAS
+        while value.index not in pinned and len(readers.get(value.index, ())) == 1:
+            (reader,) = readers[value.index]
+            role = None if id(reader) in claimed else _role(reader, value, next_role)
+            if role is None:
+                break
+            other = None if role == RELU else (
+                reader.args[1] if reader.args[0] is value else reader.args[0])
+            members.append((reader, role, other))
+            value, next_role = reader.out, role + 1
+        if len(members) > 1:
+            groups[id(members[-1][0])] = members
+            claimed.update(id(e) for e, _, _ in members)
+    return groups
+
+
+def _role(eqn: Eqn, value: Var, earliest: int) -> int | None:
+    """What `eqn`, the only reader of the convolution's (partial) result `value`, does
+    in an epilogue, if anything it may still do after the roles before `earliest`."""
+    if eqn.out.shape != value.shape or eqn.out.dtype != value.dtype:
+        return None
+    if eqn.primitive is relu_p:
+        return RELU
+    if eqn.primitive not in (add_p, mul_p) or len(eqn.args) != 2 or value not in eqn.args:
+        return None
+    other = eqn.args[1] if eqn.args[0] is value else eqn.args[0]
+    if not isinstance(other, Var) or other is value or other.dtype != value.dtype:
+        return None
+    channels = value.shape[1]
+    per_channel = other.shape in ((1, channels, 1, 1), (channels, 1, 1))
+    if eqn.primitive is mul_p:
+        return SCALE if earliest <= SCALE and per_channel else None
+    if per_channel and earliest <= SHIFT:
+        return BIAS if earliest <= BIAS else SHIFT
+    if earliest <= RESIDUAL and other.shape == value.shape:
+        return RESIDUAL
+    return None
+
+
+def lower_epilogue(members: list[tuple]) -> tuple[Any, tuple]:
+    """The step's implementation (taking `out=`, a buffer) and its operands: the
+    convolution's input and weights, then the bias and the residual where present."""
+    conv = members[0][0]
+    roles = {role: other for _, role, other in members[1:]}
+    vectors = [role for role in (BIAS, SCALE, SHIFT) if role in roles]
+    args = (*conv.args, *(roles[role] for role in vectors))
+    has_residual = RESIDUAL in roles
+    if has_residual:
+        args += (roles[RESIDUAL],)
+    relu = RELU in roles
+    channels = conv.out.shape[1]
+    stride, padding, dilation, groups = (conv.params[k] for k in
+                                         ("stride", "padding", "dilation", "groups"))
+
+    def run(backend: Any, x: Any, w: Any, *rest: Any, out: Any = None) -> Any:
+        given = dict(zip(vectors, rest))
+        bias, scale, shift = (backend.reshape(given[role], (channels,)) if role in given
+                              else None for role in (BIAS, SCALE, SHIFT))
+        residual = rest[-1] if has_residual else None
+        if out is not None and backend.runs_plan_kernels():
+            return backend.conv2d_epilogue(x, w, bias, scale, shift, residual, relu, stride,
+                                           padding, dilation, groups, out=out)
+        return fused_ops(backend).conv2d_epilogue(x, w, bias, scale, shift, residual, relu,
+                                                  stride, padding, dilation, groups)
+
+    return run, args

@@ -1,0 +1,64 @@
+"""An ONNX model's BatchNormalization folds into the Conv before it, once, when its plan
+is built (its initializers are constants), and each Conv runs with its bias, residual
+Add and Relu as one step: outputs as the graph run node by node, and as onnxruntime."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from graphs import graph_model, onnx, run_onnxruntime, value_info
+
+import pullback as pb
+import pullback.onnx
+
+helper = onnx.helper
+
+
+def _residual_block(dtype: np.dtype) -> tuple[bytes, np.ndarray]:
+    """x -> Conv-BN-Relu -> Conv(bias)-BN, plus x -> Conv 1x1-BN, Add, Relu; and an input."""
+    rng = np.random.default_rng(0)
+    inits: dict[str, np.ndarray] = {}
+
+    def conv_bn(name: str, source: str, c: int, k: int, bias: bool) -> tuple[list, str]:
+        inits[f"{name}_w"] = rng.standard_normal((4, c, k, k)).astype(dtype)
+        conv_in = [source, f"{name}_w"]
+        if bias:
+            inits[f"{name}_b"] = rng.standard_normal(4).astype(dtype)
+            conv_in.append(f"{name}_b")
+        for stat, values in (("s", rng.standard_normal(4)), ("b2", rng.standard_normal(4)),
+                             ("m", rng.standard_normal(4)), ("v", rng.random(4) + 0.5)):
+            inits[f"{name}_{stat}"] = values.astype(dtype)
+        nodes = [helper.make_node("Conv", conv_in, [f"{name}_c"], pads=[k // 2] * 4),
+                 helper.make_node("BatchNormalization",
+                                  [f"{name}_c", *(f"{name}_{s}" for s in ("s", "b2", "m", "v"))],
+                                  [f"{name}_bn"], epsilon=1e-3)]
+        return nodes, f"{name}_bn"
+
+    first, a = conv_bn("a", "x", 3, 3, False)
+    second, b = conv_bn("b", "a_relu", 4, 3, True)
+    short, s = conv_bn("s", "x", 3, 1, False)
+    nodes = [*first, helper.make_node("Relu", [a], ["a_relu"]), *second, *short,
+             helper.make_node("Add", [b, s], ["sum"]), helper.make_node("Relu", ["sum"], ["y"])]
+    x = rng.standard_normal((2, 3, 5, 5)).astype(dtype)
+    model = graph_model(nodes, [value_info("x", x)], [value_info("y", dtype, [2, 4, 5, 5])],
+                        inits)
+    return model, x
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_batch_norms_fold_and_epilogues_fuse(dtype):
+    data, x = _residual_block(dtype)
+    model = pullback.onnx.load(data)
+    (got,) = model(x)
+    with pb.no_grad():
+        (by_node,) = model.forward(x)  # node by node, nothing folded
+    tol = {"rtol": 1e-5, "atol": 1e-5} if dtype == np.float32 else {"rtol": 1e-12, "atol": 1e-12}
+    np.testing.assert_allclose(got.numpy(), by_node.numpy(), **tol)
+    if dtype == np.float32:  # onnxruntime's CPU Conv is float32 only
+        np.testing.assert_allclose(got.numpy(), run_onnxruntime(data, {"x": x})[0], **tol)
+    (runner,) = model._runners.values()
+    text = runner.plan.explain()
+    assert text.count("computed once, at lowering") == 3
+    steps = [step.name for step in runner.plan._schedule]
+    assert steps == ["fused(conv2d, add, relu)", "fused(conv2d, add)",
+                     "fused(conv2d, add, add, relu)"]
