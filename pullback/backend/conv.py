@@ -18,6 +18,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from pullback.errors import KernelError
+from pullback.backend import winograd
 from pullback.kernels import conv as kernels
 
 Pair = tuple[int, int]
@@ -223,6 +224,22 @@ def _result(op: str, operands: list, shape: tuple, dtype: np.dtype,
     return out
 
 
+# Winograd F(4x4, 3x3) (pullback.backend.winograd) for 3x3, stride-1 convolutions
+# where it measured faster than im2col (bench/winograd.py, bench/RESULTS.md): RULE TBD.
+WINOGRAD_FORCED: bool | None = None  # True or False: always or never (benchmarks, tests)
+
+
+def _winograd(win: Windows, groups: int, c_in: int, c_out: int) -> bool:
+    """Whether a correlation of c_in channels into c_out, with these windows, runs as
+    Winograd F(4x4, 3x3)."""
+    if (win.kernel != (3, 3) or win.stride != (1, 1) or win.dilation != (1, 1)
+            or groups != 1):
+        return False
+    if WINOGRAD_FORCED is not None:
+        return WINOGRAD_FORCED
+    return False
+
+
 def conv2d(x: np.ndarray, w: np.ndarray, stride: Any, padding: Any, dilation: Any = (1, 1),
            groups: int = 1, out: np.ndarray | None = None) -> np.ndarray:
     """x (N, C, H, W) cross-correlated with w (O, C/groups, kh, kw): per chunk of the
@@ -241,6 +258,8 @@ def conv2d(x: np.ndarray, w: np.ndarray, stride: Any, padding: Any, dilation: An
     x = np.ascontiguousarray(x)
     if _pointwise(win):
         return np.matmul(weight, x.reshape(n, groups, -1, pixels), out=rows).reshape(out.shape)
+    if _winograd(win, groups, c, o):
+        return winograd.correlate(x, winograd.weight_transform(w), win.padding, out, scratch)
     per_sample = c * win.kernel[0] * win.kernel[1] * pixels
     chunks = _chunks(n, per_sample * x.itemsize)
     if pixels < CHUNK_GEMM_PIXELS and chunks[0][1] > 1:
@@ -312,6 +331,12 @@ def conv2d_input_backward(
     if _pointwise(win):
         np.matmul(weight_t, up, out=grad.reshape(n, groups, -1, pixels))
         return grad
+    if max(win.padding) <= 2 and _winograd(win, groups, o, c):
+        # The same kind of correlation: upstream by the rotated kernels, channels
+        # swapped, padded by 2 - padding.
+        rotated = w.transpose(1, 0, 2, 3)[:, :, ::-1, ::-1]
+        return winograd.correlate(upstream, winograd.weight_transform(rotated),
+                                  (2 - win.padding[0], 2 - win.padding[1]), grad, scratch)
     per_sample = c * win.kernel[0] * win.kernel[1] * pixels
     chunks = _chunks(n, per_sample * w.itemsize)
     buffer = _WindowBuffer(win, c, chunks[0][1], w.dtype)
