@@ -42,53 +42,71 @@ AT = np.array([[1, 1, 1, 1, 1, 0], [0, 1, -1, 2, -2, 0], [0, 1, 1, 4, 4, 0],
 def input_transform_body(x, v, ph, pw, tiles_h, tiles_w, stride):
     """v[a stride + c P + (n tiles_h + ty) tiles_w + tx] = (B^T d B)[a] for the 6x6
     tile d of x (m, C, H, W) at rows 4 ty - ph.., columns 4 tx - pw.., zero outside x,
-    where P = m tiles_h tiles_w: v holds 36 (C, P) matrices `stride` apart."""
+    where P = m tiles_h tiles_w: v holds 36 (C, P) matrices `stride` apart.
+
+    A channel at a time, so that the inner loops run over many tiles and vectorize
+    (maps of 8x8 have 2 tiles a row, a channel 2 per sample). Rows first (d B): each
+    input row is copied into a zero-padded line (no bounds tests after that) and
+    deinterleaved into the line's columns 4 q + k for each k, so that each tile's 6
+    inputs lie at the same place in contiguous arrays. Then columns (B^T t) over all
+    the channel's tiles at once, one contiguous run per transform position."""
     m_, c_, h_, w_ = x.shape
-    p_ = m_ * tiles_h * tiles_w
+    tiles = tiles_h * tiles_w
+    p_ = U(m_ * tiles)
     src = x.reshape(x.size)
     dst = v
-    d = np.zeros(36, dtype=x.dtype)
-    t = np.empty(36, dtype=x.dtype)
-    zero = d[0]
-    position = U(stride)  # between transform positions in v
-    for n in range(m_):
-        for c in range(c_):
-            plane = (n * c_ + c) * h_ * w_
+    tw = U(tiles_w)
+    q_ = tw + U(1)  # columns 4 q + k of the line, q < q_, in phase k
+    line = np.zeros(4 * q_, dtype=x.dtype)
+    phases = np.empty(4 * q_, dtype=x.dtype)  # phase k at k q_: the line deinterleaved
+    t = np.empty(36 * p_, dtype=x.dtype)  # d B as (input row i, position b, tile)
+    zero = line[0]
+    position = U(stride)
+    lo, hi = U(min(pw, 4 * q_)), U(min(pw + w_, 4 * q_))  # the line's columns inside x
+    for c in range(c_):
+        for n in range(m_):
+            plane = U((n * c_ + c) * h_ * w_)
             for ty in range(tiles_h):
-                r0 = ty * 4 - ph
-                for tx in range(tiles_w):
-                    c0 = tx * 4 - pw
-                    if r0 >= 0 and r0 + 6 <= h_ and c0 >= 0 and c0 + 6 <= w_:
-                        for i in range(6):
-                            at = U(plane + (r0 + i) * w_ + c0)
-                            for j in range(6):
-                                d[i * 6 + j] = src[at + U(j)]
-                    else:  # an edge tile: what lies outside x reads as zero
-                        for i in range(6):
-                            r = r0 + i
-                            for j in range(6):
-                                col = c0 + j
-                                inside = r >= 0 and r < h_ and col >= 0 and col < w_
-                                d[i * 6 + j] = src[U(plane + r * w_ + col)] if inside else zero
-                    for i in range(6):  # rows: t = d B
-                        d0, d1, d2 = d[i * 6], d[i * 6 + 1], d[i * 6 + 2]
-                        d3, d4, d5 = d[i * 6 + 3], d[i * 6 + 4], d[i * 6 + 5]
-                        t[i * 6] = 4.0 * d0 - 5.0 * d2 + d4
-                        t[i * 6 + 1] = d3 + d4 - 4.0 * (d1 + d2)
-                        t[i * 6 + 2] = d4 - d3 + 4.0 * (d1 - d2)
-                        t[i * 6 + 3] = d4 - d2 + 2.0 * (d3 - d1)
-                        t[i * 6 + 4] = d4 - d2 + 2.0 * (d1 - d3)
-                        t[i * 6 + 5] = 4.0 * d1 - 5.0 * d3 + d5
-                    at = U(c * p_ + (n * tiles_h + ty) * tiles_w + tx)
-                    for j in range(6):  # columns: B^T t, each position to its own row of v
-                        d0, d1, d2 = t[j], t[6 + j], t[12 + j]
-                        d3, d4, d5 = t[18 + j], t[24 + j], t[30 + j]
-                        dst[at + U(j) * position] = 4.0 * d0 - 5.0 * d2 + d4
-                        dst[at + U(6 + j) * position] = d3 + d4 - 4.0 * (d1 + d2)
-                        dst[at + U(12 + j) * position] = d4 - d3 + 4.0 * (d1 - d2)
-                        dst[at + U(18 + j) * position] = d4 - d2 + 2.0 * (d3 - d1)
-                        dst[at + U(24 + j) * position] = d4 - d2 + 2.0 * (d1 - d3)
-                        dst[at + U(30 + j) * position] = 4.0 * d1 - 5.0 * d3 + d5
+                for i in range(6):
+                    r = ty * 4 - ph + i
+                    row = U(i * 6) * p_ + U(n * tiles + ty * tiles_w)
+                    if r < 0 or r >= h_:
+                        for b in range(6):
+                            for tx in range(tw):
+                                t[row + U(b) * p_ + tx] = zero
+                        continue
+                    start = plane + U(r * w_) - lo
+                    for k in range(lo, hi):
+                        line[k] = src[start + k]
+                    for q in range(q_):
+                        for k in range(4):
+                            phases[U(k) * q_ + q] = line[U(4) * q + U(k)]
+                    for tx in range(tw):
+                        d0, d1, d2 = phases[tx], phases[q_ + tx], phases[U(2) * q_ + tx]
+                        d3, d4 = phases[U(3) * q_ + tx], phases[tx + U(1)]
+                        d5 = phases[q_ + tx + U(1)]
+                        t[row + tx] = 4.0 * d0 - 5.0 * d2 + d4
+                        t[row + p_ + tx] = d3 + d4 - 4.0 * (d1 + d2)
+                        t[row + U(2) * p_ + tx] = d4 - d3 + 4.0 * (d1 - d2)
+                        t[row + U(3) * p_ + tx] = d4 - d2 + 2.0 * (d3 - d1)
+                        t[row + U(4) * p_ + tx] = d4 - d2 + 2.0 * (d1 - d3)
+                        t[row + U(5) * p_ + tx] = 4.0 * d1 - 5.0 * d3 + d5
+        at = U(c) * p_
+        for j in range(6):  # columns: B^T t, each position to its own matrix
+            o0, o1 = at + U(j) * position, at + U(6 + j) * position
+            o2, o3 = at + U(12 + j) * position, at + U(18 + j) * position
+            o4, o5 = at + U(24 + j) * position, at + U(30 + j) * position
+            col = U(j) * p_
+            for k in range(p_):
+                d0, d1, d2 = t[col + k], t[U(6) * p_ + col + k], t[U(12) * p_ + col + k]
+                d3, d4 = t[U(18) * p_ + col + k], t[U(24) * p_ + col + k]
+                d5 = t[U(30) * p_ + col + k]
+                dst[o0 + k] = 4.0 * d0 - 5.0 * d2 + d4
+                dst[o1 + k] = d3 + d4 - 4.0 * (d1 + d2)
+                dst[o2 + k] = d4 - d3 + 4.0 * (d1 - d2)
+                dst[o3 + k] = d4 - d2 + 2.0 * (d3 - d1)
+                dst[o4 + k] = d4 - d2 + 2.0 * (d1 - d3)
+                dst[o5 + k] = 4.0 * d1 - 5.0 * d3 + d5
     return v
 
 
@@ -96,41 +114,53 @@ def output_transform_body(products, out, tiles_h, tiles_w, stride):
     """out[n, o, 4 ty + i, 4 tx + j] = (A^T M A)[i, j] for the 36 products M of tile
     (n, ty, tx) and output channel o, read as input_transform_body writes them (36
     (O, P) matrices `stride` apart in products); the positions of edge tiles past
-    out's (m, O, OH, OW) are dropped."""
+    out's (m, O, OH, OW) are dropped.
+
+    An output channel at a time, the inner loops over all its tiles: A^T M from 6
+    contiguous runs per column, then t A, each of the 16 outputs of a tile in its own
+    contiguous run, then those runs interleaved into out's rows up to their width."""
     m_, o_, oh_, ow_ = out.shape
-    p_ = m_ * tiles_h * tiles_w
+    tiles = tiles_h * tiles_w
+    p_ = U(m_ * tiles)
     src = products
     dst = out.reshape(out.size)
-    t = np.empty(24, dtype=out.dtype)
-    y = np.empty(16, dtype=out.dtype)
+    tw = U(tiles_w)
+    t = np.empty(24 * p_, dtype=out.dtype)  # A^T M as (row i, column b, tile)
+    y = np.empty(16 * p_, dtype=out.dtype)  # output (i, j) of every tile
     position = U(stride)
-    for n in range(m_):
-        for o in range(o_):
-            plane = (n * o_ + o) * oh_ * ow_
+    for o in range(o_):
+        at = U(o) * p_
+        for j in range(6):  # columns: t = A^T M
+            i0, i1 = at + U(j) * position, at + U(6 + j) * position
+            i2, i3 = at + U(12 + j) * position, at + U(18 + j) * position
+            i4, i5 = at + U(24 + j) * position, at + U(30 + j) * position
+            col = U(j) * p_
+            for k in range(p_):
+                s0, s1, s2 = src[i0 + k], src[i1 + k], src[i2 + k]
+                s3, s4, s5 = src[i3 + k], src[i4 + k], src[i5 + k]
+                t[col + k] = s0 + (s1 + s2) + (s3 + s4)
+                t[U(6) * p_ + col + k] = (s1 - s2) + 2.0 * (s3 - s4)
+                t[U(12) * p_ + col + k] = (s1 + s2) + 4.0 * (s3 + s4)
+                t[U(18) * p_ + col + k] = (s1 - s2) + 8.0 * (s3 - s4) + s5
+        for i in range(4):  # rows: y = t A
+            row = U(i * 6) * p_
+            to = U(i * 4) * p_
+            for k in range(p_):
+                s0, s1, s2 = t[row + k], t[row + p_ + k], t[row + U(2) * p_ + k]
+                s3, s4 = t[row + U(3) * p_ + k], t[row + U(4) * p_ + k]
+                s5 = t[row + U(5) * p_ + k]
+                y[to + k] = s0 + (s1 + s2) + (s3 + s4)
+                y[to + p_ + k] = (s1 - s2) + 2.0 * (s3 - s4)
+                y[to + U(2) * p_ + k] = (s1 + s2) + 4.0 * (s3 + s4)
+                y[to + U(3) * p_ + k] = (s1 - s2) + 8.0 * (s3 - s4) + s5
+        for n in range(m_):
+            plane = U((n * o_ + o) * oh_ * ow_)
             for ty in range(tiles_h):
-                for tx in range(tiles_w):
-                    at = U(o * p_ + (n * tiles_h + ty) * tiles_w + tx)
-                    for j in range(6):  # columns: t = A^T M
-                        s0, s1 = src[at + U(j) * position], src[at + U(6 + j) * position]
-                        s2, s3 = src[at + U(12 + j) * position], src[at + U(18 + j) * position]
-                        s4, s5 = src[at + U(24 + j) * position], src[at + U(30 + j) * position]
-                        t[j] = s0 + (s1 + s2) + (s3 + s4)
-                        t[6 + j] = (s1 - s2) + 2.0 * (s3 - s4)
-                        t[12 + j] = (s1 + s2) + 4.0 * (s3 + s4)
-                        t[18 + j] = (s1 - s2) + 8.0 * (s3 - s4) + s5
-                    for i in range(4):  # rows: y = t A
-                        s0, s1, s2 = t[i * 6], t[i * 6 + 1], t[i * 6 + 2]
-                        s3, s4, s5 = t[i * 6 + 3], t[i * 6 + 4], t[i * 6 + 5]
-                        y[i * 4] = s0 + (s1 + s2) + (s3 + s4)
-                        y[i * 4 + 1] = (s1 - s2) + 2.0 * (s3 - s4)
-                        y[i * 4 + 2] = (s1 + s2) + 4.0 * (s3 + s4)
-                        y[i * 4 + 3] = (s1 - s2) + 8.0 * (s3 - s4) + s5
-                    rows = min(4, oh_ - ty * 4)
-                    cols = min(4, ow_ - tx * 4)
-                    for i in range(rows):
-                        to = U(plane + (ty * 4 + i) * ow_ + tx * 4)
-                        for j in range(cols):
-                            dst[to + U(j)] = y[i * 4 + j]
+                first = U(n * tiles + ty * tiles_w)
+                for i in range(min(4, oh_ - ty * 4)):
+                    to = plane + U((ty * 4 + i) * ow_)
+                    for k in range(U(ow_)):
+                        dst[to + k] = y[(U(i * 4) + (k & U(3))) * p_ + first + (k >> U(2))]
     return out
 
 
