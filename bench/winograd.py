@@ -1,7 +1,7 @@
 """Winograd F(4x4, 3x3) against im2col + GEMM, per convolution shape, 2 threads.
 
-For each 3x3, stride-1, padding-1 convolution of the shapes that matter (bench/plans.py's
-CNN on 3x32x32, ResNet-20's stages, ResNet-50's 3x3 stride-1 layers at batch 1): the
+For each 3x3, stride-1, padding-1 convolution of the shapes that matter (the digits CNN's
+second at batch 128, bench/plans.py's CNN on 3x32x32, ResNet-20's stages, ResNet-50's 3x3 stride-1 layers at batch 1): the
 backend's conv2d and conv2d_input_backward through im2col (Winograd switched off) and
 through Winograd (forced on), the two taking turns (bench/common.py `best_times`), and
 each float32 result's largest error against the float64 reference, as a multiple of
@@ -30,6 +30,7 @@ from pullback.backend import conv  # noqa: E402
 
 QUICK = "--quick" in sys.argv
 SHAPES = {  # name: (batch, in channels, out channels, map side)
+    "digits conv2 32->64 @4": (128, 32, 64, 4),
     "cnn conv1 3->32 @32": (64, 3, 32, 32),
     "cnn conv2 32->64 @16": (64, 32, 64, 16),
     "resnet20 16 @32": (64, 16, 16, 32),

@@ -224,12 +224,20 @@ def _result(op: str, operands: list, shape: tuple, dtype: np.dtype,
     return out
 
 
-# Winograd F(4x4, 3x3) (pullback.backend.winograd) for 3x3, stride-1 convolutions
-# where it measured faster than im2col (bench/winograd.py, bench/RESULTS.md): RULE TBD.
+# Winograd F(4x4, 3x3) (pullback.backend.winograd) for 3x3, stride-1 convolutions where
+# it measured faster than im2col (bench/winograd.py; figures in bench/RESULTS.md): with
+# at least 16 channels on each side and 32 tiles of 4x4 outputs in the batch. Fewer
+# channels (the 3 of an RGB input, or 3 input gradients) leave too little GEMM to pay for
+# the transforms of every channel's tiles: 1.4-1.8x slower. Fewer tiles (ResNet-50's
+# 256@14x14 and 512@7x7 at batch 1) make GEMMs too narrow and the weights' transform a
+# large share: 1.7-5x slower. ResNet-20's layers and the 3x32x32 CNN's second one ran
+# 1.1-2x faster, ResNet-50's 64@56x56 and 128@28x28 at batch 1 1.0-2.3x.
+WINOGRAD_CHANNELS = 16
+WINOGRAD_TILES = 32
 WINOGRAD_FORCED: bool | None = None  # True or False: always or never (benchmarks, tests)
 
 
-def _winograd(win: Windows, groups: int, c_in: int, c_out: int) -> bool:
+def _winograd(win: Windows, groups: int, batch: int, c_in: int, c_out: int) -> bool:
     """Whether a correlation of c_in channels into c_out, with these windows, runs as
     Winograd F(4x4, 3x3)."""
     if (win.kernel != (3, 3) or win.stride != (1, 1) or win.dilation != (1, 1)
@@ -237,7 +245,9 @@ def _winograd(win: Windows, groups: int, c_in: int, c_out: int) -> bool:
         return False
     if WINOGRAD_FORCED is not None:
         return WINOGRAD_FORCED
-    return False
+    grid = winograd.tiles(win.out_hw)
+    return (min(c_in, c_out) >= WINOGRAD_CHANNELS
+            and batch * grid[0] * grid[1] >= WINOGRAD_TILES)
 
 
 def conv2d(x: np.ndarray, w: np.ndarray, stride: Any, padding: Any, dilation: Any = (1, 1),
@@ -258,7 +268,7 @@ def conv2d(x: np.ndarray, w: np.ndarray, stride: Any, padding: Any, dilation: An
     x = np.ascontiguousarray(x)
     if _pointwise(win):
         return np.matmul(weight, x.reshape(n, groups, -1, pixels), out=rows).reshape(out.shape)
-    if _winograd(win, groups, c, o):
+    if _winograd(win, groups, n, c, o):
         return winograd.correlate(x, winograd.weight_transform(w), win.padding, out, scratch)
     per_sample = c * win.kernel[0] * win.kernel[1] * pixels
     chunks = _chunks(n, per_sample * x.itemsize)
@@ -331,7 +341,7 @@ def conv2d_input_backward(
     if _pointwise(win):
         np.matmul(weight_t, up, out=grad.reshape(n, groups, -1, pixels))
         return grad
-    if max(win.padding) <= 2 and _winograd(win, groups, o, c):
+    if max(win.padding) <= 2 and _winograd(win, groups, n, o, c):
         # The same kind of correlation: upstream by the rotated kernels, channels
         # swapped, padded by 2 - padding.
         rotated = w.transpose(1, 0, 2, 3)[:, :, ::-1, ::-1]
