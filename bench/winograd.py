@@ -1,13 +1,14 @@
 """Winograd F(4x4, 3x3) against im2col + GEMM, per convolution shape, 2 threads.
 
-For each 3x3, stride-1, padding-1 convolution of the shapes that matter (the digits CNN's
-second at batch 128, bench/plans.py's CNN on 3x32x32, ResNet-20's stages, ResNet-50's 3x3 stride-1 layers at batch 1): the
-backend's conv2d and conv2d_input_backward through im2col (Winograd switched off) and
-through Winograd (forced on), the two taking turns (bench/common.py `best_times`), and
-each float32 result's largest error against the float64 reference, as a multiple of
-the im2col result's (and, for the forward, relative to the reference's largest
-value). Also that error for F(2x2, 3x3), from a NumPy model of it. With one thread
-(`--threads=1`) the times are CPU times of the calling thread, steady under load.
+For each 3x3, stride-1, padding-1 convolution of the shapes that matter (the digits
+CNN's second at batch 128, bench/plans.py's CNN on 3x32x32, ResNet-20's stages,
+ResNet-50's 3x3 stride-1 layers at batch 1): the backend's conv2d and
+conv2d_input_backward through im2col (Winograd switched off) and through Winograd
+(forced on), the two taking turns (bench/common.py `best_times`), and each float32
+result's largest error against the float64 reference, as a multiple of the im2col
+result's (and, for the forward, relative to the reference's largest value). Also
+that error for F(2x2, 3x3), from a NumPy model of it. With one thread (`--threads=1`)
+the times are CPU times of the calling thread, steady under load.
 
 Run: `python bench/winograd.py` (`--quick` for fewer repeats, `--threads=1` for one
 thread, `--only=resnet50` for the shapes whose name holds that word).
@@ -16,8 +17,8 @@ thread, `--only=resnet50` for the shapes whose name holds that word).
 from __future__ import annotations
 
 import sys
-
 import time
+from functools import partial
 
 from common import best_times, pin_threads
 
@@ -93,7 +94,8 @@ def main() -> None:
     rng = np.random.default_rng(0)
     repeats, number = (3, 3) if QUICK else (7, 5)
     print("| shape | forward im2col | forward Winograd | ratio | input grad im2col | "
-          "input grad Winograd | ratio | f32 error / im2col's: F(4x4) fwd, bwd, F(2x2) fwd | F(4x4) fwd error / max |")
+          "input grad Winograd | ratio | f32 error / im2col's: F(4x4) fwd, bwd, F(2x2) fwd | "
+          "F(4x4) fwd error / max |")
     print("|---|---:|---:|---:|---:|---:|---:|---|---:|")
     only = next((a.split("=")[1] for a in sys.argv if a.startswith("--only=")), "")
     for name, (n, c, o, side) in SHAPES.items():
@@ -105,12 +107,11 @@ def main() -> None:
         up = rng.standard_normal((n, o, side, side)).astype(np.float32)
         out = np.empty((n, o, side, side), np.float32)
         grad = np.empty(x.shape, np.float32)
-        fwd = lambda: conv.conv2d(x, w, (1, 1), PAD, out=out)  # noqa: E731
-        bwd = lambda: conv.conv2d_input_backward(up, w, x.shape, (1, 1), PAD,  # noqa: E731
-                                                 out=grad)
-        times = (cpu_turns if THREADS == 1 else best_times)({"fwd old": timed(fwd, False), "fwd new": timed(fwd, True),
-                            "bwd old": timed(bwd, False), "bwd new": timed(bwd, True)},
-                           repeats, number)
+        fwd = partial(conv.conv2d, x, w, (1, 1), PAD, out=out)
+        bwd = partial(conv.conv2d_input_backward, up, w, x.shape, (1, 1), PAD, out=grad)
+        contenders = {"fwd old": timed(fwd, False), "fwd new": timed(fwd, True),
+                      "bwd old": timed(bwd, False), "bwd new": timed(bwd, True)}
+        times = (cpu_turns if THREADS == 1 else best_times)(contenders, repeats, number)
         errors = []
         for fn, args in ((conv.conv2d, (x, w, (1, 1), PAD)),
                          (conv.conv2d_input_backward, (up, w, x.shape, (1, 1), PAD))):

@@ -17,8 +17,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from pullback.errors import KernelError
 from pullback.backend import winograd
+from pullback.errors import KernelError
 from pullback.kernels import conv as kernels
 
 Pair = tuple[int, int]

@@ -124,7 +124,6 @@ def output_transform_body(products, out, tiles_h, tiles_w, stride):
     p_ = U(m_ * tiles)
     src = products
     dst = out.reshape(out.size)
-    tw = U(tiles_w)
     t = np.empty(24 * p_, dtype=out.dtype)  # A^T M as (row i, column b, tile)
     y = np.empty(16 * p_, dtype=out.dtype)  # output (i, j) of every tile
     position = U(stride)

@@ -5,13 +5,14 @@ against PyTorch in float64 and the im2col path, partial tiles, any padding, chun
 The float32 bound: max |y - y64| <= 64 eps32 max (|w| * |x|), the correlation of the
 absolute values being the scale of the terms the outputs sum (a dot product's classic
 bound is K eps32 times it, elementwise; im2col's error measured within 2.5 eps32 times
-it on these data). Taken over the whole result, not per output: a Winograd output's
-error comes from its whole 6x6 tile, including inputs its own 3x3 window never reads
-(a corner output under padding 2 sums one product but carries its tile's rounding). Winograd adds the rounding of the transforms, whose entries reach 5 (B)
-and 8 (A): on He-initialised weights and unit inputs with 16 to 256 channels it
+it on these data). Winograd adds the rounding of the transforms, whose entries reach 5
+(B) and 8 (A): on He-initialised weights and unit inputs with 16 to 256 channels it
 measured at most 27 eps32 times the scale, forward and input gradient
 (bench/winograd.py gives it relative to im2col's), so 64 leaves more than 2x headroom
-while catching a wrong transform, which errs by the values themselves.
+while catching a wrong transform, which errs by the values themselves. The bound is
+over the whole result, not per output: a Winograd output's error comes from its whole
+6x6 tile, including inputs its own 3x3 window never reads (a corner output under
+padding 2 sums one product but carries its tile's rounding).
 """
 
 from __future__ import annotations
