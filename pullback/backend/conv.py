@@ -228,24 +228,30 @@ def _result(op: str, operands: list, shape: tuple, dtype: np.dtype,
 # it measured faster than im2col (bench/winograd.py; figures in bench/RESULTS.md): with
 # at least 16 channels on each side and 32 tiles of 4x4 outputs in the batch. Fewer
 # channels (the 3 of an RGB input, or 3 input gradients) leave too little GEMM to pay for
-# the transforms of every channel's tiles: 1.4-1.8x slower. Fewer tiles (ResNet-50's
-# 256@14x14 and 512@7x7 at batch 1) make GEMMs too narrow and the weights' transform a
-# large share: 1.7-5x slower. ResNet-20's layers and the 3x32x32 CNN's second one ran
-# 1.1-2x faster, ResNet-50's 64@56x56 and 128@28x28 at batch 1 1.0-2.3x.
+# the transforms of every channel's tiles: 1.0-1.7x im2col's time. Fewer tiles
+# (ResNet-50's 256@14x14 and 512@7x7 at batch 1) make GEMMs too narrow and the weights'
+# transform a large share: 1.8-4.7x. The input gradient also needs maps of 8x8 or more:
+# on 4x4 maps (one tile a sample; the digits CNN's second convolution) it took 1.1-1.4x
+# im2col's time, though the forward took half. ResNet-20's layers, the 3x32x32 CNN's
+# second and ResNet-50's 64@56x56 and 128@28x28 at batch 1 took 0.4-0.9x.
 WINOGRAD_CHANNELS = 16
 WINOGRAD_TILES = 32
+WINOGRAD_INPUT_GRADIENT_SIDE = 8
 WINOGRAD_FORCED: bool | None = None  # True or False: always or never (benchmarks, tests)
 
 
-def _winograd(win: Windows, groups: int, batch: int, c_in: int, c_out: int) -> bool:
-    """Whether a correlation of c_in channels into c_out, with these windows, runs as
-    Winograd F(4x4, 3x3)."""
+def _winograd(win: Windows, groups: int, batch: int, c_in: int, c_out: int,
+              input_gradient: bool = False) -> bool:
+    """Whether a correlation of c_in channels into c_out, with these windows (the
+    forward's), runs as Winograd F(4x4, 3x3): the forward, or its input gradient."""
     if (win.kernel != (3, 3) or win.stride != (1, 1) or win.dilation != (1, 1)
             or groups != 1):
         return False
     if WINOGRAD_FORCED is not None:
         return WINOGRAD_FORCED
     grid = winograd.tiles(win.out_hw)
+    if input_gradient and min(win.out_hw) < WINOGRAD_INPUT_GRADIENT_SIDE:
+        return False
     return (min(c_in, c_out) >= WINOGRAD_CHANNELS
             and batch * grid[0] * grid[1] >= WINOGRAD_TILES)
 
@@ -341,7 +347,7 @@ def conv2d_input_backward(
     if _pointwise(win):
         np.matmul(weight_t, up, out=grad.reshape(n, groups, -1, pixels))
         return grad
-    if max(win.padding) <= 2 and _winograd(win, groups, n, o, c):
+    if max(win.padding) <= 2 and _winograd(win, groups, n, o, c, input_gradient=True):
         # The same kind of correlation: upstream by the rotated kernels, channels
         # swapped, padded by 2 - padding.
         rotated = w.transpose(1, 0, 2, 3)[:, :, ::-1, ::-1]

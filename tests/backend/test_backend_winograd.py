@@ -116,42 +116,48 @@ def test_winograd_chunks_and_out(cpu, rng, forced, monkeypatch):
 
 
 CHOICES = [
-    # (N, C, O, side), stride, groups, chosen: the shapes measured in bench/winograd.py
-    ((128, 32, 64, 4), 1, 1, True),  # the digits CNN's second convolution
-    ((64, 3, 32, 32), 1, 1, False),  # an RGB input: too few channels
-    ((64, 32, 3, 32), 1, 1, False),  # and its input gradient's correlation
-    ((64, 32, 64, 16), 1, 1, True),  # the 3x32x32 CNN's second
-    ((64, 16, 16, 32), 1, 1, True),  # ResNet-20's stages
-    ((64, 64, 64, 8), 1, 1, True),
-    ((1, 64, 64, 56), 1, 1, True),  # ResNet-50 at batch 1
-    ((1, 128, 128, 28), 1, 1, True),
-    ((1, 256, 256, 14), 1, 1, False),  # 16 tiles: too few
-    ((1, 512, 512, 7), 1, 1, False),
-    ((64, 32, 32, 16), 2, 1, False),  # stride 2
-    ((64, 32, 32, 16), 1, 2, False),  # groups
+    # (N, C, O, side), stride, groups, forward chosen, input gradient chosen: the shapes
+    # measured in bench/winograd.py
+    ((128, 32, 64, 4), 1, 1, True, False),  # the digits CNN's second: 4x4 maps
+    ((64, 3, 32, 32), 1, 1, False, False),  # an RGB input: too few channels
+    ((64, 32, 64, 16), 1, 1, True, True),  # the 3x32x32 CNN's second
+    ((64, 16, 16, 32), 1, 1, True, True),  # ResNet-20's stages
+    ((64, 64, 64, 8), 1, 1, True, True),
+    ((1, 64, 64, 56), 1, 1, True, True),  # ResNet-50 at batch 1
+    ((1, 128, 128, 28), 1, 1, True, True),
+    ((1, 256, 256, 14), 1, 1, False, False),  # 16 tiles: too few
+    ((1, 512, 512, 7), 1, 1, False, False),
+    ((64, 32, 32, 16), 2, 1, False, False),  # stride 2
+    ((64, 32, 32, 16), 1, 2, False, False),  # groups
 ]
 
 
 @pytest.mark.parametrize("case", CHOICES, ids=[str(c) for c in CHOICES])
 def test_the_rule_chooses_winograd_where_it_measured_faster(case):
-    (n, c, o, side), stride, groups, chosen = case
+    (n, c, o, side), stride, groups, forward, input_gradient = case
     x = np.broadcast_to(np.zeros((), np.float32), (n, c, side, side))
     w = np.broadcast_to(np.zeros((), np.float32), (o, c // groups, 3, 3))
     win = backend_conv.check_conv(x, w, (stride, stride), (1, 1), groups=groups)
-    assert backend_conv._winograd(win, groups, n, c, o) is chosen
+    assert backend_conv._winograd(win, groups, n, c, o) is forward
+    # The input gradient correlates the upstream's O channels into C.
+    assert backend_conv._winograd(win, groups, n, o, c, input_gradient=True) is input_gradient
 
 
-@pytest.mark.parametrize("batch, chosen", [(8, True), (7, False)])  # 32 and 28 tiles
-def test_conv2d_and_its_input_gradient_take_the_rules_choice(cpu, monkeypatch, batch, chosen):
+@pytest.mark.parametrize("batch, side, expected", [
+    (8, 8, "both"),  # 32 tiles
+    (7, 8, "neither"),  # 28 tiles
+    (32, 4, "forward"),  # 4x4 maps: the forward only
+])
+def test_conv2d_and_its_input_gradient_take_the_rules_choice(cpu, monkeypatch, batch, side,
+                                                             expected):
     calls = []
     monkeypatch.setattr(winograd, "correlate",
                         lambda x, u, padding, out, scratch: calls.append(x.shape) or out)
-    x = np.zeros((batch, 16, 8, 8), np.float32)
+    x = np.zeros((batch, 16, side, side), np.float32)
     w = np.zeros((16, 16, 3, 3), np.float32)
     y = cpu.conv2d(x, w, (1, 1), (1, 1))
     cpu.conv2d_input_backward(y, w, x.shape, (1, 1), (1, 1))
-    # The input gradient correlates the upstream's O channels into C.
-    assert calls == ([x.shape, y.shape] if chosen else [])
+    assert calls == {"both": [x.shape, y.shape], "neither": [], "forward": [x.shape]}[expected]
 
 
 def test_input_gradient_padding_past_two_stays_on_im2col(cpu, monkeypatch, forced):
