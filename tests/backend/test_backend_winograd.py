@@ -33,6 +33,7 @@ CASES = [
     ((1, 2, 6, 5), 3, (2, 2)),
     ((3, 4, 5, 11), 5, (1, 2)),
     ((2, 5, 10, 3), 2, (1, 0)),
+    ((1, 2, 4, 5), 3, (3, 1)),  # the forward only: the input gradient would need 2 - 3
 ]
 IDS = [f"x{c[0]}-o{c[1]}-p{c[2]}" for c in CASES]
 
