@@ -1,6 +1,6 @@
 """Winograd F(4x4, 3x3) convolution for CpuBackend: a 3x3, stride-1 cross-correlation
 in 36 batched GEMMs over transformed tiles, 4x fewer multiplications than im2col's
-GEMM (Lavin and Gray, 2015). pullback.backend.conv chooses it per shape (`chosen`)
+GEMM (Lavin and Gray, 2015). pullback.backend.conv chooses it per shape (`_winograd`)
 for conv2d and for conv2d_input_backward, the same kind of correlation with the
 weights rotated and their channels swapped.
 
@@ -9,8 +9,9 @@ tiles as 36 rows (36, C, tiles); one batched GEMM multiplies them by the transfo
 weights (36, O, C); the output transform writes the 4x4 output tiles into the NCHW
 result. A chunk's tiles and products stay in cache between the three passes.
 
-Float32 error: the transforms scale values by up to about 10 each way, so the result
-carries a few times the rounding error of im2col's sums (bounded in
+Float32 error: the transforms scale values by up to 10 (B) and 19 (A) a row, so the
+result carries 8-45 times the rounding error of im2col's sums, about 1e-5 of the
+output's largest value (bench/RESULTS.md; the bound is tested in
 tests/backend/test_backend_winograd.py against a float64 reference).
 """
 

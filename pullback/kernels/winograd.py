@@ -5,7 +5,8 @@ The weight transform G g G^T is one small product done in NumPy by the caller
 (pullback.backend.winograd).
 
 Each tile's transform is written out as sums and small multiples (most entries of
-B^T and A^T are 0 or +-1), rows first, then columns. Arrays are addressed as flat
+B^T and A^T are 0 or +-1): the input's rows, then its columns; the products' columns,
+then their rows. Arrays are addressed as flat
 memory at unsigned offsets, as in pullback.kernels.conv, so LLVM keeps the loops
 free of wraparound checks.
 
@@ -29,8 +30,8 @@ ALPHA = TILE + 2  # input tile side, 6
 POSITIONS = ALPHA * ALPHA  # 36 products per tile
 
 # B^T, G and A^T of F(4x4, 3x3), the points 0, +-1, +-2 and infinity. The kernel bodies
-# spell out B^T and A^T; these are their reference (tests, benchmarks) and G the
-# caller's weight transform.
+# spell out B^T and A^T (tests/backend/test_backend_winograd.py checks them against
+# these); G is the caller's weight transform.
 BT = np.array([[4, 0, -5, 0, 1, 0], [0, -4, -4, 1, 1, 0], [0, 4, -4, -1, 1, 0],
                [0, -2, -1, 2, 1, 0], [0, 2, -1, -2, 1, 0], [0, 4, 0, -5, 0, 1]], np.float64)
 G = np.array([[1 / 4, 0, 0], [-1 / 6, -1 / 6, -1 / 6], [-1 / 6, 1 / 6, -1 / 6],

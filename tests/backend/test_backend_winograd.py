@@ -24,6 +24,7 @@ import torch.nn.functional as F
 
 from pullback.backend import conv as backend_conv
 from pullback.backend import winograd
+from pullback.kernels import winograd as kernels
 
 EPS32 = float(np.finfo(np.float32).eps)
 
@@ -61,6 +62,24 @@ def _scales(x, w, upstream, padding):
 def _both(cpu, x, w, upstream, padding):
     y = cpu.conv2d(x, w, (1, 1), padding)
     return y, cpu.conv2d_input_backward(upstream, w, x.shape, (1, 1), padding)
+
+
+def test_the_transform_kernels_are_lavins_matrices(rng):
+    # One 6x6 tile of one channel, no padding: B^T d B, and A^T m A of 36 products.
+    d = rng.standard_normal((1, 1, 6, 6))
+    v = kernels.input_transform(d, np.empty(36), (0, 0), (1, 1), 1)
+    np.testing.assert_allclose(v.reshape(6, 6), kernels.BT @ d[0, 0] @ kernels.BT.T,
+                               rtol=1e-13, atol=1e-13)
+    m = rng.standard_normal(36)
+    out = kernels.output_transform(m, np.empty((1, 1, 4, 4)), (1, 1), 1)
+    np.testing.assert_allclose(out[0, 0], kernels.AT @ m.reshape(6, 6) @ kernels.AT.T,
+                               rtol=1e-13, atol=1e-13)
+    # And G: the three give the 3x3 correlation of the tile.
+    w = rng.standard_normal((1, 1, 3, 3))
+    u = winograd.weight_transform(w).reshape(6, 6)
+    y = kernels.AT @ (u * (kernels.BT @ d[0, 0] @ kernels.BT.T)) @ kernels.AT.T
+    np.testing.assert_allclose(y, F.conv2d(torch.from_numpy(d), torch.from_numpy(w))[0, 0],
+                               rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.parametrize("case", CASES, ids=IDS)
