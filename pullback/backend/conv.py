@@ -17,6 +17,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from pullback.backend import winograd
 from pullback.errors import KernelError
 from pullback.kernels import conv as kernels
 
@@ -227,6 +228,37 @@ def _result(op: str, operands: list, shape: tuple, dtype: np.dtype,
 # `epilogue(rows, start, stop)`, rows the chunk's samples start:stop as (m, O, OH OW).
 Epilogue = Callable[[np.ndarray, int, int], None]
 
+# Winograd F(4x4, 3x3) (pullback.backend.winograd) for 3x3, stride-1 convolutions where
+# it measured faster than im2col (bench/winograd.py; figures in bench/RESULTS.md): with
+# at least 16 channels on each side and 32 tiles of 4x4 outputs in the batch. Fewer
+# channels (the 3 of an RGB input, or 3 input gradients) leave too little GEMM to pay for
+# the transforms of every channel's tiles: 1.0-1.7x im2col's time. Fewer tiles
+# (ResNet-50's 256@14x14 and 512@7x7 at batch 1) make GEMMs too narrow and the weights'
+# transform a large share: 1.8-4.7x. The input gradient also needs maps of 8x8 or more:
+# on 4x4 maps (one tile a sample; the digits CNN's second convolution) it took 1.1-1.4x
+# im2col's time, though the forward took half. ResNet-20's layers, the 3x32x32 CNN's
+# second and ResNet-50's 64@56x56 and 128@28x28 at batch 1 took 0.4-0.9x.
+WINOGRAD_CHANNELS = 16
+WINOGRAD_TILES = 32
+WINOGRAD_INPUT_GRADIENT_SIDE = 8
+WINOGRAD_FORCED: bool | None = None  # True or False: always or never (benchmarks, tests)
+
+
+def _winograd(win: Windows, groups: int, batch: int, c_in: int, c_out: int,
+              input_gradient: bool = False) -> bool:
+    """Whether a correlation of c_in channels into c_out, with these windows (the
+    forward's), runs as Winograd F(4x4, 3x3): the forward, or its input gradient."""
+    if (win.kernel != (3, 3) or win.stride != (1, 1) or win.dilation != (1, 1)
+            or groups != 1):
+        return False
+    if WINOGRAD_FORCED is not None:
+        return WINOGRAD_FORCED
+    grid = winograd.tiles(win.out_hw)
+    if input_gradient and min(win.out_hw) < WINOGRAD_INPUT_GRADIENT_SIDE:
+        return False
+    return (min(c_in, c_out) >= WINOGRAD_CHANNELS
+            and batch * grid[0] * grid[1] >= WINOGRAD_TILES)
+
 
 def conv2d(x: np.ndarray, w: np.ndarray, stride: Any, padding: Any, dilation: Any = (1, 1),
            groups: int = 1, out: np.ndarray | None = None,
@@ -253,6 +285,9 @@ def conv2d(x: np.ndarray, w: np.ndarray, stride: Any, padding: Any, dilation: An
         if epilogue is not None:
             epilogue(out.reshape(n, o, pixels), 0, n)
         return out
+    if _winograd(win, groups, n, c, o):
+        return winograd.correlate(x, winograd.weight_transform(w), win.padding, out, scratch,
+                                  epilogue)
     per_sample = c * win.kernel[0] * win.kernel[1] * pixels
     chunks = _chunks(n, per_sample * x.itemsize)
     if pixels < CHUNK_GEMM_PIXELS and chunks[0][1] > 1:
@@ -328,6 +363,12 @@ def conv2d_input_backward(
     if _pointwise(win):
         np.matmul(weight_t, up, out=grad.reshape(n, groups, -1, pixels))
         return grad
+    if max(win.padding) <= 2 and _winograd(win, groups, n, o, c, input_gradient=True):
+        # The same kind of correlation: upstream by the rotated kernels, channels
+        # swapped, padded by 2 - padding.
+        rotated = w.transpose(1, 0, 2, 3)[:, :, ::-1, ::-1]
+        return winograd.correlate(upstream, winograd.weight_transform(rotated),
+                                  (2 - win.padding[0], 2 - win.padding[1]), grad, scratch)
     per_sample = c * win.kernel[0] * win.kernel[1] * pixels
     chunks = _chunks(n, per_sample * w.itemsize)
     buffer = _WindowBuffer(win, c, chunks[0][1], w.dtype)

@@ -1,0 +1,94 @@
+"""Winograd F(4x4, 3x3) convolution for CpuBackend: a 3x3, stride-1 cross-correlation
+in 36 batched GEMMs over transformed tiles, 4x fewer multiplications than im2col's
+GEMM (Lavin and Gray, 2015). pullback.backend.conv chooses it per shape (`_winograd`)
+for conv2d and for conv2d_input_backward, the same kind of correlation with the
+weights rotated and their channels swapped.
+
+Per chunk of the batch: the input transform writes each channel's overlapping 6x6
+tiles as 36 rows (36, C, tiles); one batched GEMM multiplies them by the transformed
+weights (36, O, C); the output transform writes the 4x4 output tiles into the NCHW
+result. A chunk's tiles and products stay in cache between the three passes.
+
+Float32 error: the transforms scale values by up to 10 (B) and 19 (A) a row, so the
+result carries 8-45 times the rounding error of im2col's sums, about 1e-5 of the
+output's largest value (bench/RESULTS.md; the bound is tested in
+tests/backend/test_backend_winograd.py against a float64 reference).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from pullback.kernels import winograd as kernels
+
+# Chunks of the batch whose tiles and products fit in about this many bytes: both
+# stay in cache from the transform that writes them to the pass that reads them (half
+# an L2 cache here: 2 MiB chunks ran up to 1.3x slower, 256 KiB ones no faster).
+CHUNK_BYTES = 1 << 20
+
+
+def tiles(out_hw: tuple[int, int]) -> tuple[int, int]:
+    """Tiles of 4x4 covering an output of size out_hw (the last ones partial)."""
+    return -(-out_hw[0] // kernels.TILE), -(-out_hw[1] // kernels.TILE)
+
+
+def weight_transform(w: np.ndarray) -> np.ndarray:
+    """G g G^T of each 3x3 kernel g of w (O, C, 3, 3), as (36, O, C) in w's dtype: one
+    GEMM by the Kronecker product of G with itself (NumPy's matmul of G by each tiny
+    kernel in turn took half a second on 512 x 512 kernels)."""
+    o, c = w.shape[:2]
+    u = np.matmul(KRONECKER[w.dtype.type], w.reshape(o * c, 9).T)  # (36, O C)
+    return u.reshape(kernels.POSITIONS, o, c)
+
+
+# (G kron G), (36, 9): row 6a + b maps a kernel's 9 taps to position (a, b) of G g G^T.
+KRONECKER = {dtype: np.kron(kernels.G, kernels.G).astype(dtype)
+             for dtype in (np.float32, np.float64)}
+
+
+def _stride(elements: int, itemsize: int) -> int:
+    """A distance between the 36 matrices of a transform, at least `elements`, that is
+    an odd number of 64-byte lines: the transforms read or write all 36 at once, and
+    36 streams a multiple of 4 KiB apart would share a few sets of the L1 cache."""
+    lines = -(-elements * itemsize // 64)
+    return (lines | 1) * 64 // itemsize
+
+
+def _matrices(flat: np.ndarray, rows: int, cols: int, stride: int) -> np.ndarray:
+    # The 36 (rows, cols) matrices `stride` elements apart in flat, as a (36, rows, cols) view.
+    return np.lib.stride_tricks.as_strided(
+        flat, (kernels.POSITIONS, rows, cols),
+        (stride * flat.itemsize, cols * flat.itemsize, flat.itemsize))
+
+
+def correlate(x: np.ndarray, u: np.ndarray, padding: tuple[int, int], out: np.ndarray,
+              scratch: Callable[..., np.ndarray],
+              epilogue: Callable[[np.ndarray, int, int], None] | None = None) -> np.ndarray:
+    """out (N, O, OH, OW) = x (N, C, H, W), padded by `padding`, cross-correlated by the
+    3x3 kernels whose transforms are u (36, O, C). `scratch(name, size, dtype)` lends
+    the flat work arrays (pullback.backend.conv.scratch); `epilogue(rows, start, stop)`
+    runs on each chunk of samples' output (m, O, OH OW) while it is in cache."""
+    n, c = x.shape[:2]
+    o = u.shape[1]
+    grid = tiles(out.shape[2:])
+    per_sample = kernels.POSITIONS * (c + o) * grid[0] * grid[1] * x.itemsize
+    size = max(1, min(n, CHUNK_BYTES // per_sample))
+    most = size * grid[0] * grid[1]
+    transformed = scratch("winograd tiles", kernels.POSITIONS * _stride(c * most, x.itemsize),
+                          x.dtype)
+    products = scratch("winograd products", kernels.POSITIONS * _stride(o * most, x.itemsize),
+                       x.dtype)
+    x = np.ascontiguousarray(x)
+    for start in range(0, n, size):
+        stop = min(n, start + size)
+        count = (stop - start) * grid[0] * grid[1]
+        v_stride, m_stride = _stride(c * count, x.itemsize), _stride(o * count, x.itemsize)
+        kernels.input_transform(x[start:stop], transformed, padding, grid, v_stride)
+        np.matmul(u, _matrices(transformed, c, count, v_stride),
+                  out=_matrices(products, o, count, m_stride))
+        kernels.output_transform(products, out[start:stop], grid, m_stride)
+        if epilogue is not None:
+            epilogue(out[start:stop].reshape(stop - start, o, -1), start, stop)
+    return out

@@ -1,0 +1,227 @@
+"""Winograd F(4x4, 3x3) tile transforms, compiled with Numba per dtype (float32,
+float64): the input transform B^T d B of a convolution's overlapping 6x6 input tiles
+and the output transform A^T m A back to 4x4 output tiles (Lavin and Gray, 2015).
+The weight transform G g G^T is one small product done in NumPy by the caller
+(pullback.backend.winograd).
+
+Each tile's transform is written out as sums and small multiples (most entries of
+B^T and A^T are 0 or +-1): the input's rows, then its columns; the products' columns,
+then their rows. Arrays are addressed as flat
+memory at unsigned offsets, as in pullback.kernels.conv, so LLVM keeps the loops
+free of wraparound checks.
+
+One file on purpose: Numba's disk cache notices an edit to a kernel's own file only.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from pullback.kernels import jit
+from pullback.kernels.conv import check_dtype
+
+U = np.uint64
+TILE = 4  # output tile side: F(4x4, 3x3)
+ALPHA = TILE + 2  # input tile side, 6
+POSITIONS = ALPHA * ALPHA  # 36 products per tile
+
+# B^T, G and A^T of F(4x4, 3x3), the points 0, +-1, +-2 and infinity. The kernel bodies
+# spell out B^T and A^T (tests/backend/test_backend_winograd.py checks them against
+# these); G is the caller's weight transform.
+BT = np.array([[4, 0, -5, 0, 1, 0], [0, -4, -4, 1, 1, 0], [0, 4, -4, -1, 1, 0],
+               [0, -2, -1, 2, 1, 0], [0, 2, -1, -2, 1, 0], [0, 4, 0, -5, 0, 1]], np.float64)
+G = np.array([[1 / 4, 0, 0], [-1 / 6, -1 / 6, -1 / 6], [-1 / 6, 1 / 6, -1 / 6],
+              [1 / 24, 1 / 12, 1 / 6], [1 / 24, -1 / 12, 1 / 6], [0, 0, 1]], np.float64)
+AT = np.array([[1, 1, 1, 1, 1, 0], [0, 1, -1, 2, -2, 0], [0, 1, 1, 4, 4, 0],
+               [0, 1, -1, 8, -8, 1]], np.float64)
+
+
+def input_transform_body(x, v, ph, pw, tiles_h, tiles_w, stride):
+    """v[a stride + c P + (n tiles_h + ty) tiles_w + tx] = (B^T d B)[a] for the 6x6
+    tile d of x (m, C, H, W) at rows 4 ty - ph.., columns 4 tx - pw.., zero outside x,
+    where P = m tiles_h tiles_w: v holds 36 (C, P) matrices `stride` apart.
+
+    A channel at a time, so that the inner loops run over many tiles and vectorize
+    (maps of 8x8 have 2 tiles a row, a channel 2 per sample). Rows first (d B): each
+    input row is copied into a zero-padded line (no bounds tests after that) and
+    deinterleaved into the line's columns 4 q + k for each k, so that each tile's 6
+    inputs lie at the same place in contiguous arrays. Then columns (B^T t) over all
+    the channel's tiles at once, one contiguous run per transform position."""
+    m_, c_, h_, w_ = x.shape
+    tiles = tiles_h * tiles_w
+    p_ = U(m_ * tiles)
+    src = x.reshape(x.size)
+    dst = v
+    tw = U(tiles_w)
+    q_ = tw + U(1)  # columns 4 q + k of the line, q < q_, in phase k
+    line = np.zeros(4 * q_, dtype=x.dtype)
+    phases = np.empty(4 * q_, dtype=x.dtype)  # phase k at k q_: the line deinterleaved
+    t = np.empty(36 * p_, dtype=x.dtype)  # d B as (input row i, position b, tile)
+    zero = line[0]
+    position = U(stride)
+    lo, hi = U(min(pw, 4 * q_)), U(min(pw + w_, 4 * q_))  # the line's columns inside x
+    for c in range(c_):
+        for n in range(m_):
+            plane = U((n * c_ + c) * h_ * w_)
+            for ty in range(tiles_h):
+                for i in range(6):
+                    r = ty * 4 - ph + i
+                    row = U(i * 6) * p_ + U(n * tiles + ty * tiles_w)
+                    if r < 0 or r >= h_:
+                        for b in range(6):
+                            for tx in range(tw):
+                                t[row + U(b) * p_ + tx] = zero
+                        continue
+                    start = plane + U(r * w_) - lo
+                    for k in range(lo, hi):
+                        line[k] = src[start + k]
+                    for q in range(q_):
+                        for k in range(4):
+                            phases[U(k) * q_ + q] = line[U(4) * q + U(k)]
+                    for tx in range(tw):
+                        d0, d1, d2 = phases[tx], phases[q_ + tx], phases[U(2) * q_ + tx]
+                        d3, d4 = phases[U(3) * q_ + tx], phases[tx + U(1)]
+                        d5 = phases[q_ + tx + U(1)]
+                        t[row + tx] = 4.0 * d0 - 5.0 * d2 + d4
+                        t[row + p_ + tx] = d3 + d4 - 4.0 * (d1 + d2)
+                        t[row + U(2) * p_ + tx] = d4 - d3 + 4.0 * (d1 - d2)
+                        t[row + U(3) * p_ + tx] = d4 - d2 + 2.0 * (d3 - d1)
+                        t[row + U(4) * p_ + tx] = d4 - d2 + 2.0 * (d1 - d3)
+                        t[row + U(5) * p_ + tx] = 4.0 * d1 - 5.0 * d3 + d5
+        at = U(c) * p_
+        for j in range(6):  # columns: B^T t, each position to its own matrix
+            o0, o1 = at + U(j) * position, at + U(6 + j) * position
+            o2, o3 = at + U(12 + j) * position, at + U(18 + j) * position
+            o4, o5 = at + U(24 + j) * position, at + U(30 + j) * position
+            col = U(j) * p_
+            for k in range(p_):
+                d0, d1, d2 = t[col + k], t[U(6) * p_ + col + k], t[U(12) * p_ + col + k]
+                d3, d4 = t[U(18) * p_ + col + k], t[U(24) * p_ + col + k]
+                d5 = t[U(30) * p_ + col + k]
+                dst[o0 + k] = 4.0 * d0 - 5.0 * d2 + d4
+                dst[o1 + k] = d3 + d4 - 4.0 * (d1 + d2)
+                dst[o2 + k] = d4 - d3 + 4.0 * (d1 - d2)
+                dst[o3 + k] = d4 - d2 + 2.0 * (d3 - d1)
+                dst[o4 + k] = d4 - d2 + 2.0 * (d1 - d3)
+                dst[o5 + k] = 4.0 * d1 - 5.0 * d3 + d5
+    return v
+
+
+def output_transform_body(products, out, tiles_h, tiles_w, stride):
+    """out[n, o, 4 ty + i, 4 tx + j] = (A^T M A)[i, j] for the 36 products M of tile
+    (n, ty, tx) and output channel o, read as input_transform_body writes them (36
+    (O, P) matrices `stride` apart in products); the positions of edge tiles past
+    out's (m, O, OH, OW) are dropped.
+
+    An output channel at a time, the inner loops over all its tiles: A^T M from 6
+    contiguous runs per column, then t A, each of the 16 outputs of a tile in its own
+    contiguous run, then those runs interleaved into out's rows up to their width."""
+    m_, o_, oh_, ow_ = out.shape
+    tiles = tiles_h * tiles_w
+    p_ = U(m_ * tiles)
+    src = products
+    dst = out.reshape(out.size)
+    t = np.empty(24 * p_, dtype=out.dtype)  # A^T M as (row i, column b, tile)
+    y = np.empty(16 * p_, dtype=out.dtype)  # output (i, j) of every tile
+    position = U(stride)
+    for o in range(o_):
+        at = U(o) * p_
+        for j in range(6):  # columns: t = A^T M
+            i0, i1 = at + U(j) * position, at + U(6 + j) * position
+            i2, i3 = at + U(12 + j) * position, at + U(18 + j) * position
+            i4, i5 = at + U(24 + j) * position, at + U(30 + j) * position
+            col = U(j) * p_
+            for k in range(p_):
+                s0, s1, s2 = src[i0 + k], src[i1 + k], src[i2 + k]
+                s3, s4, s5 = src[i3 + k], src[i4 + k], src[i5 + k]
+                t[col + k] = s0 + (s1 + s2) + (s3 + s4)
+                t[U(6) * p_ + col + k] = (s1 - s2) + 2.0 * (s3 - s4)
+                t[U(12) * p_ + col + k] = (s1 + s2) + 4.0 * (s3 + s4)
+                t[U(18) * p_ + col + k] = (s1 - s2) + 8.0 * (s3 - s4) + s5
+        for i in range(4):  # rows: y = t A
+            row = U(i * 6) * p_
+            to = U(i * 4) * p_
+            for k in range(p_):
+                s0, s1, s2 = t[row + k], t[row + p_ + k], t[row + U(2) * p_ + k]
+                s3, s4 = t[row + U(3) * p_ + k], t[row + U(4) * p_ + k]
+                s5 = t[row + U(5) * p_ + k]
+                y[to + k] = s0 + (s1 + s2) + (s3 + s4)
+                y[to + p_ + k] = (s1 - s2) + 2.0 * (s3 - s4)
+                y[to + U(2) * p_ + k] = (s1 + s2) + 4.0 * (s3 + s4)
+                y[to + U(3) * p_ + k] = (s1 - s2) + 8.0 * (s3 - s4) + s5
+        for n in range(m_):
+            plane = U((n * o_ + o) * oh_ * ow_)
+            for ty in range(tiles_h):
+                first = U(n * tiles + ty * tiles_w)
+                for i in range(min(4, oh_ - ty * 4)):
+                    to = plane + U((ty * 4 + i) * ow_)
+                    for k in range(U(ow_)):
+                        dst[to + k] = y[(U(i * 4) + (k & U(3))) * p_ + first + (k >> U(2))]
+    return out
+
+
+# ---------------------------------------------------------------- compiling
+
+# Argument kinds, as in pullback.kernels.conv: "in4" a read-only 4-D array, "out1" a
+# writable 1-D one, "int" an int64.
+_KINDS: dict[Callable, tuple[str, ...]] = {
+    input_transform_body: ("in4", "out1", "int", "int", "int", "int", "int"),
+    output_transform_body: ("in1", "out4", "int", "int", "int"),
+}
+_lock = threading.Lock()
+_compiled: dict[tuple, Any] = {}
+
+
+def _signature(dtype: np.dtype, kinds: tuple[str, ...]) -> tuple:
+    nb = jit.numba()
+    return tuple(nb.int64 if kind == "int" else
+                 jit.array_type(dtype, int(kind[-1]), "C", readonly=kind[:2] == "in")
+                 for kind in kinds)
+
+
+def compiled(body: Callable, dtype: np.dtype) -> Any:
+    """`body` compiled for `dtype`, its float literals in that dtype (a float64 literal
+    would run a float32 kernel in float64), cached on disk; once per process."""
+    key = (body.__name__, dtype)
+    found = _compiled.get(key)
+    if found is not None:
+        return found
+    with _lock:
+        found = _compiled.get(key)
+        if found is None:
+            typed = jit.in_precision(body, dtype)
+            # A name per dtype: Numba names a compiled function after its qualified name.
+            typed.__qualname__ = f"{body.__name__}_{dtype.name}"
+            found = jit.numba().njit(cache=True, **jit.JIT_OPTIONS)(typed)
+            found.compile(_signature(dtype, _KINDS[body]))
+            found.disable_compile()
+            _compiled[key] = found
+    return found
+
+
+# ---------------------------------------------------------------- entry points
+# The caller (pullback.backend.winograd) validates shapes; these only run loops.
+
+
+def input_transform(x: np.ndarray, v: np.ndarray, padding: tuple[int, int],
+                    tiles: tuple[int, int], stride: int) -> np.ndarray:
+    """Write the transformed 6x6 tiles of x (m, C, H, W), padded by `padding`, into the
+    flat v as 36 (C, m tiles_h tiles_w) matrices `stride` elements apart; returns v."""
+    dtype = check_dtype("conv2d", [x, v])
+    compiled(input_transform_body, dtype)(np.ascontiguousarray(x), v, padding[0], padding[1],
+                                          tiles[0], tiles[1], stride)
+    return v
+
+
+def output_transform(products: np.ndarray, out: np.ndarray, tiles: tuple[int, int],
+                     stride: int) -> np.ndarray:
+    """Write the 4x4 output tiles of the flat products, 36 (O, m tiles_h tiles_w)
+    matrices `stride` elements apart, into out (m, O, OH, OW), C-contiguous; returns
+    out."""
+    dtype = check_dtype("conv2d", [products, out])
+    compiled(output_transform_body, dtype)(products, out, tiles[0], tiles[1], stride)
+    return out

@@ -1,0 +1,192 @@
+"""Winograd F(4x4, 3x3) behind the backend's conv2d and conv2d_input_backward: exact
+against PyTorch in float64 and the im2col path, partial tiles, any padding, chunks and
+`out=`; float32 within its stated error bound; and the shapes the rule sends to it.
+
+The float32 bound: max |y - y64| <= 64 eps32 max (|w| * |x|), the correlation of the
+absolute values being the scale of the terms the outputs sum (a dot product's classic
+bound is K eps32 times it, elementwise; im2col's error measured within 2.5 eps32 times
+it on these data). Winograd adds the rounding of the transforms, whose entries reach 5
+(B) and 8 (A): on He-initialised weights and unit inputs with 16 to 256 channels it
+measured at most 27 eps32 times the scale, forward and input gradient
+(bench/winograd.py gives it relative to im2col's), so 64 leaves more than 2x headroom
+while catching a wrong transform, which errs by the values themselves. The bound is
+over the whole result, not per output: a Winograd output's error comes from its whole
+6x6 tile, including inputs its own 3x3 window never reads (a corner output under
+padding 2 sums one product but carries its tile's rounding).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from pullback.backend import conv as backend_conv
+from pullback.backend import winograd
+from pullback.kernels import winograd as kernels
+
+EPS32 = float(np.finfo(np.float32).eps)
+
+CASES = [
+    # (N, C, H, W), O, padding: odd sizes leave partial 4x4 tiles at the edges
+    ((2, 3, 7, 9), 4, (0, 0)),
+    ((1, 2, 6, 5), 3, (2, 2)),
+    ((3, 4, 5, 11), 5, (1, 2)),
+    ((2, 5, 10, 3), 2, (1, 0)),
+    ((1, 2, 4, 5), 3, (3, 1)),  # the forward only: the input gradient would need 2 - 3
+]
+IDS = [f"x{c[0]}-o{c[1]}-p{c[2]}" for c in CASES]
+
+
+@pytest.fixture
+def forced(monkeypatch):
+    """conv2d and conv2d_input_backward through Winograd (True) or im2col (False)."""
+    def force(value: bool) -> None:
+        monkeypatch.setattr(backend_conv, "WINOGRAD_FORCED", value)
+    return force
+
+
+def _torch(x, w, upstream, padding):
+    tx = torch.from_numpy(x.astype(np.float64)).requires_grad_()
+    y = F.conv2d(tx, torch.from_numpy(w.astype(np.float64)), padding=padding)
+    y.backward(torch.from_numpy(upstream.astype(np.float64)))
+    return y.detach().numpy(), tx.grad.numpy()
+
+
+def _scales(x, w, upstream, padding):
+    """The float32 bound's scales: the forward and input gradient of |x|, |w|, |upstream|."""
+    return _torch(np.abs(x), np.abs(w), np.abs(upstream), padding)
+
+
+def _both(cpu, x, w, upstream, padding):
+    y = cpu.conv2d(x, w, (1, 1), padding)
+    return y, cpu.conv2d_input_backward(upstream, w, x.shape, (1, 1), padding)
+
+
+def test_the_transform_kernels_are_lavins_matrices(rng):
+    # One 6x6 tile of one channel, no padding: B^T d B, and A^T m A of 36 products.
+    d = rng.standard_normal((1, 1, 6, 6))
+    v = kernels.input_transform(d, np.empty(36), (0, 0), (1, 1), 1)
+    np.testing.assert_allclose(v.reshape(6, 6), kernels.BT @ d[0, 0] @ kernels.BT.T,
+                               rtol=1e-13, atol=1e-13)
+    m = rng.standard_normal(36)
+    out = kernels.output_transform(m, np.empty((1, 1, 4, 4)), (1, 1), 1)
+    np.testing.assert_allclose(out[0, 0], kernels.AT @ m.reshape(6, 6) @ kernels.AT.T,
+                               rtol=1e-13, atol=1e-13)
+    # And G: the three give the 3x3 correlation of the tile.
+    w = rng.standard_normal((1, 1, 3, 3))
+    u = winograd.weight_transform(w).reshape(6, 6)
+    y = kernels.AT @ (u * (kernels.BT @ d[0, 0] @ kernels.BT.T)) @ kernels.AT.T
+    np.testing.assert_allclose(y, F.conv2d(torch.from_numpy(d), torch.from_numpy(w))[0, 0],
+                               rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_winograd_matches_torch_and_im2col(cpu, rng, forced, case):
+    x_shape, o, padding = case
+    x = rng.standard_normal(x_shape)
+    w = rng.standard_normal((o, x_shape[1], 3, 3))
+    out_hw = tuple(s + 2 * p - 2 for s, p in zip(x_shape[2:], padding))
+    upstream = rng.standard_normal((x_shape[0], o, *out_hw))
+    forced(False)
+    old = _both(cpu, x, w, upstream, padding)
+    forced(True)
+    new = _both(cpu, x, w, upstream, padding)
+    wide = _torch(x, w, upstream, padding)
+    for got, im2col, reference in zip(new, old, wide):
+        np.testing.assert_allclose(got, reference, rtol=1e-11, atol=1e-11)
+        np.testing.assert_allclose(got, im2col, rtol=1e-11, atol=1e-11)
+    # float32: within the bound, against the same float64 reference
+    x32, w32, up32 = (a.astype(np.float32) for a in (x, w, upstream))
+    got32 = _both(cpu, x32, w32, up32, padding)
+    for got, reference, scale in zip(got32, wide, _scales(x, w, upstream, padding)):
+        assert got.dtype == np.float32
+        assert np.abs(got - reference).max() <= 64 * EPS32 * scale.max()
+
+
+def test_winograd_float32_error_bound_at_realistic_scale(cpu, rng, forced):
+    # 64 channels, He-initialised weights, unit inputs, a partial tile: the bound holds
+    # and the error is not a wrong transform's (that would be of the values' size).
+    x = rng.standard_normal((2, 64, 9, 9)).astype(np.float32)
+    w = (rng.standard_normal((64, 64, 3, 3)) * np.sqrt(2 / (9 * 64))).astype(np.float32)
+    upstream = rng.standard_normal((2, 64, 9, 9)).astype(np.float32)
+    forced(True)
+    got = _both(cpu, x, w, upstream, (1, 1))
+    wide = _torch(x, w, upstream, (1, 1))
+    for result, reference, scale in zip(got, wide, _scales(x, w, upstream, (1, 1))):
+        error = np.abs(result - reference)
+        assert error.max() <= 64 * EPS32 * scale.max()
+        assert error.max() > 0  # float32 arithmetic, not a float64 detour
+
+
+def test_winograd_chunks_and_out(cpu, rng, forced, monkeypatch):
+    # One sample per chunk (the scratch buffers reused), written into the given arrays.
+    monkeypatch.setattr(winograd, "CHUNK_BYTES", 1)
+    forced(True)
+    x = rng.standard_normal((3, 4, 6, 7))
+    w = rng.standard_normal((5, 4, 3, 3))
+    upstream = rng.standard_normal((3, 5, 6, 7))
+    out, grad = np.empty((3, 5, 6, 7)), np.empty(x.shape)
+    assert cpu.conv2d(x, w, (1, 1), (1, 1), out=out) is out
+    assert cpu.conv2d_input_backward(upstream, w, x.shape, (1, 1), (1, 1), out=grad) is grad
+    y, gx = _torch(x, w, upstream, (1, 1))
+    np.testing.assert_allclose(out, y, rtol=1e-11, atol=1e-11)
+    np.testing.assert_allclose(grad, gx, rtol=1e-11, atol=1e-11)
+
+
+CHOICES = [
+    # (N, C, O, side), stride, groups, forward chosen, input gradient chosen: the shapes
+    # measured in bench/winograd.py
+    ((128, 32, 64, 4), 1, 1, True, False),  # the digits CNN's second: 4x4 maps
+    ((64, 3, 32, 32), 1, 1, False, False),  # an RGB input: too few channels
+    ((64, 32, 64, 16), 1, 1, True, True),  # the 3x32x32 CNN's second
+    ((64, 16, 16, 32), 1, 1, True, True),  # ResNet-20's stages
+    ((64, 64, 64, 8), 1, 1, True, True),
+    ((1, 64, 64, 56), 1, 1, True, True),  # ResNet-50 at batch 1
+    ((1, 128, 128, 28), 1, 1, True, True),
+    ((1, 256, 256, 14), 1, 1, False, False),  # 16 tiles: too few
+    ((1, 512, 512, 7), 1, 1, False, False),
+    ((64, 32, 32, 16), 2, 1, False, False),  # stride 2
+    ((64, 32, 32, 16), 1, 2, False, False),  # groups
+]
+
+
+@pytest.mark.parametrize("case", CHOICES, ids=[str(c) for c in CHOICES])
+def test_the_rule_chooses_winograd_where_it_measured_faster(case):
+    (n, c, o, side), stride, groups, forward, input_gradient = case
+    x = np.broadcast_to(np.zeros((), np.float32), (n, c, side, side))
+    w = np.broadcast_to(np.zeros((), np.float32), (o, c // groups, 3, 3))
+    win = backend_conv.check_conv(x, w, (stride, stride), (1, 1), groups=groups)
+    assert backend_conv._winograd(win, groups, n, c, o) is forward
+    # The input gradient correlates the upstream's O channels into C.
+    assert backend_conv._winograd(win, groups, n, o, c, input_gradient=True) is input_gradient
+
+
+@pytest.mark.parametrize("batch, side, expected", [
+    (8, 8, "both"),  # 32 tiles
+    (7, 8, "neither"),  # 28 tiles
+    (32, 4, "forward"),  # 4x4 maps: the forward only
+])
+def test_conv2d_and_its_input_gradient_take_the_rules_choice(cpu, monkeypatch, batch, side,
+                                                             expected):
+    calls = []
+    monkeypatch.setattr(winograd, "correlate",
+                        lambda x, u, padding, out, scratch, *epilogue: calls.append(x.shape) or out)
+    x = np.zeros((batch, 16, side, side), np.float32)
+    w = np.zeros((16, 16, 3, 3), np.float32)
+    y = cpu.conv2d(x, w, (1, 1), (1, 1))
+    cpu.conv2d_input_backward(y, w, x.shape, (1, 1), (1, 1))
+    assert calls == {"both": [x.shape, y.shape], "neither": [], "forward": [x.shape]}[expected]
+
+
+def test_input_gradient_padding_past_two_stays_on_im2col(cpu, monkeypatch, forced):
+    # Its correlation would need padding 2 - 3 < 0.
+    forced(True)
+    calls = []
+    monkeypatch.setattr(winograd, "correlate",
+                        lambda x, u, padding, out, scratch, *epilogue: calls.append(x.shape) or out)
+    w = np.ones((2, 2, 3, 3))
+    upstream = np.ones((1, 2, 8, 8))
+    grad = cpu.conv2d_input_backward(upstream, w, (1, 2, 4, 4), (1, 1), (3, 3))
+    assert calls == [] and grad.shape == (1, 2, 4, 4)
