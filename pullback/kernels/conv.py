@@ -66,105 +66,135 @@ def _spans(kw, sw, dw, pw, w_, ow_):
     return spans
 
 
-def unfold_body(x, out, g, pad_value):
-    """out[base + n s_n + c s_c + i s_i + j s_j, r, t] = x[n, c, r sh + i dh - ph,
-    t sw + j dw - pw], pad_value outside x; out is (blocks, OH, OW)."""
+def _unfold_plane(src, dst, g, spans, n, c, c_, h_, w_, pad_value):
+    """unfold_body's work for one input plane (n, c): its kh kw blocks of windows."""
     kh, kw, sh, sw, ph, pw, dh, dw = g[0], g[1], g[2], g[3], g[4], g[5], g[6], g[7]
     oh_, ow_, s_n, s_c, s_i, s_j, base = g[8], g[9], g[10], g[11], g[12], g[13], g[14]
-    n_, c_, h_, w_ = x.shape
-    spans = _spans(kw, sw, dw, pw, w_, ow_)
-    src = x.reshape(x.size)
-    dst = out.reshape(out.size)
     step, width = U(sw), U(ow_)
     # "Same" windows at stride 1 (3x3 with padding 1): an output row is as wide as an
     # input row, so a whole block of windows is one contiguous run of x, shifted; copy
     # it at once and then write the padding columns (those the run wrapped around).
     same = sh == 1 and sw == 1 and ow_ == w_
-    for n in range(n_):
-        for c in range(c_):
-            plane = (n * c_ + c) * h_ * w_
-            for i in range(kh):
-                for j in range(kw):
-                    block = (base + n * s_n + c * s_c + i * s_i + j * s_j) * oh_ * ow_
-                    col0 = j * dw - pw
-                    lo, hi = spans[j, 0], spans[j, 1]
-                    if same:
-                        shift = i * dh - ph  # input row = output row + shift
-                        first = min(max(0, -shift), oh_)
-                        stop = max(first, min(oh_, h_ - shift))
-                        for t in range(U(first * w_)):
-                            dst[U(block) + t] = pad_value
-                        for t in range(U(stop * w_), U(oh_ * w_)):
-                            dst[U(block) + t] = pad_value
-                        if stop > first and hi > lo:
-                            to = U(block + first * w_ + lo)
-                            start = U(plane + (first + shift) * w_ + lo + col0)
-                            for t in range(U((stop - first - 1) * w_ + hi - lo)):
-                                dst[to + t] = src[start + t]
-                        for r in range(first, stop):
-                            at = U(block + r * w_)
-                            for t in range(U(lo)):
-                                dst[at + t] = pad_value
-                            for t in range(U(hi), width):
-                                dst[at + t] = pad_value
-                        continue
-                    for r in range(oh_):
-                        h = r * sh + i * dh - ph
-                        at = U(block + r * ow_)
-                        if h < 0 or h >= h_:
-                            for t in range(width):
-                                dst[at + t] = pad_value
-                            continue
-                        for t in range(U(lo)):
-                            dst[at + t] = pad_value
-                        to = at + U(lo)
-                        start = U(plane + h * w_ + lo * sw + col0)
-                        if sw == 1:
-                            for t in range(U(hi - lo)):
-                                dst[to + t] = src[start + t]
-                        else:
-                            for t in range(U(hi - lo)):
-                                dst[to + t] = src[start + t * step]
-                        for t in range(U(hi), width):
-                            dst[at + t] = pad_value
+    plane = (n * c_ + c) * h_ * w_
+    for i in range(kh):
+        for j in range(kw):
+            block = (base + n * s_n + c * s_c + i * s_i + j * s_j) * oh_ * ow_
+            col0 = j * dw - pw
+            lo, hi = spans[j, 0], spans[j, 1]
+            if same:
+                shift = i * dh - ph  # input row = output row + shift
+                first = min(max(0, -shift), oh_)
+                stop = max(first, min(oh_, h_ - shift))
+                for t in range(U(first * w_)):
+                    dst[U(block) + t] = pad_value
+                for t in range(U(stop * w_), U(oh_ * w_)):
+                    dst[U(block) + t] = pad_value
+                if stop > first and hi > lo:
+                    to = U(block + first * w_ + lo)
+                    start = U(plane + (first + shift) * w_ + lo + col0)
+                    for t in range(U((stop - first - 1) * w_ + hi - lo)):
+                        dst[to + t] = src[start + t]
+                for r in range(first, stop):
+                    at = U(block + r * w_)
+                    for t in range(U(lo)):
+                        dst[at + t] = pad_value
+                    for t in range(U(hi), width):
+                        dst[at + t] = pad_value
+                continue
+            for r in range(oh_):
+                h = r * sh + i * dh - ph
+                at = U(block + r * ow_)
+                if h < 0 or h >= h_:
+                    for t in range(width):
+                        dst[at + t] = pad_value
+                    continue
+                for t in range(U(lo)):
+                    dst[at + t] = pad_value
+                to = at + U(lo)
+                start = U(plane + h * w_ + lo * sw + col0)
+                if sw == 1:
+                    for t in range(U(hi - lo)):
+                        dst[to + t] = src[start + t]
+                else:
+                    for t in range(U(hi - lo)):
+                        dst[to + t] = src[start + t * step]
+                for t in range(U(hi), width):
+                    dst[at + t] = pad_value
+
+
+def unfold_body(x, out, g, pad_value):
+    """out[base + n s_n + c s_c + i s_i + j s_j, r, t] = x[n, c, r sh + i dh - ph,
+    t sw + j dw - pw], pad_value outside x; out is (blocks, OH, OW)."""
+    n_, c_, h_, w_ = x.shape
+    spans = _spans(g[1], g[3], g[7], g[5], w_, g[9])
+    src = x.reshape(x.size)
+    dst = out.reshape(out.size)
+    for p in range(n_ * c_):
+        _unfold_plane(src, dst, g, spans, p // c_, p % c_, c_, h_, w_, pad_value)
+
+
+def unfold_parallel_body(x, out, g, pad_value):
+    """unfold_body with its planes spread over Numba's threads: each writes blocks of
+    its own, so the result is unfold_body's, bit for bit."""
+    n_, c_, h_, w_ = x.shape
+    spans = _spans(g[1], g[3], g[7], g[5], w_, g[9])
+    src = x.reshape(x.size)
+    dst = out.reshape(out.size)
+    for p in prange(n_ * c_):
+        _unfold_plane(src, dst, g, spans, p // c_, p % c_, c_, h_, w_, pad_value)
+
+
+def _fold_plane(src, dst, g, spans, n, c, c_, h_, w_):
+    """fold_body's work for one output plane (n, c): zeroed, then its windows added."""
+    kh, kw, sh, sw, ph, pw, dh, dw = g[0], g[1], g[2], g[3], g[4], g[5], g[6], g[7]
+    oh_, ow_, s_n, s_c, s_i, s_j, base = g[8], g[9], g[10], g[11], g[12], g[13], g[14]
+    step = U(sw)
+    plane = (n * c_ + c) * h_ * w_
+    for t in range(U(h_ * w_)):
+        dst[U(plane) + t] = 0
+    # Row by row, for every window shape. (Adding a "same" block as one contiguous run,
+    # then restoring the row-edge positions the run wrapped onto, measured slower:
+    # 64x32x16x16, 3x3, padding 1: 1.39 ms against 1.04; 32x32x4x4: 0.19 against 0.13.)
+    for i in range(kh):
+        for j in range(kw):
+            block = (base + n * s_n + c * s_c + i * s_i + j * s_j) * oh_ * ow_
+            col0 = j * dw - pw
+            lo, hi = spans[j, 0], spans[j, 1]
+            for r in range(oh_):
+                h = r * sh + i * dh - ph
+                if h < 0 or h >= h_:
+                    continue
+                start = U(block + r * ow_ + lo)
+                to = U(plane + h * w_ + lo * sw + col0)
+                if sw == 1:
+                    for t in range(U(hi - lo)):
+                        dst[to + t] += src[start + t]
+                else:
+                    for t in range(U(hi - lo)):
+                        dst[to + t * step] += src[start + t]
 
 
 def fold_body(cols, out, g):
     """out[n, c] = the sum of the windows in cols (blocks, OH, OW), laid out as
     unfold_body writes them, over the positions they cover; offsets added in
     row-major (i, j) order, as NumPy's loop of `out[window] += cols[i, j]`."""
-    kh, kw, sh, sw, ph, pw, dh, dw = g[0], g[1], g[2], g[3], g[4], g[5], g[6], g[7]
-    oh_, ow_, s_n, s_c, s_i, s_j, base = g[8], g[9], g[10], g[11], g[12], g[13], g[14]
     n_, c_, h_, w_ = out.shape
-    spans = _spans(kw, sw, dw, pw, w_, ow_)
+    spans = _spans(g[1], g[3], g[7], g[5], w_, g[9])
     src = cols.reshape(cols.size)
     dst = out.reshape(out.size)
-    step = U(sw)
-    # Row by row, for every window shape. (Adding a "same" block as one contiguous run,
-    # then restoring the row-edge positions the run wrapped onto, measured slower:
-    # 64x32x16x16, 3x3, padding 1: 1.39 ms against 1.04; 32x32x4x4: 0.19 against 0.13.)
-    for n in range(n_):
-        for c in range(c_):
-            plane = (n * c_ + c) * h_ * w_
-            for t in range(U(h_ * w_)):
-                dst[U(plane) + t] = 0
-            for i in range(kh):
-                for j in range(kw):
-                    block = (base + n * s_n + c * s_c + i * s_i + j * s_j) * oh_ * ow_
-                    col0 = j * dw - pw
-                    lo, hi = spans[j, 0], spans[j, 1]
-                    for r in range(oh_):
-                        h = r * sh + i * dh - ph
-                        if h < 0 or h >= h_:
-                            continue
-                        start = U(block + r * ow_ + lo)
-                        to = U(plane + h * w_ + lo * sw + col0)
-                        if sw == 1:
-                            for t in range(U(hi - lo)):
-                                dst[to + t] += src[start + t]
-                        else:
-                            for t in range(U(hi - lo)):
-                                dst[to + t * step] += src[start + t]
+    for p in range(n_ * c_):
+        _fold_plane(src, dst, g, spans, p // c_, p % c_, c_, h_, w_)
+
+
+def fold_parallel_body(cols, out, g):
+    """fold_body with its output planes spread over Numba's threads: a plane's sums
+    run on one thread in fold_body's order, so the result is fold_body's, bit for bit."""
+    n_, c_, h_, w_ = out.shape
+    spans = _spans(g[1], g[3], g[7], g[5], w_, g[9])
+    src = cols.reshape(cols.size)
+    dst = out.reshape(out.size)
+    for p in prange(n_ * c_):
+        _fold_plane(src, dst, g, spans, p // c_, p % c_, c_, h_, w_)
 
 
 def _running_max(src, dst, start, to, count, step):
@@ -507,7 +537,9 @@ _TILE_KINDS = {
 # geometry, "value" a scalar of the kernel's dtype.
 _KINDS: dict[Callable, tuple[str, ...]] = {
     unfold_body: ("in4", "out3", "geo", "value"),
+    unfold_parallel_body: ("in4", "out3", "geo", "value"),
     fold_body: ("in3", "out4", "geo"),
+    fold_parallel_body: ("in3", "out4", "geo"),
     max_pool_body: ("in4", "out4", "geo", "value"),
     max_pool_backward_body: ("in4", "in4", "in4", "out4", "geo", "value"),
     avg_pool_body: ("in4", "out4", "geo", "value"),
@@ -531,11 +563,20 @@ def _signature(dtype: np.dtype, kinds: Sequence[str]) -> tuple:
     return tuple(types)
 
 
+# The bodies that loop over `prange`: compiled with parallel=True. Each is a function of
+# its own, beside its serial twin, as Numba's disk cache keys a compiled function by its
+# code and signature but not by its flags.
+_PARALLEL = (unfold_parallel_body, fold_parallel_body)
+prange = range  # Numba's prange once Numba is imported (by _register_helpers)
+
+
 def _register_helpers(nb: Any) -> None:
-    global _registered
+    global _registered, prange
     if not _registered:  # the helpers the bodies call, callable from Numba
-        for helper in (_spans, _running_max, _route, _pad_hits, _zero_uncovered):
+        for helper in (_spans, _unfold_plane, _fold_plane, _running_max, _route, _pad_hits,
+                       _zero_uncovered):
             nb.extending.register_jitable(error_model="numpy")(helper)
+        prange = nb.prange
         _registered = True
 
 
@@ -548,7 +589,7 @@ def _compile(key: tuple, body: Callable, dtype: np.dtype, kinds: Sequence[str]) 
         if found is None:
             nb = jit.numba()
             _register_helpers(nb)
-            found = nb.njit(cache=True, **jit.JIT_OPTIONS)(body)
+            found = nb.njit(cache=True, parallel=body in _PARALLEL, **jit.JIT_OPTIONS)(body)
             found.compile(_signature(dtype, kinds))
             found.disable_compile()
             _compiled_loops[key] = found
@@ -591,22 +632,54 @@ def _blocks(buffer: np.ndarray, geo: np.ndarray) -> np.ndarray:
     return buffer.reshape(-1, int(geo[8]), int(geo[9]))
 
 
+# Below this many window elements im2col and col2im run on the calling thread: waking
+# Numba's threads costs more than the copy. (The same figure as ThreadedCpuBackend's
+# threshold; a chunk of ResNet-20's convolutions holds 0.1-0.5 M of them.)
+PARALLEL_ELEMENTS = 32768
+
+
+def _launch(serial: Callable, parallel: Callable, dtype: np.dtype, planes: int, size: int,
+            *args: Any) -> None:
+    """Run the body `serial` on args, or its `parallel` twin on as many of Numba's
+    threads as BLAS has (jit.kernel_threads) where the work is large enough (each
+    compiled on first use only: a parallel body takes seconds). Numba's thread count is
+    per calling thread; it is set for the launch and put back."""
+    threads = min(jit.kernel_threads(), planes)
+    if threads < 2 or size < PARALLEL_ELEMENTS:
+        compiled(serial, dtype)(*args)
+        return
+    parallel = compiled(parallel, dtype)
+    nb = jit.numba()
+    before = nb.get_num_threads()
+    if before == threads:
+        parallel(*args)
+        return
+    nb.set_num_threads(threads)
+    try:
+        parallel(*args)
+    finally:
+        nb.set_num_threads(before)
+
+
 def unfold(x: np.ndarray, buffer: np.ndarray, geo: np.ndarray, pad_value: Any) -> np.ndarray:
     """Write the windows of x (N, C, H, W) into `buffer` (C-contiguous, at the block
-    strides `geo` names), padding reading as pad_value; returns buffer."""
+    strides `geo` names), padding reading as pad_value; returns buffer. Large ones
+    spread the planes of x over BLAS's thread count (`_launch`), with the same result."""
     dtype = check_dtype("unfold2d", [x, buffer])
     if not buffer.flags.c_contiguous:
         raise KernelError("unfold2d", [buffer], "the window buffer must be C-contiguous")
-    compiled(unfold_body, dtype)(np.ascontiguousarray(x), _blocks(buffer, geo), geo,
-                                 dtype.type(pad_value))
+    _launch(unfold_body, unfold_parallel_body, dtype, x.shape[0] * x.shape[1], buffer.size,
+            np.ascontiguousarray(x), _blocks(buffer, geo), geo, dtype.type(pad_value))
     return buffer
 
 
 def fold(buffer: np.ndarray, out: np.ndarray, geo: np.ndarray) -> np.ndarray:
     """Sum the windows in `buffer` (C-contiguous, at the block strides `geo` names)
-    into `out` (N, C, H, W), overwriting it; returns out."""
+    into `out` (N, C, H, W), overwriting it; returns out. Large ones spread the planes
+    of out over BLAS's thread count (`_launch`), with the same result."""
     dtype = check_dtype("fold2d", [buffer, out])
-    compiled(fold_body, dtype)(_blocks(np.ascontiguousarray(buffer), geo), out, geo)
+    _launch(fold_body, fold_parallel_body, dtype, out.shape[0] * out.shape[1], buffer.size,
+            _blocks(np.ascontiguousarray(buffer), geo), out, geo)
     return out
 
 
