@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from pullback.errors import KernelError
-from pullback.kernels import jit
+from pullback.kernels import jit, split
 from pullback.kernels.base import _SUPPORTED, SUPPORTED_DTYPES
 
 
@@ -122,25 +122,15 @@ def _unfold_plane(src, dst, g, spans, n, c, c_, h_, w_, pad_value):
                     dst[at + t] = pad_value
 
 
-def unfold_body(x, out, g, pad_value):
+def unfold_body(x, out, g, pad_value, first, stop):
     """out[base + n s_n + c s_c + i s_i + j s_j, r, t] = x[n, c, r sh + i dh - ph,
-    t sw + j dw - pw], pad_value outside x; out is (blocks, OH, OW)."""
-    n_, c_, h_, w_ = x.shape
+    t sw + j dw - pw], pad_value outside x, for the planes (n, c) numbered first to
+    stop - 1 in row-major order; out is (blocks, OH, OW)."""
+    c_, h_, w_ = x.shape[1:]
     spans = _spans(g[1], g[3], g[7], g[5], w_, g[9])
     src = x.reshape(x.size)
     dst = out.reshape(out.size)
-    for p in range(n_ * c_):
-        _unfold_plane(src, dst, g, spans, p // c_, p % c_, c_, h_, w_, pad_value)
-
-
-def unfold_parallel_body(x, out, g, pad_value):
-    """unfold_body with its planes spread over Numba's threads: each writes blocks of
-    its own, so the result is unfold_body's, bit for bit."""
-    n_, c_, h_, w_ = x.shape
-    spans = _spans(g[1], g[3], g[7], g[5], w_, g[9])
-    src = x.reshape(x.size)
-    dst = out.reshape(out.size)
-    for p in prange(n_ * c_):
+    for p in range(first, stop):
         _unfold_plane(src, dst, g, spans, p // c_, p % c_, c_, h_, w_, pad_value)
 
 
@@ -174,26 +164,16 @@ def _fold_plane(src, dst, g, spans, n, c, c_, h_, w_):
                         dst[to + t * step] += src[start + t]
 
 
-def fold_body(cols, out, g):
+def fold_body(cols, out, g, first, stop):
     """out[n, c] = the sum of the windows in cols (blocks, OH, OW), laid out as
-    unfold_body writes them, over the positions they cover; offsets added in
-    row-major (i, j) order, as NumPy's loop of `out[window] += cols[i, j]`."""
-    n_, c_, h_, w_ = out.shape
+    unfold_body writes them, over the positions they cover, for the planes (n, c)
+    numbered first to stop - 1; offsets added in row-major (i, j) order, as NumPy's
+    loop of `out[window] += cols[i, j]`."""
+    c_, h_, w_ = out.shape[1:]
     spans = _spans(g[1], g[3], g[7], g[5], w_, g[9])
     src = cols.reshape(cols.size)
     dst = out.reshape(out.size)
-    for p in range(n_ * c_):
-        _fold_plane(src, dst, g, spans, p // c_, p % c_, c_, h_, w_)
-
-
-def fold_parallel_body(cols, out, g):
-    """fold_body with its output planes spread over Numba's threads: a plane's sums
-    run on one thread in fold_body's order, so the result is fold_body's, bit for bit."""
-    n_, c_, h_, w_ = out.shape
-    spans = _spans(g[1], g[3], g[7], g[5], w_, g[9])
-    src = cols.reshape(cols.size)
-    dst = out.reshape(out.size)
-    for p in prange(n_ * c_):
+    for p in range(first, stop):
         _fold_plane(src, dst, g, spans, p // c_, p % c_, c_, h_, w_)
 
 
@@ -536,10 +516,8 @@ _TILE_KINDS = {
 # Argument kinds: "in4" a read-only 4-D array, "out4"/"out3" writable arrays, "geo" the
 # geometry, "value" a scalar of the kernel's dtype.
 _KINDS: dict[Callable, tuple[str, ...]] = {
-    unfold_body: ("in4", "out3", "geo", "value"),
-    unfold_parallel_body: ("in4", "out3", "geo", "value"),
-    fold_body: ("in3", "out4", "geo"),
-    fold_parallel_body: ("in3", "out4", "geo"),
+    unfold_body: ("in4", "out3", "geo", "value", "int", "int"),
+    fold_body: ("in3", "out4", "geo", "int", "int"),
     max_pool_body: ("in4", "out4", "geo", "value"),
     max_pool_backward_body: ("in4", "in4", "in4", "out4", "geo", "value"),
     avg_pool_body: ("in4", "out4", "geo", "value"),
@@ -558,25 +536,19 @@ def _signature(dtype: np.dtype, kinds: Sequence[str]) -> tuple:
             types.append(jit.array_type(np.dtype(np.int64), 1, "C", readonly=True))
         elif kind == "value":
             types.append(nb.from_dtype(dtype))
+        elif kind == "int":
+            types.append(nb.types.int64)
         else:
             types.append(jit.array_type(dtype, int(kind[-1]), "C", readonly=kind[:2] == "in"))
     return tuple(types)
 
 
-# The bodies that loop over `prange`: compiled with parallel=True. Each is a function of
-# its own, beside its serial twin, as Numba's disk cache keys a compiled function by its
-# code and signature but not by its flags.
-_PARALLEL = (unfold_parallel_body, fold_parallel_body)
-prange = range  # Numba's prange once Numba is imported (by _register_helpers)
-
-
 def _register_helpers(nb: Any) -> None:
-    global _registered, prange
+    global _registered
     if not _registered:  # the helpers the bodies call, callable from Numba
         for helper in (_spans, _unfold_plane, _fold_plane, _running_max, _route, _pad_hits,
                        _zero_uncovered):
             nb.extending.register_jitable(error_model="numpy")(helper)
-        prange = nb.prange
         _registered = True
 
 
@@ -589,7 +561,7 @@ def _compile(key: tuple, body: Callable, dtype: np.dtype, kinds: Sequence[str]) 
         if found is None:
             nb = jit.numba()
             _register_helpers(nb)
-            found = nb.njit(cache=True, parallel=body in _PARALLEL, **jit.JIT_OPTIONS)(body)
+            found = nb.njit(cache=True, **jit.JIT_OPTIONS)(body)
             found.compile(_signature(dtype, kinds))
             found.disable_compile()
             _compiled_loops[key] = found
@@ -632,54 +604,25 @@ def _blocks(buffer: np.ndarray, geo: np.ndarray) -> np.ndarray:
     return buffer.reshape(-1, int(geo[8]), int(geo[9]))
 
 
-# Below this many window elements im2col and col2im run on the calling thread: waking
-# Numba's threads costs more than the copy. (The same figure as ThreadedCpuBackend's
-# threshold; a chunk of ResNet-20's convolutions holds 0.1-0.5 M of them.)
-PARALLEL_ELEMENTS = 32768
-
-
-def _launch(serial: Callable, parallel: Callable, dtype: np.dtype, planes: int, size: int,
-            *args: Any) -> None:
-    """Run the body `serial` on args, or its `parallel` twin on as many of Numba's
-    threads as BLAS has (jit.kernel_threads) where the work is large enough (each
-    compiled on first use only: a parallel body takes seconds). Numba's thread count is
-    per calling thread; it is set for the launch and put back."""
-    threads = min(jit.kernel_threads(), planes)
-    if threads < 2 or size < PARALLEL_ELEMENTS:
-        compiled(serial, dtype)(*args)
-        return
-    parallel = compiled(parallel, dtype)
-    nb = jit.numba()
-    before = nb.get_num_threads()
-    if before == threads:
-        parallel(*args)
-        return
-    nb.set_num_threads(threads)
-    try:
-        parallel(*args)
-    finally:
-        nb.set_num_threads(before)
-
-
 def unfold(x: np.ndarray, buffer: np.ndarray, geo: np.ndarray, pad_value: Any) -> np.ndarray:
     """Write the windows of x (N, C, H, W) into `buffer` (C-contiguous, at the block
     strides `geo` names), padding reading as pad_value; returns buffer. Large ones
-    spread the planes of x over BLAS's thread count (`_launch`), with the same result."""
+    spread the planes of x over BLAS's thread count (`split.planes`), with the same result."""
     dtype = check_dtype("unfold2d", [x, buffer])
     if not buffer.flags.c_contiguous:
         raise KernelError("unfold2d", [buffer], "the window buffer must be C-contiguous")
-    _launch(unfold_body, unfold_parallel_body, dtype, x.shape[0] * x.shape[1], buffer.size,
-            np.ascontiguousarray(x), _blocks(buffer, geo), geo, dtype.type(pad_value))
+    split.planes(compiled(unfold_body, dtype), x.shape[0] * x.shape[1], buffer.size,
+                 np.ascontiguousarray(x), _blocks(buffer, geo), geo, dtype.type(pad_value))
     return buffer
 
 
 def fold(buffer: np.ndarray, out: np.ndarray, geo: np.ndarray) -> np.ndarray:
     """Sum the windows in `buffer` (C-contiguous, at the block strides `geo` names)
     into `out` (N, C, H, W), overwriting it; returns out. Large ones spread the planes
-    of out over BLAS's thread count (`_launch`), with the same result."""
+    of out over BLAS's thread count (`split.planes`), with the same result."""
     dtype = check_dtype("fold2d", [buffer, out])
-    _launch(fold_body, fold_parallel_body, dtype, out.shape[0] * out.shape[1], buffer.size,
-            _blocks(np.ascontiguousarray(buffer), geo), out, geo)
+    split.planes(compiled(fold_body, dtype), out.shape[0] * out.shape[1], buffer.size,
+                 _blocks(np.ascontiguousarray(buffer), geo), out, geo)
     return out
 
 

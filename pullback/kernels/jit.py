@@ -54,27 +54,6 @@ def numba() -> Any:
     return _numba
 
 
-# The environment variables OpenBLAS reads its thread count from, in its order.
-_BLAS_THREAD_VARS = ("OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS", "OMP_NUM_THREADS")
-_kernel_threads: list[int] = []
-
-
-def kernel_threads() -> int:
-    """How many threads a kernel that runs between BLAS calls may take (a convolution's
-    im2col and col2im): as many as NumPy's BLAS, which reads them from the environment
-    when it starts (`OPENBLAS_NUM_THREADS`, `GOTO_NUM_THREADS`, `OMP_NUM_THREADS`, the
-    first set), else the CPUs, at most Numba's `NUMBA_NUM_THREADS`. Read once."""
-    if not _kernel_threads:
-        count = os.cpu_count() or 1
-        for var in _BLAS_THREAD_VARS:
-            value = os.environ.get(var, "").strip()
-            if value.isdigit() and int(value) > 0:
-                count = int(value)
-                break
-        _kernel_threads.append(max(1, min(count, numba().config.NUMBA_NUM_THREADS)))
-    return _kernel_threads[0]
-
-
 def cache_dir() -> Path:
     """Where generated drivers (and, beside them, Numba's cache) live:
     $PULLBACK_KERNEL_CACHE, else ~/.cache/pullback/kernels; a temporary folder (no reuse
