@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from pullback.errors import KernelError
-from pullback.kernels import jit, split
+from pullback.kernels import jit
 from pullback.kernels.base import _SUPPORTED, SUPPORTED_DTYPES
 
 
@@ -66,115 +66,105 @@ def _spans(kw, sw, dw, pw, w_, ow_):
     return spans
 
 
-def _unfold_plane(src, dst, g, spans, n, c, c_, h_, w_, pad_value):
-    """unfold_body's work for one input plane (n, c): its kh kw blocks of windows."""
+def unfold_body(x, out, g, pad_value):
+    """out[base + n s_n + c s_c + i s_i + j s_j, r, t] = x[n, c, r sh + i dh - ph,
+    t sw + j dw - pw], pad_value outside x; out is (blocks, OH, OW)."""
     kh, kw, sh, sw, ph, pw, dh, dw = g[0], g[1], g[2], g[3], g[4], g[5], g[6], g[7]
     oh_, ow_, s_n, s_c, s_i, s_j, base = g[8], g[9], g[10], g[11], g[12], g[13], g[14]
+    n_, c_, h_, w_ = x.shape
+    spans = _spans(kw, sw, dw, pw, w_, ow_)
+    src = x.reshape(x.size)
+    dst = out.reshape(out.size)
     step, width = U(sw), U(ow_)
     # "Same" windows at stride 1 (3x3 with padding 1): an output row is as wide as an
     # input row, so a whole block of windows is one contiguous run of x, shifted; copy
     # it at once and then write the padding columns (those the run wrapped around).
     same = sh == 1 and sw == 1 and ow_ == w_
-    plane = (n * c_ + c) * h_ * w_
-    for i in range(kh):
-        for j in range(kw):
-            block = (base + n * s_n + c * s_c + i * s_i + j * s_j) * oh_ * ow_
-            col0 = j * dw - pw
-            lo, hi = spans[j, 0], spans[j, 1]
-            if same:
-                shift = i * dh - ph  # input row = output row + shift
-                first = min(max(0, -shift), oh_)
-                stop = max(first, min(oh_, h_ - shift))
-                for t in range(U(first * w_)):
-                    dst[U(block) + t] = pad_value
-                for t in range(U(stop * w_), U(oh_ * w_)):
-                    dst[U(block) + t] = pad_value
-                if stop > first and hi > lo:
-                    to = U(block + first * w_ + lo)
-                    start = U(plane + (first + shift) * w_ + lo + col0)
-                    for t in range(U((stop - first - 1) * w_ + hi - lo)):
-                        dst[to + t] = src[start + t]
-                for r in range(first, stop):
-                    at = U(block + r * w_)
-                    for t in range(U(lo)):
-                        dst[at + t] = pad_value
-                    for t in range(U(hi), width):
-                        dst[at + t] = pad_value
-                continue
-            for r in range(oh_):
-                h = r * sh + i * dh - ph
-                at = U(block + r * ow_)
-                if h < 0 or h >= h_:
-                    for t in range(width):
-                        dst[at + t] = pad_value
-                    continue
-                for t in range(U(lo)):
-                    dst[at + t] = pad_value
-                to = at + U(lo)
-                start = U(plane + h * w_ + lo * sw + col0)
-                if sw == 1:
-                    for t in range(U(hi - lo)):
-                        dst[to + t] = src[start + t]
-                else:
-                    for t in range(U(hi - lo)):
-                        dst[to + t] = src[start + t * step]
-                for t in range(U(hi), width):
-                    dst[at + t] = pad_value
+    for n in range(n_):
+        for c in range(c_):
+            plane = (n * c_ + c) * h_ * w_
+            for i in range(kh):
+                for j in range(kw):
+                    block = (base + n * s_n + c * s_c + i * s_i + j * s_j) * oh_ * ow_
+                    col0 = j * dw - pw
+                    lo, hi = spans[j, 0], spans[j, 1]
+                    if same:
+                        shift = i * dh - ph  # input row = output row + shift
+                        first = min(max(0, -shift), oh_)
+                        stop = max(first, min(oh_, h_ - shift))
+                        for t in range(U(first * w_)):
+                            dst[U(block) + t] = pad_value
+                        for t in range(U(stop * w_), U(oh_ * w_)):
+                            dst[U(block) + t] = pad_value
+                        if stop > first and hi > lo:
+                            to = U(block + first * w_ + lo)
+                            start = U(plane + (first + shift) * w_ + lo + col0)
+                            for t in range(U((stop - first - 1) * w_ + hi - lo)):
+                                dst[to + t] = src[start + t]
+                        for r in range(first, stop):
+                            at = U(block + r * w_)
+                            for t in range(U(lo)):
+                                dst[at + t] = pad_value
+                            for t in range(U(hi), width):
+                                dst[at + t] = pad_value
+                        continue
+                    for r in range(oh_):
+                        h = r * sh + i * dh - ph
+                        at = U(block + r * ow_)
+                        if h < 0 or h >= h_:
+                            for t in range(width):
+                                dst[at + t] = pad_value
+                            continue
+                        for t in range(U(lo)):
+                            dst[at + t] = pad_value
+                        to = at + U(lo)
+                        start = U(plane + h * w_ + lo * sw + col0)
+                        if sw == 1:
+                            for t in range(U(hi - lo)):
+                                dst[to + t] = src[start + t]
+                        else:
+                            for t in range(U(hi - lo)):
+                                dst[to + t] = src[start + t * step]
+                        for t in range(U(hi), width):
+                            dst[at + t] = pad_value
 
 
-def unfold_body(x, out, g, pad_value, first, stop):
-    """out[base + n s_n + c s_c + i s_i + j s_j, r, t] = x[n, c, r sh + i dh - ph,
-    t sw + j dw - pw], pad_value outside x, for the planes (n, c) numbered first to
-    stop - 1 in row-major order; out is (blocks, OH, OW)."""
-    c_, h_, w_ = x.shape[1:]
-    spans = _spans(g[1], g[3], g[7], g[5], w_, g[9])
-    src = x.reshape(x.size)
-    dst = out.reshape(out.size)
-    for p in range(first, stop):
-        _unfold_plane(src, dst, g, spans, p // c_, p % c_, c_, h_, w_, pad_value)
-
-
-def _fold_plane(src, dst, g, spans, n, c, c_, h_, w_):
-    """fold_body's work for one output plane (n, c): zeroed, then its windows added."""
+def fold_body(cols, out, g):
+    """out[n, c] = the sum of the windows in cols (blocks, OH, OW), laid out as
+    unfold_body writes them, over the positions they cover; offsets added in
+    row-major (i, j) order, as NumPy's loop of `out[window] += cols[i, j]`."""
     kh, kw, sh, sw, ph, pw, dh, dw = g[0], g[1], g[2], g[3], g[4], g[5], g[6], g[7]
     oh_, ow_, s_n, s_c, s_i, s_j, base = g[8], g[9], g[10], g[11], g[12], g[13], g[14]
+    n_, c_, h_, w_ = out.shape
+    spans = _spans(kw, sw, dw, pw, w_, ow_)
+    src = cols.reshape(cols.size)
+    dst = out.reshape(out.size)
     step = U(sw)
-    plane = (n * c_ + c) * h_ * w_
-    for t in range(U(h_ * w_)):
-        dst[U(plane) + t] = 0
     # Row by row, for every window shape. (Adding a "same" block as one contiguous run,
     # then restoring the row-edge positions the run wrapped onto, measured slower:
     # 64x32x16x16, 3x3, padding 1: 1.39 ms against 1.04; 32x32x4x4: 0.19 against 0.13.)
-    for i in range(kh):
-        for j in range(kw):
-            block = (base + n * s_n + c * s_c + i * s_i + j * s_j) * oh_ * ow_
-            col0 = j * dw - pw
-            lo, hi = spans[j, 0], spans[j, 1]
-            for r in range(oh_):
-                h = r * sh + i * dh - ph
-                if h < 0 or h >= h_:
-                    continue
-                start = U(block + r * ow_ + lo)
-                to = U(plane + h * w_ + lo * sw + col0)
-                if sw == 1:
-                    for t in range(U(hi - lo)):
-                        dst[to + t] += src[start + t]
-                else:
-                    for t in range(U(hi - lo)):
-                        dst[to + t * step] += src[start + t]
-
-
-def fold_body(cols, out, g, first, stop):
-    """out[n, c] = the sum of the windows in cols (blocks, OH, OW), laid out as
-    unfold_body writes them, over the positions they cover, for the planes (n, c)
-    numbered first to stop - 1; offsets added in row-major (i, j) order, as NumPy's
-    loop of `out[window] += cols[i, j]`."""
-    c_, h_, w_ = out.shape[1:]
-    spans = _spans(g[1], g[3], g[7], g[5], w_, g[9])
-    src = cols.reshape(cols.size)
-    dst = out.reshape(out.size)
-    for p in range(first, stop):
-        _fold_plane(src, dst, g, spans, p // c_, p % c_, c_, h_, w_)
+    for n in range(n_):
+        for c in range(c_):
+            plane = (n * c_ + c) * h_ * w_
+            for t in range(U(h_ * w_)):
+                dst[U(plane) + t] = 0
+            for i in range(kh):
+                for j in range(kw):
+                    block = (base + n * s_n + c * s_c + i * s_i + j * s_j) * oh_ * ow_
+                    col0 = j * dw - pw
+                    lo, hi = spans[j, 0], spans[j, 1]
+                    for r in range(oh_):
+                        h = r * sh + i * dh - ph
+                        if h < 0 or h >= h_:
+                            continue
+                        start = U(block + r * ow_ + lo)
+                        to = U(plane + h * w_ + lo * sw + col0)
+                        if sw == 1:
+                            for t in range(U(hi - lo)):
+                                dst[to + t] += src[start + t]
+                        else:
+                            for t in range(U(hi - lo)):
+                                dst[to + t * step] += src[start + t]
 
 
 def _running_max(src, dst, start, to, count, step):
@@ -516,8 +506,8 @@ _TILE_KINDS = {
 # Argument kinds: "in4" a read-only 4-D array, "out4"/"out3" writable arrays, "geo" the
 # geometry, "value" a scalar of the kernel's dtype.
 _KINDS: dict[Callable, tuple[str, ...]] = {
-    unfold_body: ("in4", "out3", "geo", "value", "int", "int"),
-    fold_body: ("in3", "out4", "geo", "int", "int"),
+    unfold_body: ("in4", "out3", "geo", "value"),
+    fold_body: ("in3", "out4", "geo"),
     max_pool_body: ("in4", "out4", "geo", "value"),
     max_pool_backward_body: ("in4", "in4", "in4", "out4", "geo", "value"),
     avg_pool_body: ("in4", "out4", "geo", "value"),
@@ -536,8 +526,6 @@ def _signature(dtype: np.dtype, kinds: Sequence[str]) -> tuple:
             types.append(jit.array_type(np.dtype(np.int64), 1, "C", readonly=True))
         elif kind == "value":
             types.append(nb.from_dtype(dtype))
-        elif kind == "int":
-            types.append(nb.types.int64)
         else:
             types.append(jit.array_type(dtype, int(kind[-1]), "C", readonly=kind[:2] == "in"))
     return tuple(types)
@@ -546,8 +534,7 @@ def _signature(dtype: np.dtype, kinds: Sequence[str]) -> tuple:
 def _register_helpers(nb: Any) -> None:
     global _registered
     if not _registered:  # the helpers the bodies call, callable from Numba
-        for helper in (_spans, _unfold_plane, _fold_plane, _running_max, _route, _pad_hits,
-                       _zero_uncovered):
+        for helper in (_spans, _running_max, _route, _pad_hits, _zero_uncovered):
             nb.extending.register_jitable(error_model="numpy")(helper)
         _registered = True
 
@@ -606,23 +593,20 @@ def _blocks(buffer: np.ndarray, geo: np.ndarray) -> np.ndarray:
 
 def unfold(x: np.ndarray, buffer: np.ndarray, geo: np.ndarray, pad_value: Any) -> np.ndarray:
     """Write the windows of x (N, C, H, W) into `buffer` (C-contiguous, at the block
-    strides `geo` names), padding reading as pad_value; returns buffer. Large ones
-    spread the planes of x over BLAS's thread count (`split.planes`), with the same result."""
+    strides `geo` names), padding reading as pad_value; returns buffer."""
     dtype = check_dtype("unfold2d", [x, buffer])
     if not buffer.flags.c_contiguous:
         raise KernelError("unfold2d", [buffer], "the window buffer must be C-contiguous")
-    split.planes(compiled(unfold_body, dtype), x.shape[0] * x.shape[1], buffer.size,
-                 np.ascontiguousarray(x), _blocks(buffer, geo), geo, dtype.type(pad_value))
+    compiled(unfold_body, dtype)(np.ascontiguousarray(x), _blocks(buffer, geo), geo,
+                                 dtype.type(pad_value))
     return buffer
 
 
 def fold(buffer: np.ndarray, out: np.ndarray, geo: np.ndarray) -> np.ndarray:
     """Sum the windows in `buffer` (C-contiguous, at the block strides `geo` names)
-    into `out` (N, C, H, W), overwriting it; returns out. Large ones spread the planes
-    of out over BLAS's thread count (`split.planes`), with the same result."""
+    into `out` (N, C, H, W), overwriting it; returns out."""
     dtype = check_dtype("fold2d", [buffer, out])
-    split.planes(compiled(fold_body, dtype), out.shape[0] * out.shape[1], buffer.size,
-                 _blocks(np.ascontiguousarray(buffer), geo), out, geo)
+    compiled(fold_body, dtype)(_blocks(np.ascontiguousarray(buffer), geo), out, geo)
     return out
 
 

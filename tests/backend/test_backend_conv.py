@@ -99,32 +99,6 @@ def test_threaded_backend_convolves_as_the_cpu_backend(cpu, threaded, rng, case)
                                   cpu.conv2d_weight_backward(u, x, w.shape, *geometry))
 
 
-@pytest.mark.parametrize("dtype", FLOATS)
-def test_conv2d_with_im2col_split_over_threads_is_bit_for_bit_serial(cpu, rng, monkeypatch,
-                                                                    dtype):
-    # kernels.split spreads im2col and col2im over BLAS's threads; forced on (3 threads,
-    # every size) it must change no bit of the forward or either backward.
-    from pullback.kernels import split
-
-    results = []
-    for forced in (False, True):
-        if forced:
-            monkeypatch.setattr(split, "PARALLEL_ELEMENTS", 0)
-            monkeypatch.setattr(split, "_threads", [3])
-        case_rng = np.random.default_rng(7)
-        for case in CONV_CASES:
-            x, w = _operands(case_rng, case, dtype)
-            geometry = case[2:]
-            y = cpu.conv2d(x, w, *geometry)
-            u = case_rng.standard_normal(y.shape).astype(dtype)
-            results.append((y, cpu.conv2d_input_backward(u, w, x.shape, *geometry),
-                            cpu.conv2d_weight_backward(u, x, w.shape, *geometry)))
-    half = len(CONV_CASES)
-    for serial, split_ in zip(results[:half], results[half:]):
-        for a, b in zip(serial, split_):
-            np.testing.assert_array_equal(b, a)
-
-
 def test_conv2d_reads_read_only_and_strided_operands(cpu, rng):
     x = rng.standard_normal((2, 5, 5, 3)).astype(np.float32).transpose(0, 3, 1, 2)
     w = rng.standard_normal((4, 3, 3, 3)).astype(np.float32)
