@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from pullback.backend import conv, gemm
+from pullback.backend.attention import CpuAttentionOps
 from pullback.backend.backward_ops import BackwardOps, Grads, Needed, check_matmul_backward
 from pullback.backend.base import Backend, Pair, Shape, check_gelu_mode
 from pullback.backend.fused import FusedOps, check_channels, check_labels, check_rows
@@ -422,7 +423,8 @@ def _matmul_reason(a: Any, b: Any) -> str:
     return f"batch dimensions {sa[:-2]} and {sb[:-2]} cannot be broadcast together"
 
 
-class CpuBackend(BackwardOps, FusedOps, CpuRecurrentOps, CpuGatherOps, Backend):
+class CpuBackend(BackwardOps, FusedOps, CpuRecurrentOps, CpuGatherOps, CpuAttentionOps,
+                 Backend):
     """NumPy (and Numba kernels) on the calling thread; deterministic. f32 stays f32."""
 
     name = "cpu"

@@ -1,4 +1,5 @@
-"""Row kernels over the last axis: softmax, log_softmax, cross-entropy, layer norm.
+"""Row kernels over the last axis: softmax (and its causal form), log_softmax,
+cross-entropy, layer norm.
 
 Each reads a row a few times while it is in cache, where NumPy makes a full-size
 temporary per step (max, subtract, exp, sum, divide). Backwards take the saved output
@@ -40,6 +41,22 @@ def softmax(x, out):
     total = row_sum(out)
     for j in range(x.shape[0]):
         out[j] = out[j] / total
+
+
+@kernel(rows=True, inputs=("row", "index"))
+def causal_softmax(x, seen, out):
+    """softmax over the first `seen` elements, zeros past them: attention's causal mask
+    applied in the softmax's own pass (softmax_backward of its output gives the masked
+    elements zero gradient, their weights being zero)."""
+    visible = x[:seen]
+    m = row_max(visible)
+    for j in range(seen):
+        out[j] = exp(x[j] - m)
+    total = row_sum(out[:seen])
+    for j in range(seen):
+        out[j] = out[j] / total
+    for j in range(seen, x.shape[0]):
+        out[j] = 0.0
 
 
 @kernel(rows=True)

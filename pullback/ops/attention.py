@@ -1,14 +1,10 @@
 """scaled_dot_product_attention: softmax(q k^T * scale + mask) v as one primitive.
 
-Forward and backward are fused: each walks the queries in blocks of rows, so that the
-scores of one block (all heads together, a bounded number of elements) are what is
-materialized at a time, and nothing of size (T, T) is kept for backward. The node
-keeps q, k and v only: backward recomputes each block's probabilities from q and k
-(their row normalizers, FlashAttention's logsumexp, come out of the same pass; a
-block holds whole rows, so neither they nor the output need keeping), and the
-softmax's backward kernel takes them to the scores' gradient in one pass. A causal
-mask skips the keys past a block's last query. The JVP rule is written in primitives,
-so forward mode and higher orders work as for every other op.
+Forward and backward are fused backend ops (`pullback.backend.attention`): each walks
+the queries in blocks of rows, so that nothing of size (T, T) is kept for backward.
+The node keeps q, k and v only: backward recomputes each block's probabilities from q
+and k. The JVP rule is written in primitives, so forward mode and higher orders work
+as for every other op.
 
 Masks are operands: an additive float `bias` (a bool mask becomes 0 / -inf), and a
 dropout `keep` mask (0 or 1/(1-p), drawn by `dropout_mask`), which the backward reads
@@ -20,12 +16,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from itertools import pairwise
 from typing import Any
 
 import numpy as np
 
 from ..ad import Zero, defjvp_full, defvjp
+from ..backend.attention import attention_ops
 from ..errors import KernelError
 from .checks import declare_check, inputs, normal
 from .elementwise import add, astype, equal, mul, sub, where
@@ -41,9 +37,6 @@ from .shape import reshape, swap_last
 __all__ = ["scaled_dot_product_attention"]
 
 OP = "scaled_dot_product_attention"
-# Scores per query block, all heads together (1 MiB of float32): a block's scores,
-# probabilities and their gradient stay in cache while both matmuls read them.
-BLOCK_ELEMENTS = 1 << 18
 NEG_INF = -math.inf
 
 # Where dropout draws when the caller names no generator: the tensor layer installs
@@ -96,170 +89,18 @@ def _shape(q: Any, k: Any, v: Any, bias: Any, keep: Any, scale: float, causal: b
 def _impl(backend: Any, q: Any, k: Any, v: Any, bias: Any, keep: Any, scale: float,
           causal: bool) -> Any:
     _shape(q, k, v, bias, keep, scale, causal)  # eager calls skip shape rules
-    return _forward(backend, q, k, v, bias, keep, scale, causal)
+    return attention_ops(backend).attention(q, k, v, bias, keep, scale, causal)
 
 
 attention_p = declare(OP, _impl, _shape, saves_inputs=True, aliasing="fresh")
-
-
-# ---------------------------------------------------------------- the fused kernels
-
-
-class _Blocks:
-    """How one call walks its queries: row blocks, the keys each block sees, and the
-    slices of the operands (masks broadcast along an axis are not sliced there)."""
-
-    def __init__(self, backend: Any, q: Any, k: Any, bias: Any, causal: bool):
-        self.backend, self.causal = backend, causal
-        self.length, self.keys = q.shape[-2], k.shape[-2]
-        batch = np.broadcast_shapes(q.shape[:-2], k.shape[:-2])
-        rows = BLOCK_ELEMENTS // max(1, math.prod(batch) * self.keys)
-        rows = max(1, min(self.length, rows))
-        self.ranges = [(i, min(i + rows, self.length)) for i in range(0, self.length, rows)]
-        self.dead = None  # rows of bias that mask every key: their output is zero
-        if bias is not None:
-            dead = backend.equal(backend.reduce_max(bias, (bias.ndim - 1,), True), NEG_INF)
-            self.dead = dead if np.any(backend.to_numpy(dead)) else None
-
-    def seen(self, stop: int) -> int:
-        """How many keys a block of queries ending at `stop` attends to."""
-        return min(self.keys, stop) if self.causal else self.keys
-
-    def rows(self, x: Any, start: int, stop: int, seen: int | None = None) -> Any:
-        """x's rows start:stop along the query axis (and its first `seen` keys)."""
-        if x is None:
-            return None
-        index = (Ellipsis,
-                 slice(start, stop) if x.shape[-2] != 1 else slice(None),
-                 slice(0, seen) if seen is not None and x.shape[-1] != 1 else slice(None))
-        return x if index[1:] == (slice(None), slice(None)) else self.backend.getitem(x, index)
-
-    def keys_of(self, x: Any, seen: int) -> Any:
-        """x's first `seen` rows along the key axis (k and v)."""
-        if seen == self.keys:
-            return x
-        return self.backend.getitem(x, (Ellipsis, slice(0, seen), slice(None)))
-
-    def probabilities(self, scaled_q: Any, k: Any, bias: Any, start: int, stop: int) -> Any:
-        """softmax(q k^T * scale + bias) for the queries start:stop, over the keys they see."""
-        be = self.backend
-        seen = self.seen(stop)
-        scores = be.matmul(self.rows(scaled_q, start, stop), _swap(be, self.keys_of(k, seen)))
-        if bias is not None:
-            scores = be.add(scores, self.rows(bias, start, stop))
-        if self.causal and seen > start + 1:  # keys past each query are masked
-            later = be.greater(be.arange(0, seen, 1, "int64"),
-                               be.reshape(be.arange(start, stop, 1, "int64"), (stop - start, 1)))
-            scores = be.where(later, NEG_INF, scores)
-        p = be.softmax(scores, -1)
-        if self.dead is not None:
-            p = be.where(self.rows(self.dead, start, stop), 0.0, p)
-        return p
-
-
-def _swap(backend: Any, x: Any) -> Any:
-    return backend.transpose(x, tuple(range(x.ndim - 2)) + (x.ndim - 1, x.ndim - 2))
-
-
-def _forward(backend: Any, q: Any, k: Any, v: Any, bias: Any, keep: Any, scale: float,
-             causal: bool) -> Any:
-    be = backend
-    if _empty(q, k):  # no queries, or no keys: zeros, as PyTorch gives
-        batch = np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
-        return be.zeros(batch + (q.shape[-2], v.shape[-1]), q.dtype)
-    blocks = _Blocks(be, q, k, bias, causal)
-    scaled_q = be.mul(q, scale)  # (L, E) once, not each (L, S) block of scores
-    outputs = []
-    for start, stop in blocks.ranges:
-        seen = blocks.seen(stop)
-        p = blocks.probabilities(scaled_q, k, bias, start, stop)
-        if keep is not None:
-            p = be.mul(p, blocks.rows(keep, start, stop, seen))
-        outputs.append(be.matmul(p, blocks.keys_of(v, seen)))
-    return outputs[0] if len(outputs) == 1 else be.concatenate(outputs, -2)
-
-
-def _backward(backend: Any, upstream: Any, q: Any, k: Any, v: Any, bias: Any, keep: Any,
-              scale: float, causal: bool, bias_grad: bool) -> tuple:
-    """(dq, dk, dv, dbias or None): the scores' gradient is softmax's backward of dp,
-    p * (dp - rowsum(p * dp)), dp being upstream v^T (times the dropout mask)."""
-    be = backend
-    if _empty(q, k):  # the output is empty or constant: every gradient is zero
-        return tuple(None if x is None else be.zeros(x.shape, x.dtype) for x in (q, k, v)) + \
-            ((be.zeros(bias.shape, bias.dtype) if bias_grad else None),)
-    blocks = _Blocks(be, q, k, bias, causal)
-    scaled_q = be.mul(q, scale)
-    dq_parts, dbias_parts, dk_parts, dv_parts = [], [], [], []
-    for start, stop in blocks.ranges:
-        seen = blocks.seen(stop)
-        p = blocks.probabilities(scaled_q, k, bias, start, stop)
-        g = blocks.rows(upstream, start, stop)
-        k_seen, v_seen = blocks.keys_of(k, seen), blocks.keys_of(v, seen)
-        kept = p if keep is None else be.mul(p, blocks.rows(keep, start, stop, seen))
-        dv_parts.append(be.matmul(_swap(be, kept), g))
-        dp = be.matmul(g, _swap(be, v_seen))
-        if keep is not None:
-            dp = be.mul(dp, blocks.rows(keep, start, stop, seen))
-        ds = be.softmax_backward(dp, p, -1)  # BackwardOps': a vjp runs on such backends
-        if bias_grad:
-            dbias_parts.append(be.sum_to_shape(ds, _block_shape(bias, ds.ndim, start, stop)))
-        dq_parts.append(be.matmul(ds, k_seen))
-        dk_parts.append(be.matmul(_swap(be, ds), blocks.rows(scaled_q, start, stop)))
-    dk, dv = _sum_keys(be, dk_parts, blocks.keys), _sum_keys(be, dv_parts, blocks.keys)
-    dq = be.mul(dq_parts[0] if len(dq_parts) == 1 else be.concatenate(dq_parts, -2), scale)
-    dbias = None
-    if bias_grad:
-        along_rows = bias.shape[-2] != 1 and len(dbias_parts) > 1
-        dbias = be.concatenate(dbias_parts, -2) if along_rows else _total(be, dbias_parts)
-        dbias = be.reshape(dbias, bias.shape)
-    return (be.sum_to_shape(dq, q.shape), be.sum_to_shape(dk, k.shape),
-            be.sum_to_shape(dv, v.shape), dbias)
-
-
-def _empty(q: Any, k: Any) -> bool:
-    return q.shape[-2] == 0 or k.shape[-2] == 0
-
-
-def _block_shape(bias: Any, ndim: int, start: int, stop: int) -> tuple:
-    shape = (1,) * (ndim - bias.ndim) + tuple(bias.shape)
-    return shape[:-2] + ((stop - start) if shape[-2] != 1 else 1, shape[-1])
-
-
-def _sum_keys(backend: Any, parts: list, keys: int) -> Any:
-    """The sum of `parts` in their order, each covering the first part.shape[-2] of `keys`
-    rows (a causal block's keys), zero past them: summed chunk of keys by chunk of keys,
-    so that no part is padded with zeros (three passes over the whole per block)."""
-    edges = sorted({part.shape[-2] for part in parts} | {0})
-    chunks = []
-    for low, high in pairwise(edges):
-        total = None
-        for part in parts:
-            if part.shape[-2] < high:
-                continue
-            if (low, high) != (0, part.shape[-2]):
-                part = backend.getitem(part, (Ellipsis, slice(low, high), slice(None)))
-            total = part if total is None else backend.add(total, part)
-        chunks.append(total)
-    if edges[-1] < keys:  # keys no query sees (causal, fewer queries than keys)
-        first = parts[0]
-        chunks.append(backend.zeros(first.shape[:-2] + (keys - edges[-1], first.shape[-1]),
-                                    first.dtype))
-    return chunks[0] if len(chunks) == 1 else backend.concatenate(chunks, -2)
-
-
-def _total(backend: Any, parts: list) -> Any:
-    total = parts[0]
-    for part in parts[1:]:
-        total = backend.add(total, part)
-    return total
 
 
 def _vjp(be: Any, g: Any, node: Any) -> tuple:
     q, k, v, bias, keep = node.inputs
     bias_grad = bias is not None and node.parents[3] is not None
     params = node.params
-    dq, dk, dv, dbias = _backward(be, g, q, k, v, bias, keep, params["scale"],
-                                  params["causal"], bias_grad)
+    dq, dk, dv, dbias = attention_ops(be).attention_backward(
+        g, q, k, v, bias, keep, params["scale"], params["causal"], bias_grad)
     return dq, dk, dv, dbias, None
 
 

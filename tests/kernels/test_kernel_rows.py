@@ -222,3 +222,16 @@ def test_cross_entropy_backward_takes_one_upstream_for_all_rows(rng):
 def test_cross_entropy_kernel_gives_nan_for_a_label_out_of_range():
     loss = rows.cross_entropy(np.zeros((2, 3)), np.array([1, 3]))
     assert np.isfinite(loss[0]) and np.isnan(loss[1])
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_causal_softmax_weights_the_first_seen_elements_and_zeroes_the_rest(rng, dtype):
+    x = (rng.standard_normal((2, 3, 5)) * 3).astype(dtype)
+    seen = np.array([[1, 3, 5], [5, 2, 4]], dtype=np.intp)
+    want = np.zeros(x.shape)
+    for row in np.ndindex(seen.shape):
+        want[row][:seen[row]] = softmax_ref(x[row][:seen[row]].astype(np.float64))
+    got = rows.causal_softmax(x, seen)
+    assert got.dtype == dtype
+    np.testing.assert_allclose(got, want, **TOL[dtype])
+    assert not got[seen[..., None] <= np.arange(5)].any()  # exactly zero past `seen`

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 import pullback as pb
-from pullback.ops import attention
+from pullback.backend import attention
 from pullback.tensor.backward import fused_kernels
 
 

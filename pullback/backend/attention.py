@@ -1,0 +1,296 @@
+"""`AttentionOps`: scaled dot-product attention's fused forward and backward.
+
+Both walk the queries in blocks of rows, so that the scores of one block (all heads
+together, a bounded number of elements) are what is materialized at a time, and
+nothing of size (T, T) is kept for backward: the backward recomputes each block's
+probabilities from q and k, and softmax's backward takes them to the scores' gradient
+in one pass. A causal mask skips the keys past a block's last query (query i sees keys
+0..i). Masks arrive as operands: an additive float `bias` (None, or broadcastable to
+the scores) and a dropout `keep` mask (None, or 0 or 1/(1-p)). Rows every key of
+`bias` masks give zeros, as PyTorch gives them.
+
+The defaults are written in forward ops on `self`. `CpuAttentionOps` runs the unmasked
+case (no bias, no dropout: a GPT's causal self-attention) in NumPy: key blocks and
+output rows are views rather than copies, products write into them (`out=`), and the
+causal mask is applied inside the softmax's pass (`kernels.rows.causal_softmax`)
+rather than by a separate `where` over the scores.
+"""
+
+from __future__ import annotations
+
+import math
+from itertools import pairwise
+from typing import Any
+
+import numpy as np
+
+from pullback.backend.base import Array
+from pullback.kernels import rows as compiled_rows
+from pullback.kernels.core import SUPPORTED_DTYPES
+
+# Scores per query block, all heads together (1 MiB of float32): a block's scores,
+# probabilities and their gradient stay in cache while both matmuls read them. For the
+# GPT bench's causal heads ((16, 4, 128, 32), blocks of 32 queries) this was the fastest
+# of 2**16..2**20 for CpuAttentionOps' forward + backward: larger blocks compute more of
+# the masked triangle, smaller ones make BLAS products too small to run at speed.
+BLOCK_ELEMENTS = 1 << 18
+NEG_INF = -math.inf
+
+
+def row_blocks(batch: tuple, length: int, keys: int) -> list[tuple[int, int]]:
+    """The (start, stop) query rows of each block: about BLOCK_ELEMENTS scores apiece."""
+    rows = BLOCK_ELEMENTS // max(1, math.prod(batch) * keys)
+    rows = max(1, min(length, rows))
+    return [(i, min(i + rows, length)) for i in range(0, length, rows)]
+
+
+def empty_attention(q: Any, k: Any) -> bool:
+    """No queries or no keys: the output is zeros, as PyTorch gives, and so are the
+    gradients."""
+    return q.shape[-2] == 0 or k.shape[-2] == 0
+
+
+class AttentionOps:
+    """softmax(q k^T * scale + bias) (* keep) v over (..., L, E), (..., S, E) and
+    (..., S, Ev) operands whose batch dimensions broadcast, and its gradients."""
+
+    def attention(self, q: Array, k: Array, v: Array, bias: Array | None,
+                  keep: Array | None, scale: float, causal: bool) -> Array:
+        """The attention output (..., L, Ev)."""
+        if empty_attention(q, k):
+            batch = np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
+            return self.zeros(batch + (q.shape[-2], v.shape[-1]), q.dtype)
+        blocks = _Blocks(self, q, k, bias, causal)
+        scaled_q = self.mul(q, scale)  # (L, E) once, not each (L, S) block of scores
+        outputs = []
+        for start, stop in blocks.ranges:
+            seen = blocks.seen(stop)
+            p = blocks.probabilities(scaled_q, k, bias, start, stop)
+            if keep is not None:
+                p = self.mul(p, blocks.rows(keep, start, stop, seen))
+            outputs.append(self.matmul(p, blocks.keys_of(v, seen)))
+        return outputs[0] if len(outputs) == 1 else self.concatenate(outputs, -2)
+
+    def attention_backward(self, upstream: Array, q: Array, k: Array, v: Array,
+                           bias: Array | None, keep: Array | None, scale: float,
+                           causal: bool, bias_grad: bool) -> tuple:
+        """(dq, dk, dv, dbias or None): the scores' gradient is softmax's backward of dp,
+        p * (dp - rowsum(p * dp)), dp being upstream v^T (times the dropout mask)."""
+        if empty_attention(q, k):
+            return tuple(self.zeros(x.shape, x.dtype) for x in (q, k, v)) + \
+                ((self.zeros(bias.shape, bias.dtype) if bias_grad else None),)
+        blocks = _Blocks(self, q, k, bias, causal)
+        scaled_q = self.mul(q, scale)
+        dq_parts, dbias_parts, dk_parts, dv_parts = [], [], [], []
+        for start, stop in blocks.ranges:
+            seen = blocks.seen(stop)
+            p = blocks.probabilities(scaled_q, k, bias, start, stop)
+            g = blocks.rows(upstream, start, stop)
+            k_seen, v_seen = blocks.keys_of(k, seen), blocks.keys_of(v, seen)
+            kept = p if keep is None else self.mul(p, blocks.rows(keep, start, stop, seen))
+            dv_parts.append(self.matmul(_swap(self, kept), g))
+            dp = self.matmul(g, _swap(self, v_seen))
+            if keep is not None:
+                dp = self.mul(dp, blocks.rows(keep, start, stop, seen))
+            ds = self.softmax_backward(dp, p, -1)  # BackwardOps': a vjp runs on such backends
+            if bias_grad:
+                dbias_parts.append(self.sum_to_shape(ds, _block_shape(bias, ds.ndim, start,
+                                                                      stop)))
+            dq_parts.append(self.matmul(ds, k_seen))
+            dk_parts.append(self.matmul(_swap(self, ds), blocks.rows(scaled_q, start, stop)))
+        dk, dv = _sum_keys(self, dk_parts, blocks.keys), _sum_keys(self, dv_parts, blocks.keys)
+        dq = self.mul(dq_parts[0] if len(dq_parts) == 1 else self.concatenate(dq_parts, -2),
+                      scale)
+        dbias = None
+        if bias_grad:
+            along_rows = bias.shape[-2] != 1 and len(dbias_parts) > 1
+            dbias = self.concatenate(dbias_parts, -2) if along_rows else _total(self,
+                                                                               dbias_parts)
+            dbias = self.reshape(dbias, bias.shape)
+        return (self.sum_to_shape(dq, q.shape), self.sum_to_shape(dk, k.shape),
+                self.sum_to_shape(dv, v.shape), dbias)
+
+
+class _Blocks:
+    """How one call walks its queries: row blocks, the keys each block sees, and the
+    slices of the operands (masks broadcast along an axis are not sliced there)."""
+
+    def __init__(self, backend: Any, q: Any, k: Any, bias: Any, causal: bool):
+        self.backend, self.causal = backend, causal
+        self.length, self.keys = q.shape[-2], k.shape[-2]
+        self.ranges = row_blocks(np.broadcast_shapes(q.shape[:-2], k.shape[:-2]),
+                                 self.length, self.keys)
+        self.dead = None  # rows of bias that mask every key: their output is zero
+        if bias is not None:
+            dead = backend.equal(backend.reduce_max(bias, (bias.ndim - 1,), True), NEG_INF)
+            self.dead = dead if np.any(backend.to_numpy(dead)) else None
+
+    def seen(self, stop: int) -> int:
+        """How many keys a block of queries ending at `stop` attends to."""
+        return min(self.keys, stop) if self.causal else self.keys
+
+    def rows(self, x: Any, start: int, stop: int, seen: int | None = None) -> Any:
+        """x's rows start:stop along the query axis (and its first `seen` keys)."""
+        if x is None:
+            return None
+        index = (Ellipsis,
+                 slice(start, stop) if x.shape[-2] != 1 else slice(None),
+                 slice(0, seen) if seen is not None and x.shape[-1] != 1 else slice(None))
+        return x if index[1:] == (slice(None), slice(None)) else self.backend.getitem(x, index)
+
+    def keys_of(self, x: Any, seen: int) -> Any:
+        """x's first `seen` rows along the key axis (k and v)."""
+        if seen == self.keys:
+            return x
+        return self.backend.getitem(x, (Ellipsis, slice(0, seen), slice(None)))
+
+    def probabilities(self, scaled_q: Any, k: Any, bias: Any, start: int, stop: int) -> Any:
+        """softmax(q k^T * scale + bias) for the queries start:stop, over the keys they see."""
+        be = self.backend
+        seen = self.seen(stop)
+        scores = be.matmul(self.rows(scaled_q, start, stop), _swap(be, self.keys_of(k, seen)))
+        if bias is not None:
+            scores = be.add(scores, self.rows(bias, start, stop))
+        if self.causal and seen > start + 1:  # keys past each query are masked
+            later = be.greater(be.arange(0, seen, 1, "int64"),
+                               be.reshape(be.arange(start, stop, 1, "int64"), (stop - start, 1)))
+            scores = be.where(later, NEG_INF, scores)
+        p = be.softmax(scores, -1)
+        if self.dead is not None:
+            p = be.where(self.rows(self.dead, start, stop), 0.0, p)
+        return p
+
+
+def _swap(backend: Any, x: Any) -> Any:
+    return backend.transpose(x, tuple(range(x.ndim - 2)) + (x.ndim - 1, x.ndim - 2))
+
+
+def _block_shape(bias: Any, ndim: int, start: int, stop: int) -> tuple:
+    shape = (1,) * (ndim - bias.ndim) + tuple(bias.shape)
+    return shape[:-2] + ((stop - start) if shape[-2] != 1 else 1, shape[-1])
+
+
+def _sum_keys(backend: Any, parts: list, keys: int) -> Any:
+    """The sum of `parts` in their order, each covering the first part.shape[-2] of `keys`
+    rows (a causal block's keys), zero past them: summed chunk of keys by chunk of keys,
+    so that no part is padded with zeros (three passes over the whole per block)."""
+    edges = sorted({part.shape[-2] for part in parts} | {0})
+    chunks = []
+    for low, high in pairwise(edges):
+        total = None
+        for part in parts:
+            if part.shape[-2] < high:
+                continue
+            if (low, high) != (0, part.shape[-2]):
+                part = backend.getitem(part, (Ellipsis, slice(low, high), slice(None)))
+            total = part if total is None else backend.add(total, part)
+        chunks.append(total)
+    if edges[-1] < keys:  # keys no query sees (causal, fewer queries than keys)
+        first = parts[0]
+        chunks.append(backend.zeros(first.shape[:-2] + (keys - edges[-1], first.shape[-1]),
+                                    first.dtype))
+    return chunks[0] if len(chunks) == 1 else backend.concatenate(chunks, -2)
+
+
+def _total(backend: Any, parts: list) -> Any:
+    total = parts[0]
+    for part in parts[1:]:
+        total = backend.add(total, part)
+    return total
+
+
+# ---------------------------------------------------------------- the NumPy form
+
+
+class CpuAttentionOps(AttentionOps):
+    """The unmasked case over NumPy arrays of one float dtype and one batch shape, with
+    views, products into views and the causal mask inside the softmax kernel; masks,
+    dropout and broadcast batch dimensions take AttentionOps' path. Results are laid
+    out as their operand is (`np.empty_like`): q, k and v are usually heads cut from
+    (N, T, H, D) by a transpose, and the transpose back then costs no copy. Measured
+    against AttentionOps' path on the GPT bench's causal heads (one thread, forward +
+    backward, taking turns in one process): a bit over half its time, the difference
+    being the key blocks AttentionOps copies (`getitem`), its mask pass (`where`) and
+    its concatenations (bench/RESULTS.md, issue 13)."""
+
+    def attention(self, q: Array, k: Array, v: Array, bias: Array | None,
+                  keep: Array | None, scale: float, causal: bool) -> Array:
+        if not _unmasked(q, k, v, bias, keep):
+            return super().attention(q, k, v, bias, keep, scale, causal)
+        scaled_q = np.multiply(q, q.dtype.type(scale))
+        out = np.empty_like(q, shape=q.shape[:-1] + (v.shape[-1],))
+        for start, stop in row_blocks(q.shape[:-2], q.shape[-2], k.shape[-2]):
+            seen = min(k.shape[-2], stop) if causal else k.shape[-2]
+            p = _probabilities(scaled_q, k, start, stop, seen, causal)
+            np.matmul(p, v[..., :seen, :], out=out[..., start:stop, :])
+        return out
+
+    def attention_backward(self, upstream: Array, q: Array, k: Array, v: Array,
+                           bias: Array | None, keep: Array | None, scale: float,
+                           causal: bool, bias_grad: bool) -> tuple:
+        if not _unmasked(q, k, v, bias, keep) or upstream.shape != q.shape[:-1] + v.shape[-1:]:
+            return super().attention_backward(upstream, q, k, v, bias, keep, scale, causal,
+                                              bias_grad)
+        keys = k.shape[-2]
+        scaled_q = np.multiply(q, q.dtype.type(scale))
+        dq, dk, dv = np.empty_like(q), np.empty_like(k), np.empty_like(v)
+        # The last block sees the most keys (all of them unless causal with fewer queries
+        # than keys): it writes dk and dv, the others add into their first rows.
+        first = True
+        for start, stop in reversed(row_blocks(q.shape[:-2], q.shape[-2], keys)):
+            seen = min(keys, stop) if causal else keys
+            p = _probabilities(scaled_q, k, start, stop, seen, causal)
+            g = upstream[..., start:stop, :]
+            k_seen, v_seen = k[..., :seen, :], v[..., :seen, :]
+            dp = np.matmul(g, np.swapaxes(v_seen, -1, -2))
+            ds = compiled_rows.softmax_backward(dp, p)
+            np.matmul(ds, k_seen, out=dq[..., start:stop, :])
+            if first:
+                np.matmul(np.swapaxes(p, -1, -2), g, out=dv[..., :seen, :])
+                np.matmul(np.swapaxes(ds, -1, -2), scaled_q[..., start:stop, :],
+                          out=dk[..., :seen, :])
+                dk[..., seen:, :] = 0  # keys no query sees
+                dv[..., seen:, :] = 0
+                first = False
+            else:
+                dv[..., :seen, :] += np.matmul(np.swapaxes(p, -1, -2), g)
+                dk[..., :seen, :] += np.matmul(np.swapaxes(ds, -1, -2),
+                                               scaled_q[..., start:stop, :])
+        dq *= q.dtype.type(scale)
+        return dq, dk, dv, None
+
+
+def _unmasked(q: Any, k: Any, v: Any, bias: Any, keep: Any) -> bool:
+    """Whether CpuAttentionOps' NumPy form takes the call."""
+    return (bias is None and keep is None and type(q) is np.ndarray
+            and type(k) is np.ndarray and type(v) is np.ndarray
+            and q.dtype in SUPPORTED_DTYPES and q.dtype == k.dtype == v.dtype
+            and q.shape[:-2] == k.shape[:-2] == v.shape[:-2]
+            and not empty_attention(q, k))
+
+
+def _probabilities(scaled_q: np.ndarray, k: np.ndarray, start: int, stop: int, seen: int,
+                   causal: bool) -> np.ndarray:
+    """softmax(q k^T * scale) for the queries start:stop over their first `seen` keys;
+    causal: query i's weights past key i are zero, in the softmax's own pass."""
+    scores = np.matmul(scaled_q[..., start:stop, :], np.swapaxes(k[..., :seen, :], -1, -2))
+    if not causal or seen <= start + 1:  # every query of the block sees every key
+        return compiled_rows.softmax(scores)
+    visible = np.minimum(np.arange(start + 1, stop + 1), seen)
+    counts = np.ascontiguousarray(np.broadcast_to(visible, scores.shape[:-1]), dtype=np.intp)
+    return compiled_rows.causal_softmax(scores, counts)
+
+
+def attention_ops(backend: Any) -> AttentionOps:
+    """The backend's attention ops: its own, or the defaults written in its forward ops."""
+    return backend if isinstance(backend, AttentionOps) else _Defaults(backend)
+
+
+class _Defaults(AttentionOps):
+    """AttentionOps' defaults over the forward ops of a backend without AttentionOps."""
+
+    def __init__(self, backend: Any):
+        self._backend = backend
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._backend, name)

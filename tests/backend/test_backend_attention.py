@@ -1,0 +1,59 @@
+"""CpuAttentionOps' NumPy form of attention against AttentionOps' forward-op defaults
+and PyTorch, on heads cut from (N, T, H, D) by a transpose (as attention layers cut
+them), over several causal query blocks."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from pullback.backend import CpuBackend, attention
+from pullback.backend.attention import AttentionOps
+
+
+class Defaults(CpuBackend):
+    """CpuBackend's forward ops with AttentionOps' defaults instead of the NumPy form."""
+
+    attention = AttentionOps.attention
+    attention_backward = AttentionOps.attention_backward
+
+
+def _heads(rng, n, t, h, d):
+    return rng.standard_normal((n, t, h, d)).transpose(0, 2, 1, 3)
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+@pytest.mark.parametrize("queries", [5, 3], ids=["as_many_queries_as_keys", "fewer_queries"])
+def test_numpy_form_agrees_with_the_defaults_and_torch(causal, queries, monkeypatch):
+    monkeypatch.setattr(attention, "BLOCK_ELEMENTS", 12)  # blocks of two query rows
+    rng = np.random.default_rng(0)
+    q, k, v = _heads(rng, 2, queries, 2, 3), _heads(rng, 2, 5, 2, 3), _heads(rng, 2, 5, 2, 4)
+    g = _heads(rng, 2, queries, 2, 4)
+    scale = 0.7
+    fast, slow = CpuBackend(), Defaults()
+    out = fast.attention(q, k, v, None, None, scale, causal)
+    grads = fast.attention_backward(g, q, k, v, None, None, scale, causal, False)
+    np.testing.assert_allclose(out, slow.attention(q, k, v, None, None, scale, causal),
+                               rtol=1e-12, atol=1e-14)
+    for got, want in zip(grads[:3], slow.attention_backward(g, q, k, v, None, None, scale,
+                                                            causal, False)[:3]):
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-14)
+    tq, tk, tv = (torch.tensor(x, requires_grad=True) for x in (q, k, v))
+    want = F.scaled_dot_product_attention(tq, tk, tv, is_causal=causal, scale=scale)
+    want.backward(torch.tensor(g))
+    np.testing.assert_allclose(out, want.detach().numpy(), rtol=1e-10, atol=1e-12)
+    for got, t in zip(grads[:3], (tq, tk, tv)):
+        np.testing.assert_allclose(got, t.grad.numpy(), rtol=1e-10, atol=1e-12)
+    assert grads[3] is None
+
+
+def test_results_are_laid_out_as_their_operands():
+    """The output of heads cut from (N, T, H, D) transposes back without a copy."""
+    rng = np.random.default_rng(1)
+    q, k, v = (_heads(rng, 2, 4, 3, 2).astype(np.float32) for _ in range(3))
+    out = CpuBackend().attention(q, k, v, None, None, 0.5, True)
+    assert out.transpose(0, 2, 1, 3).flags.c_contiguous
+    grads = CpuBackend().attention_backward(out, q, k, v, None, None, 0.5, True, False)
+    assert all(x.transpose(0, 2, 1, 3).flags.c_contiguous for x in grads[:3])
