@@ -1,6 +1,7 @@
 """Sliding-window kernels on NCHW arrays, compiled with Numba per dtype (float32,
 float64): im2col (`unfold`) into any window layout whose last two axes are (OH, OW),
-its adjoint col2im (`fold`), and max and average pooling with their backward passes.
+its adjoint col2im (`fold`), max and average pooling with their backward passes, and a
+tiled 2-D transpose (small-map convolutions put the batch innermost with it).
 
 Each kernel is a serial loop that releases the GIL. The windows are described by one
 int64 array, `geometry` (see `geometry()`); loops skip padding by computing
@@ -370,6 +371,29 @@ def avg_pool_backward_body(upstream, grad, g, scale):
     return grad
 
 
+def transpose_body(src, dst):
+    """dst = src.T for a C-contiguous (A, B) src and (B, A) dst, in 8 x 8 tiles of
+    constant size, which LLVM unrolls: small-map convolutions move the batch innermost
+    and back with it (a 512 x 128 float32 transpose: NumPy's strided copy 111 us, 16 x
+    16 tiles of variable size 56 us, these 43 us, a plain copy 13 us)."""
+    a_, b_ = src.shape
+    s = src.reshape(src.size)
+    d = dst.reshape(dst.size)
+    a8 = a_ - a_ % 8
+    b8 = b_ - b_ % 8
+    for a0 in range(0, a8, 8):
+        for b0 in range(0, b8, 8):
+            for b in range(8):
+                for a in range(8):
+                    d[U((b0 + b) * a_ + a0 + a)] = s[U((a0 + a) * b_ + b0 + b)]
+        for b in range(b8, b_):
+            for a in range(8):
+                d[U(b * a_ + a0 + a)] = s[U((a0 + a) * b_ + b)]
+    for a in range(a8, a_):
+        for b in range(b_):
+            d[U(b * a_ + a)] = s[U(a * b_ + b)]
+
+
 # ---------------------------------------------------------------- tiling windows
 # Pools whose windows tile the input (stride = kernel, no padding or dilation: the
 # MaxPool2d(k) of most CNNs) take one pass per output, with the window's taps in the
@@ -512,6 +536,7 @@ _KINDS: dict[Callable, tuple[str, ...]] = {
     max_pool_backward_body: ("in4", "in4", "in4", "out4", "geo", "value"),
     avg_pool_body: ("in4", "out4", "geo", "value"),
     avg_pool_backward_body: ("in4", "out4", "geo", "value"),
+    transpose_body: ("in2", "out2"),
 }
 _lock = threading.Lock()
 _compiled_loops: dict[tuple, Any] = {}
@@ -608,6 +633,14 @@ def fold(buffer: np.ndarray, out: np.ndarray, geo: np.ndarray) -> np.ndarray:
     dtype = check_dtype("fold2d", [buffer, out])
     compiled(fold_body, dtype)(_blocks(np.ascontiguousarray(buffer), geo), out, geo)
     return out
+
+
+def transpose(src: np.ndarray, dst: np.ndarray) -> np.ndarray:
+    """Write the (A, B) matrix src transposed into the C-contiguous (B, A) dst;
+    returns dst."""
+    dtype = check_dtype("transpose", [src, dst])
+    compiled(transpose_body, dtype)(np.ascontiguousarray(src), dst)
+    return dst
 
 
 def _tiles(geo: np.ndarray) -> bool:
