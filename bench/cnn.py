@@ -16,7 +16,11 @@ PyTorch time, each the best run of its class) are printed for normal and slow ru
 separately, with how many runs were slow, and one JSON line of ratios ends the output.
 
 Run: `python bench/cnn.py` (`--quick` for fewer runs; `--only=a,b` for some of the
-workloads; `--profile=a` for a cProfile of 50 plan steps of one workload).
+workloads; `--profile=a` for a cProfile of 50 plan steps of one workload;
+`--threads=1` for one thread each; `--cpu-time` to time each run by the process's
+CPU time instead of the wall clock: on a machine other jobs load, with `--threads=1`,
+it still compares the contenders' own work, where the wall clock also counts the
+time slices they wait for).
 """
 
 from __future__ import annotations
@@ -28,7 +32,8 @@ from collections.abc import Callable
 
 from common import pin_threads, plan_sgd_step, torch_sgd_step
 
-pin_threads(2)
+THREADS = int(next((a.split("=")[1] for a in sys.argv if a.startswith("--threads=")), 2))
+pin_threads(THREADS)
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
@@ -114,13 +119,16 @@ def probe() -> float:
     return best
 
 
+CLOCK = time.process_time if "--cpu-time" in sys.argv else time.perf_counter
+
+
 def timed_run(fn: Callable[[], object], number: int) -> tuple[float, float]:
     """(probe seconds, seconds per call over `number` calls) of one run."""
     p = probe()
-    start = time.perf_counter()
+    start = CLOCK()
     for _ in range(number):
         fn()
-    return p, (time.perf_counter() - start) / number
+    return p, (CLOCK() - start) / number
 
 
 def measure(fns: dict[str, Callable[[], object]], repeats: int,
@@ -161,7 +169,7 @@ def profile(fn: Callable[[], object]) -> None:
 
 
 def main() -> int:
-    torch.set_num_threads(2)
+    torch.set_num_threads(THREADS)
     quick = "--quick" in sys.argv
     only = next((a.split("=")[1].split(",") for a in sys.argv if a.startswith("--only=")),
                 list(WORKLOADS))
@@ -176,8 +184,9 @@ def main() -> int:
         results[key] = measure(steps(build), repeats, number // 2 if quick else number)
     fastest = min(p for ways in results.values() for runs in ways.values()
                   for rs in runs.values() for p, _ in rs)
-    print("training step, SGD momentum, float32, 2 threads: pullback TRAINING plan / "
-          "PyTorch eager")
+    clock = "CPU time" if CLOCK is time.process_time else "wall time"
+    print(f"training step, SGD momentum, float32, {THREADS} thread(s), {clock}: pullback "
+          "TRAINING plan / PyTorch eager")
     print(f"  (best run of each; slow runs: a 32 MiB copy >= {SLOW}x the fastest, "
           f"{fastest * 1e3:.2f} ms)")
     ratios: dict[str, dict[str, float | None]] = {}
@@ -197,7 +206,8 @@ def main() -> int:
                 ratios[f"{key} {way} {spell}"] = round(ratio, 3)
                 print(f"    {way:5s} {spell:6s} ({count}): pullback {min(tp) * 1e3:7.3f} ms, "
                       f"pytorch {min(tt) * 1e3:7.3f} ms, ratio {ratio:.2f}")
-    print(json.dumps({"bench": "cnn", "pullback / pytorch": ratios}))
+    print(json.dumps({"bench": "cnn", "threads": THREADS, "clock": clock,
+                      "pullback / pytorch": ratios}))
     return 0
 
 
