@@ -13,7 +13,8 @@ bandwidth probe (a 32 MiB np.copyto, best of 3) is timed, and a run is "slow" wh
 probe took at least 1.4x the fastest probe of the whole program run (im2col's memory
 traffic is what slows down there, while oneDNN barely does). Ratios (pullback time /
 PyTorch time, each the best run of its class) are printed for normal and slow runs
-separately, with how many runs were slow, and one JSON line of ratios ends the output.
+separately, with how many runs were slow, and for all runs together; one JSON line of
+ratios ends the output.
 
 Run: `python bench/cnn.py` (`--quick` for fewer runs; `--only=a,b` for some of the
 workloads; `--profile=a` for a cProfile of 50 plan steps of one workload;
@@ -146,9 +147,10 @@ def measure(fns: dict[str, Callable[[], object]], repeats: int,
 
 def classify(runs: list, fastest: float) -> dict[str, list[float]]:
     """The run times split by the probe before each: "normal" and "slow"."""
-    split: dict[str, list[float]] = {"normal": [], "slow": []}
+    split: dict[str, list[float]] = {"normal": [], "slow": [], "all": []}
     for p, t in runs:
         split["slow" if p >= SLOW * fastest else "normal"].append(t)
+        split["all"].append(t)
     return split
 
 
@@ -195,7 +197,7 @@ def main() -> int:
         print(f"({key}) {label}: bar {bar}" + (f", {slow_bar} in slow spells" if slow_bar else ""))
         for way, runs in results[key].items():
             split = {name: classify(rs, fastest) for name, rs in runs.items()}
-            for spell in ("normal", "slow"):
+            for spell in ("normal", "slow", "all"):
                 tp, tt = split["pullback"][spell], split["pytorch"][spell]
                 count = f"{len(tp)}+{len(tt)} runs"
                 if not tp or not tt:
