@@ -89,3 +89,18 @@ def test_transpose_kernel_matches_numpy(dtype):
         dst = np.full(shape[::-1], np.nan, dtype)
         assert kernels.transpose(src, dst) is dst
         np.testing.assert_array_equal(dst, src.T)
+
+
+@pytest.mark.parametrize("shape", [(3, 4, 4, 4), (2, 3, 7, 6)], ids=["tiled", "leftover"])
+def test_max_pool_on_small_maps_matches_torch(shape):
+    # Maps the 2x2 windows tile exactly run as one tall plane; 7x6 leaves a row over.
+    rng = np.random.default_rng(5)
+    x = rng.integers(0, 3, shape).astype(np.float32)  # ties: the first maximum wins
+    y = backend_conv.max_pool2d(x, (2, 2), (2, 2), (0, 0))
+    upstream = rng.standard_normal(y.shape).astype(np.float32)
+    grad = backend_conv.max_pool2d_backward(upstream, x, y, (2, 2), (2, 2), (0, 0))
+    tx = torch.from_numpy(x).requires_grad_()
+    ty = F.max_pool2d(tx, 2)
+    ty.backward(torch.from_numpy(upstream))
+    np.testing.assert_array_equal(y, ty.detach().numpy())
+    np.testing.assert_array_equal(grad, tx.grad.numpy())
