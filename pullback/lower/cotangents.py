@@ -42,7 +42,7 @@ def _writable(eqn: Any, parent: Var | None, fortran: set[int]) -> Buffer | None:
     if (ct_into is None or parent is None or parent.kind != "value"
             or parent.dtype not in SUPPORTED_DTYPES or parent.nbytes < MIN_BYTES):
         return None
-    order = ct_into.order(eqn.args, parent, eqn.out.index in fortran)
+    order = ct_into.order(eqn.args, parent, eqn.out.index in fortran, parent.index in fortran)
     return None if order is None else Buffer(parent.shape, parent.dtype, order)
 
 

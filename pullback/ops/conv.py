@@ -240,7 +240,9 @@ def _conv_ct_into(be: Any, g: Any, n: Any, out: Any) -> tuple:
 
 
 writes_cotangent_into(
-    conv2d_p, lambda args, first, by_columns: "C" if args[1].dtype == first.dtype else None,
+    conv2d_p,
+    lambda args, first, by_columns, first_by_columns: "C" if args[1].dtype == first.dtype
+    else None,
     _conv_ct_into)
 
 
@@ -319,7 +321,7 @@ defvjp(max_pool2d_p, lambda be, g, n: (be.max_pool2d_backward(
     n.params["dilation"]),))
 backward_kernel(max_pool2d_p, "max_pool2d_backward")
 writes_cotangent_into(
-    max_pool2d_p, lambda args, first, by_columns: "C",
+    max_pool2d_p, lambda args, first, by_columns, first_by_columns: "C",
     lambda be, g, n, out: (be.max_pool2d_backward(
         g, n.inputs[0], n.output, n.params["kernel"], n.params["stride"], n.params["padding"],
         n.params["dilation"], out=out),))
@@ -351,7 +353,7 @@ defvjp(avg_pool2d_p, lambda be, g, n: (be.avg_pool2d_backward(
     g, n.in_shapes[0], n.params["kernel"], n.params["stride"], n.params["padding"]),))
 backward_kernel(avg_pool2d_p, "avg_pool2d_backward")
 writes_cotangent_into(
-    avg_pool2d_p, lambda args, first, by_columns: "C",
+    avg_pool2d_p, lambda args, first, by_columns, first_by_columns: "C",
     lambda be, g, n, out: (be.avg_pool2d_backward(
         g, n.in_shapes[0], n.params["kernel"], n.params["stride"], n.params["padding"],
         out=out),))

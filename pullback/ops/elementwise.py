@@ -383,7 +383,7 @@ defvjp(relu_p, lambda be, g, n: (be.relu_backward(g, n.output),))
 backward_kernel(relu_p, "relu_backward", symmetric=True)
 # Its cotangent buffer is laid out as its output, which its backward reads beside it.
 writes_cotangent_into(
-    relu_p, lambda args, first, by_columns: "F" if by_columns else "C",
+    relu_p, lambda args, first, by_columns, first_by_columns: "F" if by_columns else "C",
     lambda be, g, n, out: (be.relu_backward(g, n.output, out=out),))
 
 sigmoid_p = _unary("sigmoid", Fusion("sigmoid({0})", {"sigmoid": scalar_math.sigmoid}),

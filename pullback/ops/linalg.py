@@ -107,11 +107,17 @@ defvjp(matmul_p, _matmul_vjp)
 backward_kernel(matmul_p, "matmul_backward")
 
 
-def _ct_order(args: tuple, first: Any, by_columns: bool) -> str | None:
+def _ct_order(args: tuple, first: Any, by_columns: bool, first_by_columns: bool
+              ) -> str | None:
+    """The lhs cotangent laid out as the lhs itself, which its consumers read beside it
+    (a relu's backward its output, a flattened convolution's the maps). By the product's
+    own shape instead, a digits CNN's Dense(512, 10) sent its (128, 512) input gradient
+    by columns into a reshape to (128, 32, 4, 4) and a relu backward that read it
+    strided: 0.3 ms against 0.02 for the whole step's relu backward."""
     a, b = args
     if not (_matrices(a, b) and a.dtype == b.dtype == first.dtype):
         return None
-    return result_order(*shape_of(first))  # laid out as a product of its shape
+    return "F" if first_by_columns else "C"
 
 
 def _ct_into(be: Any, g: Any, n: Any, out: Any) -> tuple:

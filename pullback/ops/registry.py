@@ -38,13 +38,14 @@ class CotangentInto(NamedTuple):
     """How a plan's backward step writes a primitive's first-operand cotangent into a
     buffer it keeps across calls, computing what the primitive's vjp computes.
 
-    `order(args, first, by_columns)`: the buffer's memory order ("C" or "F"), or None
-    where it cannot write one; `args` are the forward operands and `first` the first
-    one (shape and dtype each), `by_columns` whether the forward result is laid out by
-    columns. `write(backend, upstream, node, out)`: one cotangent (or None) per operand,
-    the first written into `out` through the backend's `out=` forms."""
+    `order(args, first, by_columns, first_by_columns)`: the buffer's memory order ("C"
+    or "F"), or None where it cannot write one; `args` are the forward operands and
+    `first` the first one (shape and dtype each), `by_columns` whether the forward
+    result is laid out by columns, `first_by_columns` whether the first operand is.
+    `write(backend, upstream, node, out)`: one cotangent (or None) per operand, the
+    first written into `out` through the backend's `out=` forms."""
 
-    order: Callable[[tuple, Any, bool], str | None]
+    order: Callable[[tuple, Any, bool, bool], str | None]
     write: Callable[..., tuple]
 
 

@@ -122,3 +122,21 @@ def test_a_parameter_gradient_that_views_a_buffer_is_copied_out() -> None:
         np.testing.assert_allclose(grads[-1][1], shift.grad.numpy(), rtol=1e-5, atol=1e-6)
         np.testing.assert_allclose(grads[-1][2], w.grad.numpy(), rtol=1e-4, atol=1e-5)
     np.testing.assert_array_equal(grads[0][0], grads[0][1])  # the first call's .grad kept
+
+
+def test_a_dense_layer_input_gradient_is_laid_out_as_its_input() -> None:
+    # Flattened maps (C-ordered) into Dense(512, 512): their (64, 512) gradient, which a
+    # product would lay out by columns, comes C-ordered, so the reshape to the maps and
+    # relu's backward read it contiguous; the hidden layer's (by columns) stays so.
+    pb.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(1, 32, 3), nn.ReLU(), nn.Flatten(), nn.Dense(512, 512),
+                          nn.ReLU(), nn.Dense(512, 10))
+    x, y = _data((64, 1, 6, 6), 9)
+    plan = pb.compile(lambda x, y: nn.cross_entropy(model(x), y), x, y, mode=TRAINING)
+    orders = [(eqn.primitive.name, plan._ct_buffers[b].order)
+              for (eqn, *_), b in zip(plan._backward, plan._ct_owner) if b >= 0]
+    # Backward order: the hidden layer's input gradient first, the maps' last.
+    assert orders == [("matmul", "F"), ("relu", "F"), ("matmul", "C"), ("relu", "C")]
+    grads = _plan_grads(plan, model, x, y)
+    for got, want in zip(grads, _eager_grads(model, x, y)):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
