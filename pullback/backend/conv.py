@@ -229,18 +229,17 @@ def _result(op: str, operands: list, shape: tuple, dtype: np.dtype,
 Epilogue = Callable[[np.ndarray, int, int], None]
 
 # Winograd F(4x4, 3x3) (pullback.backend.winograd) for 3x3, stride-1 convolutions where
-# it measured faster than im2col (bench/winograd.py; figures in bench/RESULTS.md): with
-# at least 16 channels on each side and 32 tiles of 4x4 outputs in the batch. Fewer
-# channels (the 3 of an RGB input, or 3 input gradients) leave too little GEMM to pay for
-# the transforms of every channel's tiles: 1.0-1.7x im2col's time. Fewer tiles
-# (ResNet-50's 256@14x14 and 512@7x7 at batch 1) make GEMMs too narrow and the weights'
-# transform a large share: 1.8-4.7x. The input gradient also needs maps of 8x8 or more:
-# on 4x4 maps (one tile a sample; the digits CNN's second convolution) it took 1.1-1.4x
-# im2col's time, though the forward took half. ResNet-20's layers, the 3x32x32 CNN's
-# second and ResNet-50's 64@56x56 and 128@28x28 at batch 1 took 0.4-0.9x.
-WINOGRAD_CHANNELS = 16
+# it measured faster than im2col at two threads (`python bench/winograd.py`; figures in
+# bench/RESULTS.md): at least 32 channels on each side, maps of at least 16x16 and 32
+# tiles of 4x4 outputs in the batch. It took 0.6-0.8x im2col's time on the 3x32x32 CNN's
+# second convolution, ResNet-20's 32-channel stage and ResNet-50's 64@56x56 and
+# 128@28x28 at batch 1 (input gradients 0.74-0.88x). Below those sizes it paid nothing
+# or lost: 16 channels at 32x32 and 64 at 8x8 took as long as im2col, 3 input channels
+# 1.9x, 4x4 maps 1.4x (the small-map path is faster there), and ResNet-50's 256@14x14
+# and 512@7x7 at batch 1, whose GEMMs are narrow and weight transforms large, 1.7-5x.
+WINOGRAD_CHANNELS = 32
+WINOGRAD_SIDE = 16
 WINOGRAD_TILES = 32
-WINOGRAD_INPUT_GRADIENT_SIDE = 8
 WINOGRAD_FORCED: bool | None = None  # True or False: always or never (benchmarks, tests)
 
 
@@ -254,9 +253,7 @@ def _winograd(win: Windows, groups: int, batch: int, c_in: int, c_out: int,
     if WINOGRAD_FORCED is not None:
         return WINOGRAD_FORCED
     grid = winograd.tiles(win.out_hw)
-    if input_gradient and min(win.out_hw) < WINOGRAD_INPUT_GRADIENT_SIDE:
-        return False
-    return (min(c_in, c_out) >= WINOGRAD_CHANNELS
+    return (min(c_in, c_out) >= WINOGRAD_CHANNELS and min(win.out_hw) >= WINOGRAD_SIDE
             and batch * grid[0] * grid[1] >= WINOGRAD_TILES)
 
 

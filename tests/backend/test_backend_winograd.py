@@ -138,14 +138,15 @@ def test_winograd_chunks_and_out(cpu, rng, forced, monkeypatch):
 CHOICES = [
     # (N, C, O, side), stride, groups, forward chosen, input gradient chosen: the shapes
     # measured in bench/winograd.py
-    ((128, 32, 64, 4), 1, 1, True, False),  # the digits CNN's second: 4x4 maps
+    ((128, 32, 64, 4), 1, 1, False, False),  # the digits CNN's second: 4x4 maps
     ((64, 3, 32, 32), 1, 1, False, False),  # an RGB input: too few channels
     ((64, 32, 64, 16), 1, 1, True, True),  # the 3x32x32 CNN's second
-    ((64, 16, 16, 32), 1, 1, True, True),  # ResNet-20's stages
-    ((64, 64, 64, 8), 1, 1, True, True),
+    ((64, 16, 16, 32), 1, 1, False, False),  # ResNet-20's stages: 16 channels,
+    ((64, 32, 32, 16), 1, 1, True, True),  # 32 at 16x16,
+    ((64, 64, 64, 8), 1, 1, False, False),  # 64 at 8x8
     ((1, 64, 64, 56), 1, 1, True, True),  # ResNet-50 at batch 1
     ((1, 128, 128, 28), 1, 1, True, True),
-    ((1, 256, 256, 14), 1, 1, False, False),  # 16 tiles: too few
+    ((1, 256, 256, 14), 1, 1, False, False),
     ((1, 512, 512, 7), 1, 1, False, False),
     ((64, 32, 32, 16), 2, 1, False, False),  # stride 2
     ((64, 32, 32, 16), 1, 2, False, False),  # groups
@@ -164,20 +165,20 @@ def test_the_rule_chooses_winograd_where_it_measured_faster(case):
 
 
 @pytest.mark.parametrize("batch, side, expected", [
-    (8, 8, "both"),  # 32 tiles
-    (7, 8, "neither"),  # 28 tiles
-    (32, 4, "forward"),  # 4x4 maps: the forward only
+    (2, 16, "both"),  # 32 tiles
+    (1, 16, "neither"),  # 16 tiles
+    (8, 8, "neither"),  # 8x8 maps
 ])
 def test_conv2d_and_its_input_gradient_take_the_rules_choice(cpu, monkeypatch, batch, side,
                                                              expected):
     calls = []
     monkeypatch.setattr(winograd, "correlate",
                         lambda x, u, padding, out, scratch, *epilogue: calls.append(x.shape) or out)
-    x = np.zeros((batch, 16, side, side), np.float32)
-    w = np.zeros((16, 16, 3, 3), np.float32)
+    x = np.zeros((batch, 32, side, side), np.float32)
+    w = np.zeros((32, 32, 3, 3), np.float32)
     y = cpu.conv2d(x, w, (1, 1), (1, 1))
     cpu.conv2d_input_backward(y, w, x.shape, (1, 1), (1, 1))
-    assert calls == {"both": [x.shape, y.shape], "neither": [], "forward": [x.shape]}[expected]
+    assert calls == {"both": [x.shape, y.shape], "neither": []}[expected]
 
 
 def test_input_gradient_padding_past_two_stays_on_im2col(cpu, monkeypatch, forced):

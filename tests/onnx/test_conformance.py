@@ -11,6 +11,7 @@ from conformance import cases, run_case
 
 import pullback as pb
 import pullback.onnx
+from pullback.backend import conv as backend_conv
 
 #: Models expected to be unsupported, with a word from the reason. Empty: all are supported.
 EXPECTED_UNSUPPORTED: dict[str, str] = {}
@@ -46,8 +47,19 @@ def test_the_bundled_folders_are_all_found():
     assert len(ALL_CASES) == 149
 
 
+# Light models whose expected output rests on exact ties: squeezenet's 1,000 logits are
+# about 9.5e9 and equal in exact arithmetic, in onnxruntime's and in im2col's, so its
+# softmax is uniform. Winograd's rounding (bounded and tested in
+# tests/backend/test_backend_winograd.py, about 1e-6 of the largest value) separates
+# them by hundreds, which a softmax of such logits turns into another output; these
+# run with Winograd switched off.
+TIE_DEPENDENT = {"light/squeezenet"}
+
+
 @pytest.mark.parametrize("case", [_param(c) for c in ALL_CASES])
-def test_bundled_model(case):
+def test_bundled_model(case, monkeypatch):
+    if case.name in TIE_DEPENDENT:
+        monkeypatch.setattr(backend_conv, "WINOGRAD_FORCED", False)
     if case.name in EXPECTED_UNSUPPORTED:
         with pytest.raises(pullback.onnx.UnsupportedOperatorError,
                            match=EXPECTED_UNSUPPORTED[case.name]):
