@@ -38,49 +38,11 @@ pin_threads(THREADS)
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-
-import pullback as pb  # noqa: E402
-from pullback import nn  # noqa: E402
+from cnn_models import cifar_cnn, digits, train_cnn  # noqa: E402
 
 LR, MOMENTUM = 0.01, 0.9
 SLOW = 1.4  # a probe this many times the fastest marks a run as slow
 PROBE_BYTES = 32 << 20
-
-
-def digits() -> tuple:
-    """The issue's digits CNN, batch 128."""
-    pb.manual_seed(0)
-    model = nn.Sequential(nn.Conv2d(1, 16, 3), nn.ReLU(), nn.Conv2d(16, 32, 3), nn.ReLU(),
-                          nn.Flatten(), nn.Dense(32 * 4 * 4, 10))
-    tmodel = torch.nn.Sequential(torch.nn.Conv2d(1, 16, 3), torch.nn.ReLU(),
-                                 torch.nn.Conv2d(16, 32, 3), torch.nn.ReLU(),
-                                 torch.nn.Flatten(), torch.nn.Linear(32 * 4 * 4, 10))
-    return model, tmodel, (128, 1, 8, 8)
-
-
-def train_cnn() -> tuple:
-    """`pullback train`'s CNN, batch 32 (its twin as bench/plans.py's digits_cnn)."""
-    from pullback.training import build_model
-
-    pb.manual_seed(0)
-    tmodel = torch.nn.Sequential(torch.nn.Conv2d(1, 32, 3, padding=1), torch.nn.ReLU(),
-                                 torch.nn.MaxPool2d(2), torch.nn.Conv2d(32, 64, 3, padding=1),
-                                 torch.nn.ReLU(), torch.nn.MaxPool2d(2), torch.nn.Flatten(),
-                                 torch.nn.Linear(64 * 2 * 2, 10))
-    return build_model("cnn"), tmodel, (32, 1, 8, 8)
-
-
-def cifar_cnn() -> tuple:
-    """bench/plans.py's CNN on 3x32x32, batch 64."""
-    pb.manual_seed(0)
-    model = nn.Sequential(nn.Conv2d(3, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-                          nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-                          nn.Flatten(), nn.Dense(64 * 8 * 8, 10))
-    tmodel = torch.nn.Sequential(torch.nn.Conv2d(3, 32, 3, padding=1), torch.nn.ReLU(),
-                                 torch.nn.MaxPool2d(2), torch.nn.Conv2d(32, 64, 3, padding=1),
-                                 torch.nn.ReLU(), torch.nn.MaxPool2d(2), torch.nn.Flatten(),
-                                 torch.nn.Linear(64 * 8 * 8, 10))
-    return model, tmodel, (64, 3, 32, 32)
 
 
 # key: (label, builder, bar, bar in slow spells, calls per run)

@@ -19,6 +19,7 @@ pin_threads(2)
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
+from cnn_models import cifar_cnn, train_cnn  # noqa: E402
 
 import pullback as pb  # noqa: E402
 from pullback import nn  # noqa: E402
@@ -36,32 +37,8 @@ def wide_mlp() -> tuple:
     return model, tmodel, (256, 784)
 
 
-def cnn() -> tuple:
-    pb.manual_seed(0)
-    model = nn.Sequential(nn.Conv2d(3, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-                          nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-                          nn.Flatten(), nn.Dense(64 * 8 * 8, 10))
-    tmodel = torch.nn.Sequential(torch.nn.Conv2d(3, 32, 3, padding=1), torch.nn.ReLU(),
-                                 torch.nn.MaxPool2d(2), torch.nn.Conv2d(32, 64, 3, padding=1),
-                                 torch.nn.ReLU(), torch.nn.MaxPool2d(2), torch.nn.Flatten(),
-                                 torch.nn.Linear(64 * 8 * 8, 10))
-    return model, tmodel, (64, 3, 32, 32)
-
-
-def digits_cnn() -> tuple:
-    """`pullback train`'s default model and batch size, on random 1x8x8 images."""
-    from pullback.training import build_model
-
-    pb.manual_seed(0)
-    tmodel = torch.nn.Sequential(torch.nn.Conv2d(1, 32, 3, padding=1), torch.nn.ReLU(),
-                                 torch.nn.MaxPool2d(2), torch.nn.Conv2d(32, 64, 3, padding=1),
-                                 torch.nn.ReLU(), torch.nn.MaxPool2d(2), torch.nn.Flatten(),
-                                 torch.nn.Linear(64 * 2 * 2, 10))
-    return build_model("cnn"), tmodel, (32, 1, 8, 8)
-
-
-MODELS = {"MLP 784-1024-1024-10, batch 256": wide_mlp, "CNN on 3x32x32, batch 64": cnn,
-          "CNN on 1x8x8, batch 32 (train's)": digits_cnn}
+MODELS = {"MLP 784-1024-1024-10, batch 256": wide_mlp, "CNN on 3x32x32, batch 64": cifar_cnn,
+          "CNN on 1x8x8, batch 32 (train's)": train_cnn}
 
 
 def steps(make: object) -> tuple:
@@ -139,7 +116,7 @@ def main() -> int:
     for label, make in MODELS.items():
         pullback_step, torch_step = steps(make)
         ways = both_ways({"pullback": pullback_step, "pytorch": torch_step}, repeats=7,
-                         number=10 if make is not digits_cnn else 100)
+                         number=10 if make is not train_cnn else 100)
         for way, times in ways.items():
             tp, tt = times["pullback"], times["pytorch"]
             print(f"  {label:34s} {way:5s}  pullback {tp * 1e3:7.2f} ms, pytorch "
