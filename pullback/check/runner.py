@@ -2,8 +2,8 @@
 
 Every primitive, on each backend and float dtype: gradcheck through the fused
 backward kernels and, separately, through the rules (transpose of the JVP);
-the derivative of the vjp (along random directions when its Jacobian is large, see
-FULL_SECOND_ORDER); and the adjoint test between jvp and vjp.
+the derivative of the vjp (along random directions when its Jacobian is large, and on
+the threaded backend, see FULL_SECOND_ORDER); and the adjoint test between jvp and vjp.
 Primitives without a gradient only run forward, against NumPy where the
 spec names a reference. Each primitive's spec is declared beside it in the ops
 layer (`ops.checks.declare_check`); a primitive without one is a failure.
@@ -34,7 +34,12 @@ DTYPES = ("float32", "float64")
 # was half of the suite's `pullback check` time. Beyond this many entries it is compared
 # along random directions instead, as PyTorch's gradgradcheck fast mode does; a failure
 # there is still localized entry by entry. First derivatives are always compared whole.
+# On the threaded backend, which splits every op of a sample over its threads (3-4x the
+# time per evaluation), second derivatives are always compared along random
+# directions: its kernels are the CPU backend's, compared whole at first order there
+# and here, and its second derivatives whole on the CPU backend.
 FULL_SECOND_ORDER = 20_000
+FULL_SECOND_ORDER_BACKENDS = ("cpu",)
 
 
 def _threaded() -> ThreadedCpuBackend:
@@ -129,9 +134,7 @@ def _check_op(name: str, prim: Any, spec: Spec, backend: str, dtype: str) -> lis
     def grad(fused: bool, order: int = 1) -> Callable[[], Finding | None]:
         def run() -> Finding | None:
             with fused_kernels(fused):
-                mode = "full"
-                if order == 2 and Problem(spec.fn, arrays).jacobian_size > FULL_SECOND_ORDER:
-                    mode = "fast"
+                mode = _second_order_mode(backend, spec, arrays) if order == 2 else "full"
                 return measure(spec.fn, arrays, seed=seed, mode=mode, order=order,
                                min_order=order)
 
@@ -144,6 +147,14 @@ def _check_op(name: str, prim: Any, spec: Spec, backend: str, dtype: str) -> lis
         rows.append(row("grad2", grad(True, order=2)))
     rows.append(row("adjoint", lambda: adjoint_check(spec.fn, arrays, seed=seed)))
     return rows
+
+
+def _second_order_mode(backend: str, spec: Spec, arrays: list[np.ndarray]) -> str:
+    """How a second derivative is compared: whole, or along random directions (see
+    FULL_SECOND_ORDER)."""
+    if backend not in FULL_SECOND_ORDER_BACKENDS:
+        return "fast"
+    return "full" if Problem(spec.fn, arrays).jacobian_size <= FULL_SECOND_ORDER else "fast"
 
 
 def _forward(spec: Spec, arrays: list[np.ndarray]) -> Finding | None:

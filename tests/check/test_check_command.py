@@ -95,6 +95,15 @@ def test_a_large_sample_still_catches_a_wrong_second_derivative(bad_second_squar
     assert all("the derivative of the" in r.detail for r in rows if not r.passed)
 
 
+def test_the_threaded_backend_still_catches_a_wrong_second_derivative(bad_second_square):
+    # Its second derivatives are compared along random directions, however small.
+    primitives = {"bad_second_square": bad_second_square}
+    specs = {"bad_second_square": Spec(bad_second_square.bind, inputs(normal(2, 3)))}
+    rows = run_checks(backends=["threaded"], primitives=primitives, specs=specs)
+    assert {(r.dtype, r.check) for r in rows if not r.passed} == {("float32", "grad2"),
+                                                                  ("float64", "grad2")}
+
+
 def test_backend_option_limits_the_rows():
     rows = run_checks(["exp"], ["threaded"])
     assert {r.backend for r in rows} == {"threaded"}
