@@ -31,7 +31,7 @@ import sys
 import time
 from collections.abc import Callable
 
-from common import pin_threads, plan_sgd_step, torch_sgd_step
+from common import pin_threads, plan_sgd_step, profile, torch_sgd_step
 
 THREADS = int(next((a.split("=")[1] for a in sys.argv if a.startswith("--threads=")), 2))
 pin_threads(THREADS)
@@ -116,22 +116,6 @@ def classify(runs: list, fastest: float) -> dict[str, list[float]]:
     return split
 
 
-def profile(fn: Callable[[], object]) -> None:
-    import cProfile
-    import pstats
-
-    fn()
-    prof = cProfile.Profile()
-    prof.enable()
-    for _ in range(50):
-        fn()
-    prof.disable()
-    stats = pstats.Stats(prof)
-    print(f"cProfile, 50 plan steps: {stats.total_calls // 50} calls per step, "
-          f"{stats.total_tt / 50 * 1e3:.2f} ms per step")
-    stats.sort_stats("tottime").print_stats(30)
-
-
 def main() -> int:
     torch.set_num_threads(THREADS)
     quick = "--quick" in sys.argv
@@ -139,7 +123,7 @@ def main() -> int:
                 list(WORKLOADS))
     prof = next((a.split("=")[1] for a in sys.argv if a.startswith("--profile=")), None)
     if prof is not None:
-        profile(steps(WORKLOADS[prof][1])["pullback"])
+        profile(steps(WORKLOADS[prof][1])["pullback"], 50, 30)
         return 0
     repeats = 4 if quick else 9
     results = {}

@@ -54,6 +54,25 @@ def both_ways(fns: dict[str, Callable[[], object]], repeats: int = 7,
     return {"alone": alone, "turns": best_times(fns, repeats, number)}
 
 
+def profile(step: Callable[[], object], steps: int, top: int, label: str = "") -> None:
+    """cProfile of `steps` calls of step (after one unprofiled call): Python calls and
+    ms per step, then the `top` functions with the most own time."""
+    import cProfile
+    import pstats
+
+    step()
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(steps):
+        step()
+    prof.disable()
+    stats = pstats.Stats(prof)
+    print(f"cProfile{', ' + label if label else ''}, {steps} plan steps: "
+          f"{stats.total_calls // steps} Python calls per step, "
+          f"{stats.total_tt / steps * 1e3:.2f} ms per step (profiled)")
+    stats.sort_stats("tottime").print_stats(top)
+
+
 def plan_sgd_step(model: object, x: object, y: object, lr: float,
                   momentum: float) -> Callable[[], object]:
     """One SGD-momentum step of `model` on (x, y) through a TRAINING plan, returning the

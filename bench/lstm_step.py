@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import sys
 
-from common import both_ways, eager_sgd_step, pin_threads, plan_sgd_step, torch_sgd_step
+from common import both_ways, eager_sgd_step, pin_threads, plan_sgd_step, profile, torch_sgd_step
 
 THREADS = int(next((a.split("=")[1] for a in sys.argv if a.startswith("--threads=")), 2))
 pin_threads(THREADS)
@@ -85,24 +85,6 @@ def value(loss: object) -> float:
     return float(loss.detach() if isinstance(loss, torch.Tensor) else np.asarray(loss))
 
 
-def profile(step: object, label: str) -> None:
-    """cProfile of the plan step: calls per step and the 15 functions with most own time."""
-    import cProfile
-    import pstats
-
-    n = 50
-    step()
-    prof = cProfile.Profile()
-    prof.enable()
-    for _ in range(n):
-        step()
-    prof.disable()
-    stats = pstats.Stats(prof)
-    print(f"cProfile, {label}, {n} plan steps: {stats.total_calls // n} Python calls per "
-          f"step, {stats.total_tt / n * 1e3:.3f} ms per step (profiled)")
-    stats.sort_stats("tottime").print_stats(15)
-
-
 def main() -> int:
     torch.set_num_threads(THREADS)
     small = "--small" in sys.argv
@@ -120,7 +102,7 @@ def main() -> int:
             way: {name: round(ts["torch eager"] / ts[name], 2)
                   for name in ("pullback plan", "pullback eager")} for way, ts in ways.items()}
         if "--profile" in sys.argv:
-            profile(fns["pullback plan"], label)
+            profile(fns["pullback plan"], 50, 15, label)
     title = f"recurrent training step (SGD momentum, float32, {THREADS} threads)"
     print(json.dumps({"bench": title, "per step": results}, indent=2))
     return 0

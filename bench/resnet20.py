@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import sys
 
-from common import both_ways, eager_sgd_step, pin_threads, plan_sgd_step, torch_sgd_step
+from common import both_ways, eager_sgd_step, pin_threads, plan_sgd_step, profile, torch_sgd_step
 
 THREADS = int(next((a.split("=")[1] for a in sys.argv if a.startswith("--threads=")), 2))
 pin_threads(THREADS)
@@ -159,23 +159,6 @@ def check(steps: dict, nets: tuple) -> list:
     return ref
 
 
-def profile(step: object) -> None:
-    """cProfile of 10 plan steps: the 25 functions with the most own time."""
-    import cProfile
-    import pstats
-
-    step()
-    prof = cProfile.Profile()
-    prof.enable()
-    for _ in range(10):
-        step()
-    prof.disable()
-    stats = pstats.Stats(prof)
-    print(f"cProfile, 10 plan steps: {stats.total_calls} calls "
-          f"({stats.total_calls // 10} per step), {stats.total_tt / 10 * 1e3:.1f} ms per step")
-    stats.sort_stats("tottime").print_stats(25)
-
-
 # Each distinct convolution of ResNet-20: (in, out, kernel, stride, input size, count).
 CONVS = [(3, 16, 3, 1, 32, 1), (16, 16, 3, 1, 32, 6), (16, 32, 3, 2, 32, 1),
          (32, 32, 3, 1, 16, 5), (16, 32, 1, 2, 32, 1), (32, 64, 3, 2, 16, 1),
@@ -261,7 +244,7 @@ def main() -> int:
                       f"float32, {THREADS} threads", "losses over 3 steps (torch)": losses,
                       "ms per step": results}, indent=2))
     if "--profile" in sys.argv:
-        profile(steps["pullback plan"])
+        profile(steps["pullback plan"], 10, 25)
     return 0
 
 
