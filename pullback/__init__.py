@@ -12,6 +12,7 @@ from .errors import KernelError, TracingError
 from .io import load, save
 from .lower import LoweringMode, compile
 from .ops import *  # noqa: F403  (each op's declaration module names it: ops.__all__)
+from .ops.hints import ArrayLike, DTypeLike, TensorLike
 from .tensor import (
     Tensor,
     arange,
@@ -49,13 +50,16 @@ from .tensor import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "ArrayLike",
     "Backend",
     "BackwardOps",
     "CpuBackend",
+    "DTypeLike",
     "GradcheckError",
     "KernelError",
     "LoweringMode",
     "Tensor",
+    "TensorLike",
     "ThreadedCpuBackend",
     "TracingError",
     "__version__",

@@ -10,7 +10,7 @@ path short.
 from __future__ import annotations
 
 import weakref
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -250,6 +250,37 @@ class _Operators(TorchMethods):
 
     def matmul(self, other: Any) -> Any:
         return ops.matmul(self, other)
+
+    if TYPE_CHECKING:
+        # The methods primitives declare (`tensor_method`, set below at import), spelled
+        # for type checkers, which cannot see `setattr`; tests/tensor/test_method_types.py
+        # checks that this list and the primitives' agree.
+        abs = ops.abs
+        argmax = ops.argmax
+        argmin = ops.argmin
+        argsort = ops.argsort
+        clip = ops.clip
+        cos = ops.cos
+        cumsum = ops.cumsum
+        exp = ops.exp
+        gelu = ops.gelu
+        log = ops.log
+        log_softmax = ops.log_softmax
+        logsumexp = ops.logsumexp
+        max = ops.max
+        maximum = ops.maximum
+        min = ops.min
+        minimum = ops.minimum
+        neg = ops.neg
+        prod = ops.prod
+        relu = ops.relu
+        sigmoid = ops.sigmoid
+        silu = ops.silu
+        sin = ops.sin
+        softmax = ops.softmax
+        softplus = ops.softplus
+        sqrt = ops.sqrt
+        tanh = ops.tanh
 
 
 # The methods each primitive declares (`tensor_method`, beside its declaration).
