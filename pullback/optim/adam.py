@@ -8,7 +8,7 @@ arithmetic in NumPy."""
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 import numpy as np
@@ -17,6 +17,7 @@ from ..kernels import updates
 from ..kernels.core import SUPPORTED_DTYPES
 from ._checks import real
 from .applyer import GradApplyer, _Default
+from .groups import Params
 from .train_params import TrainParams
 
 
@@ -28,11 +29,11 @@ class Adam(GradApplyer):
     _decoupled: ClassVar[bool] = False
     _buffer_names: ClassVar[tuple[str, ...]] = ("step", "exp_avg", "exp_avg_sq")
     _count_buffers: ClassVar[tuple[str, ...]] = ("step",)
-    betas = _Default()
-    eps = _Default()
-    weight_decay = _Default()
+    betas = _Default[tuple[float, float]]()
+    eps = _Default[float]()
+    weight_decay = _Default[float]()
 
-    def __init__(self, params: Iterable[Any], lr: float | TrainParams,
+    def __init__(self, params: Params, lr: float | TrainParams,
                  betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
                  weight_decay: float = 0.0) -> None:
         super().__init__(params, lr, betas=betas, eps=eps, weight_decay=weight_decay)
@@ -97,7 +98,7 @@ class AdamW(Adam):
 
     _decoupled: ClassVar[bool] = True
 
-    def __init__(self, params: Iterable[Any], lr: float | TrainParams,
+    def __init__(self, params: Params, lr: float | TrainParams,
                  betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
                  weight_decay: float = 0.01) -> None:
         super().__init__(params, lr, betas=betas, eps=eps, weight_decay=weight_decay)

@@ -20,21 +20,28 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable, Mapping
-from typing import Any, ClassVar
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, ClassVar, Generic, TypeVar, cast, overload
 
 import numpy as np
+from numpy.typing import DTypeLike, NDArray
 
+from ..kernels.elementwise import ElementwiseKernel
 from ..tensor import Tensor
 from ._checks import real
 from .clip import NORM_EPS
-from .groups import GROUP_PREFIX, groups_state, load_groups, split_groups
+from .groups import GROUP_PREFIX, Params, groups_state, load_groups, split_groups
 from .scales import lr_scales
 from .train_params import TrainParams
 
 # Scratch arrays per dtype, each as large as the largest parameter: the working
 # gradient, and two for the rule (the last holds the update it returns).
 _SCRATCH_SLOTS = 3
+
+# A gradient as `apply` and `load_state_dict` take it: a Tensor or a NumPy array.
+GradLike = Tensor | NDArray[Any]
+
+_T = TypeVar("_T")
 
 
 class StateDictError(KeyError, ValueError):
@@ -45,13 +52,14 @@ class StateDictError(KeyError, ValueError):
         return str(self.args[0]) if self.args else ""
 
 
-def _describe(shape: tuple, dtype: Any) -> str:
+def _describe(shape: tuple[int, ...], dtype: DTypeLike) -> str:
     return f"{shape} {np.dtype(dtype)}"
 
 
-def _check_params(where: str, params: list[Any]) -> list[Tensor]:
+def _check_params(where: str, params: list[object]) -> list[Tensor]:
     if not params:
         raise ValueError(f"{where}: got an empty parameter list")
+    checked: list[Tensor] = []
     seen: dict[int, int] = {}
     for i, p in enumerate(params):
         if not isinstance(p, Tensor):
@@ -70,10 +78,11 @@ def _check_params(where: str, params: list[Any]) -> list[Tensor]:
             raise ValueError(f"{where}: parameters {seen[id(p)]} and {i} are the same tensor "
                              "(a parameter may be in one group only, once)")
         seen[id(p)] = i
-    return params
+        checked.append(p)
+    return checked
 
 
-def _as_array(where: str, what: str, value: Any) -> np.ndarray:
+def _as_array(where: str, what: str, value: object) -> np.ndarray:
     if isinstance(value, Tensor):
         return value._data
     if isinstance(value, np.ndarray):
@@ -85,17 +94,26 @@ def _as_array(where: str, what: str, value: Any) -> np.ndarray:
     )
 
 
-class _Default:
+class _Default(Generic[_T]):
     """A constructor setting, read as `opt.momentum`: the default of parameter groups
-    that do not set their own. Not assignable: the groups hold what steps use."""
+    that do not set their own. Not assignable: the groups hold what steps use.
+    `_Default[float]()` reads as a float."""
 
     def __set_name__(self, owner: type, name: str) -> None:
         self.name = name
 
-    def __get__(self, opt: Any, owner: type | None = None) -> Any:
-        return self if opt is None else opt.defaults[self.name]
+    @overload
+    def __get__(self, opt: None, owner: type | None = None) -> _Default[_T]: ...
 
-    def __set__(self, opt: Any, value: Any) -> None:
+    @overload
+    def __get__(self, opt: GradApplyer, owner: type | None = None) -> _T: ...
+
+    def __get__(self, opt: GradApplyer | None, owner: type | None = None
+                ) -> _Default[_T] | _T:
+        # The setting as the group check normalized it (real() floats, a bool, a pair).
+        return self if opt is None else cast(_T, opt.defaults[self.name])
+
+    def __set__(self, opt: GradApplyer, value: object) -> None:
         raise AttributeError(
             f"{type(opt).__name__}.{self.name} is the default of parameter groups; set "
             f"opt.param_groups[i][{self.name!r}] to change what the next step uses"
@@ -117,7 +135,7 @@ class GradApplyer:
     # Buffers that are 0-d int64 counts rather than arrays shaped like the parameter.
     _count_buffers: ClassVar[tuple[str, ...]] = ()
 
-    def __init__(self, params: Iterable[Any], lr: float | TrainParams, **settings: Any) -> None:
+    def __init__(self, params: Params, lr: float | TrainParams, **settings: Any) -> None:
         where = type(self).__name__
         if isinstance(lr, TrainParams):
             self.train_params = lr
@@ -138,10 +156,11 @@ class GradApplyer:
         self.step_count = 0
         self._index = {id(p): i for i, p in enumerate(self.params)}
         self._state: dict[int, dict[str, np.ndarray]] = {}
-        self._scratch: dict[np.dtype, np.ndarray] = {}
+        self._scratch: dict[np.dtype[Any], np.ndarray] = {}
         self._views: dict[int, tuple[np.ndarray, list[np.ndarray]]] = {}
         # Per parameter index: (kernel, the arrays it writes, its prepared launch).
-        self._launches: dict[int, tuple[Any, tuple, Any]] = {}
+        self._launches: dict[int, tuple[ElementwiseKernel, tuple[np.ndarray, ...],
+                                        Callable[..., object] | None]] = {}
 
     # ------------------------------------------------------------ the update rule
 
@@ -180,7 +199,8 @@ class GradApplyer:
             settings.append(checked)
         return settings
 
-    def _fused(self, index: int, kernel: Any, args: tuple, out: tuple) -> None:
+    def _fused(self, index: int, kernel: ElementwiseKernel, args: tuple[object, ...],
+               out: tuple[np.ndarray, ...]) -> None:
         """`kernel(*args, out=out)`, the outputs being inputs (the parameter and its
         buffers), through a launch prepared at the parameter's first step: the
         general call's checks cost more than the loop itself on small parameters."""
@@ -200,7 +220,7 @@ class GradApplyer:
     def lr(self) -> float:
         """The learning rate the next step will use for the first group (the schedule
         applied); each group's base rate is `param_groups[i]["lr"]`."""
-        return self._settings(type(self).__name__)[0]["lr"]
+        return float(self._settings(type(self).__name__)[0]["lr"])
 
     def zero_grad(self) -> None:
         """Forget every parameter's gradient (`p.grad = None`)."""
@@ -211,7 +231,7 @@ class GradApplyer:
         """One update of every parameter whose `.grad` is not None, from those grads."""
         self._apply([(p, p.grad) for p in self.params if p.grad is not None], "step")
 
-    def apply(self, pairs: Iterable[tuple[Tensor, Any]]) -> None:
+    def apply(self, pairs: Iterable[tuple[Tensor, GradLike]]) -> None:
         """One update from explicit `(param, grad)` pairs (grads as Tensors or arrays),
         leaving `.grad` alone: what `module.update(applyer, grads)` calls."""
         self._apply(pairs, "apply")
@@ -240,7 +260,7 @@ class GradApplyer:
             np.multiply(update, scale, out=update)
         np.subtract(param, update, out=param)
 
-    def _apply(self, pairs: Iterable[tuple[Tensor, Any]], verb: str) -> None:
+    def _apply(self, pairs: Iterable[tuple[Tensor, GradLike]], verb: str) -> None:
         where = f"{type(self).__name__}.{verb}"
         items = self._resolve(where, pairs)
         # Every check before any write, so a failed step leaves nothing half-updated.
@@ -268,7 +288,7 @@ class GradApplyer:
             if array.dtype != param.dtype and name not in self._count_buffers:
                 state[name] = array.astype(param.dtype)
 
-    def _resolve(self, where: str, pairs: Iterable[tuple[Tensor, Any]]
+    def _resolve(self, where: str, pairs: Iterable[tuple[Tensor, GradLike]]
                  ) -> list[tuple[int, Tensor, np.ndarray]]:
         items = []
         seen = set()
@@ -375,7 +395,7 @@ class GradApplyer:
         out.update(groups_state(self.param_groups, self._group_indices))
         return out
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+    def load_state_dict(self, state: Mapping[str, GradLike]) -> None:
         """Restore what `state_dict` saved (arrays or Tensors); checks every key and shape,
         and changes nothing unless all fit."""
         where = f"{type(self).__name__}.load_state_dict"

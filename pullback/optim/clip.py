@@ -25,7 +25,7 @@ def _norm(grads: list[np.ndarray], norm_type: float) -> float:
                                                   for g in grads))
         return math.sqrt(total)
     total = sum(float(np.sum(np.abs(g.astype(np.float64)) ** norm_type)) for g in grads)
-    return total ** (1.0 / norm_type)
+    return float(total ** (1.0 / norm_type))
 
 
 def clip_grad_norm(params: Tensor | Iterable[Tensor], max_norm: float,

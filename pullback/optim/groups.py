@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -26,8 +26,12 @@ _GROUP_KEY = re.compile(r"param_groups\.(0|[1-9][0-9]*)\.([a-z_0-9]+)")
 # Checks a group's settings (a dict without "params"); returns them normalized.
 CheckGroup = Callable[[str, Mapping[str, Any]], dict[str, Any]]
 
+# What an applyer takes as `params`: tensors (`module.parameters()`), or parameter
+# groups, dicts with "params" (tensors) and settings of any of the applyer's kinds.
+Params = Iterable[Tensor | Mapping[str, Any]]
 
-def _tensors(where: str, group_index: int | None, params: Any) -> list[Any]:
+
+def _tensors(where: str, group_index: int | None, params: object) -> list[object]:
     """A group's params as a list (a lone tensor is accepted inside a group, as PyTorch)."""
     if group_index is not None and isinstance(params, Tensor):
         return [params]
@@ -38,15 +42,16 @@ def _tensors(where: str, group_index: int | None, params: Any) -> list[Any]:
             "wrap it in a list"
         )
     try:
-        return list(params)
+        # Anything iterable; what is not raises TypeError here, reported below.
+        return list(cast(Iterable[object], params))
     except TypeError:
         what = "params" if group_index is None else f"group {group_index}'s 'params'"
         raise TypeError(f"{where}: {what} must be an iterable of Tensors, got "
                         f"{type(params).__name__}") from None
 
 
-def split_groups(where: str, params: Iterable[Any], defaults: Mapping[str, Any],
-                 check: CheckGroup) -> tuple[list[list[Any]], list[dict[str, Any]]]:
+def split_groups(where: str, params: Params, defaults: Mapping[str, Any],
+                 check: CheckGroup) -> tuple[list[list[object]], list[dict[str, Any]]]:
     """The tensors and the checked settings of each group: `params` is tensors (one
     group, `defaults`, already checked) or dicts with "params" and settings overriding
     `defaults`."""

@@ -4,7 +4,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 import numpy as np
@@ -13,6 +13,7 @@ from ..kernels import updates
 from ..kernels.core import SUPPORTED_DTYPES
 from ._checks import real
 from .applyer import GradApplyer, _Default
+from .groups import Params
 from .train_params import TrainParams
 
 
@@ -22,11 +23,11 @@ class RMSProp(GradApplyer):
     differ per parameter group."""
 
     _buffer_names: ClassVar[tuple[str, ...]] = ("square_avg", "momentum")
-    beta = _Default()
-    momentum = _Default()
-    eps = _Default()
+    beta = _Default[float]()
+    momentum = _Default[float]()
+    eps = _Default[float]()
 
-    def __init__(self, params: Iterable[Any], lr: float | TrainParams, beta: float = 0.9,
+    def __init__(self, params: Params, lr: float | TrainParams, beta: float = 0.9,
                  momentum: float = 0.0, eps: float = 1e-8) -> None:
         super().__init__(params, lr, beta=beta, momentum=momentum, eps=eps)
 

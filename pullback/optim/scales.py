@@ -13,18 +13,30 @@ keys with `==`, and a Tensor's `==` is elementwise, so its lookups raise.
 from __future__ import annotations
 
 import weakref
-from typing import Any
+from collections.abc import Iterable
+from typing import Protocol
 
 from ..tensor import Tensor
 from ._checks import real
 
+
+class ScaledWrapper(Protocol):
+    """What `scale_updates` registers: an object with a `scale` and the `parameters()`
+    it applies to (`nn.LR`; optim sits below nn, so it names the shape, not the class)."""
+
+    @property
+    def scale(self) -> float: ...
+
+    def parameters(self) -> Iterable[Tensor]: ...
+
+
 # id(tensor) -> (weak reference whose callback drops the entry, scale)
-_scales: dict[int, tuple[weakref.ref, float]] = {}
+_scales: dict[int, tuple[weakref.ref[Tensor], float]] = {}
 # id(wrapper) -> weak reference whose callback drops the entry
-_wrappers: dict[int, weakref.ref] = {}
+_wrappers: dict[int, weakref.ref[ScaledWrapper]] = {}
 
 
-def _forget(key: int, ref: weakref.ref) -> None:
+def _forget(key: int, ref: weakref.ref[Tensor]) -> None:
     entry = _scales.get(key)
     # A newer tensor may have reused the id after this one died: drop only our own entry.
     if entry is not None and entry[0] is ref:
@@ -49,7 +61,7 @@ def set_lr_scale(param: Tensor, scale: float) -> None:
     if entry is not None and entry[0]() is param:
         _scales[key] = (entry[0], scale)
         return
-    ref = weakref.ref(param, lambda r, key=key: _forget(key, r))
+    ref = weakref.ref(param, lambda r: _forget(key, r))
     _scales[key] = (ref, scale)
 
 
@@ -66,15 +78,15 @@ def lr_scale(param: Tensor) -> float:
     return lr_scales([_check_param("lr_scale", param)])[0]
 
 
-def scale_updates(wrapper: Any) -> None:
+def scale_updates(wrapper: ScaledWrapper) -> None:
     """While `wrapper` lives, every applyer's update of each tensor in
     `wrapper.parameters()` is multiplied by `wrapper.scale`, both read at each
     update (what `nn.LR` registers itself with)."""
     key = id(wrapper)
-    _wrappers[key] = weakref.ref(wrapper, lambda r, key=key: _forget_wrapper(key, r))
+    _wrappers[key] = weakref.ref(wrapper, lambda r: _forget_wrapper(key, r))
 
 
-def _forget_wrapper(key: int, ref: weakref.ref) -> None:
+def _forget_wrapper(key: int, ref: weakref.ref[ScaledWrapper]) -> None:
     if _wrappers.get(key) is ref:
         del _wrappers[key]
 

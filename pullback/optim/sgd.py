@@ -4,7 +4,7 @@ weight decay included; other dtypes run the same arithmetic in NumPy."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 import numpy as np
@@ -13,6 +13,7 @@ from ..kernels import updates
 from ..kernels.core import SUPPORTED_DTYPES
 from ._checks import real
 from .applyer import GradApplyer, _Default
+from .groups import Params
 from .train_params import TrainParams
 
 
@@ -23,11 +24,11 @@ class SGD(GradApplyer):
     Each may differ per parameter group."""
 
     _buffer_names: ClassVar[tuple[str, ...]] = ("momentum",)
-    momentum = _Default()
-    nesterov = _Default()
-    weight_decay = _Default()
+    momentum = _Default[float]()
+    nesterov = _Default[bool]()
+    weight_decay = _Default[float]()
 
-    def __init__(self, params: Iterable[Any], lr: float | TrainParams, momentum: float = 0.0,
+    def __init__(self, params: Params, lr: float | TrainParams, momentum: float = 0.0,
                  nesterov: bool = False, weight_decay: float = 0.0) -> None:
         super().__init__(params, lr, momentum=momentum, nesterov=nesterov,
                          weight_decay=weight_decay)
@@ -63,7 +64,7 @@ class SGD(GradApplyer):
         state = self._state.setdefault(index, {})
         buf = state.get("momentum")
         first = buf is None
-        if first:
+        if buf is None:
             # PyTorch starts the buffer at the first gradient, not at zero.
             buf = state["momentum"] = np.empty(param.shape, param.dtype)
         if fused:
