@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 import safetensors.numpy
+from numpy.typing import NDArray
 from safetensors import SafetensorError, safe_open
 
 from ..tensor import Tensor
@@ -26,6 +27,10 @@ from .errors import CheckpointError
 from .header import CODE_OF_DTYPE, DTYPE_OF_CODE, TensorEntry, read_header, strict_json
 
 PathLike = str | os.PathLike[str]
+
+# What a checkpoint stores: names -> tensors or NumPy arrays (a module's or an
+# optimizer's `state_dict()`).
+StateDict = Mapping[str, Tensor | NDArray[Any] | np.generic]
 
 FORMAT_KEY = "pullback.format"
 CRC_KEY = "pullback.crc32"
@@ -47,7 +52,7 @@ def _little_endian(array: np.ndarray) -> np.ndarray:
 
 
 def _crc32(array: np.ndarray) -> int:
-    return zlib.crc32(_little_endian(array).reshape(-1).view(np.uint8))
+    return zlib.crc32(_little_endian(array).reshape(-1).view(np.uint8).data)
 
 
 def _digest(metadata: Mapping[str, str], tensors: Mapping[str, TensorEntry]) -> str:
@@ -60,7 +65,7 @@ def _digest(metadata: Mapping[str, str], tensors: Mapping[str, TensorEntry]) -> 
     return "sha256:" + hashlib.sha256(canonical.encode("ascii")).hexdigest()
 
 
-def to_arrays(state: Any, path: PathLike, *, prefix: str = "") -> dict[str, np.ndarray]:
+def to_arrays(state: object, path: PathLike, *, prefix: str = "") -> dict[str, np.ndarray]:
     """Validate a state dict and return its values as contiguous little-endian arrays.
 
     `prefix` is prepended to every name (training checkpoints keep model and
@@ -184,7 +189,7 @@ def _checked(
     return {key: arrays[key] for key in checksums}
 
 
-def save(state_dict: Mapping[str, Any], path: PathLike) -> None:
+def save(state_dict: StateDict, path: PathLike) -> None:
     """Save a dict of name -> `pb.Tensor` or NumPy array to a safetensors file.
 
     The write is atomic: a crash leaves either the previous file or the new one.

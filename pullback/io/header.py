@@ -12,7 +12,7 @@ import json
 import math
 import os
 import stat
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 
@@ -50,7 +50,7 @@ def strict_json(text: str) -> Any:
         raise ValueError("JSON nested too deeply") from None
 
 
-def _is_count(value: Any) -> bool:
+def _is_count(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
@@ -95,7 +95,7 @@ def read_header(name: str) -> tuple[dict[str, TensorEntry], dict[str, str]]:
             ) from error
 
 
-def _parse(file: Any, size: int) -> tuple[dict[str, TensorEntry], dict[str, str]]:
+def _parse(file: BinaryIO, size: int) -> tuple[dict[str, TensorEntry], dict[str, str]]:
     prefix = file.read(8)
     if len(prefix) < 8:
         raise ValueError(f"{size} bytes is shorter than a safetensors header")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 from numpy.typing import DTypeLike
 
@@ -13,7 +12,7 @@ from .errors import CheckpointError
 
 def check_state_dict(
     expected: Mapping[str, tuple[Sequence[int] | None, DTypeLike | None]],
-    got: Mapping[Any, Any],
+    got: Mapping[str, object],
     *,
     what: str = "checkpoint",
 ) -> None:

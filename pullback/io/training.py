@@ -13,10 +13,12 @@ import contextlib
 import json
 import re
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Protocol, TypedDict
 
 import numpy as np
+from numpy.typing import NDArray
 
+from ..tensor import Tensor
 from ..tensor.eager import wrap
 from .checkpoint import PathLike, read_arrays, to_arrays, write_arrays
 from .errors import CheckpointError
@@ -42,7 +44,35 @@ _BIT_GENERATORS = {
 }
 
 
-def _encode_array(value: Any) -> Any:
+class ModelState(Protocol):
+    """What a training checkpoint saves and restores of a model: an `nn.Module`, or
+    anything with its `state_dict()` (name -> tensor) and `load_state_dict(state)`."""
+
+    def state_dict(self) -> Mapping[str, Tensor]: ...
+
+    def load_state_dict(self, state: dict[str, Tensor], /) -> object: ...
+
+
+class OptimizerState(Protocol):
+    """What a training checkpoint saves and restores of an optimizer: a `GradApplyer`,
+    or anything with its flat `state_dict()` (name -> NumPy array) and
+    `load_state_dict(state)`, which checks everything before it changes anything."""
+
+    def state_dict(self) -> Mapping[str, NDArray[Any]]: ...
+
+    def load_state_dict(self, state: Mapping[str, NDArray[Any]], /) -> object: ...
+
+
+class TrainingInfo(TypedDict):
+    """What `load_training` and `training_metadata` return besides the restored state."""
+
+    step: int
+    rng: np.random.Generator | None
+    # The JSON the run saved as `extra` (tuples come back as lists).
+    extra: dict[str, Any]
+
+
+def _encode_array(value: object) -> object:
     # MT19937, Philox and SFC64 keep NumPy arrays in their state; PCG64 only big
     # Python ints, which json writes exactly.
     if isinstance(value, np.ndarray):
@@ -52,7 +82,7 @@ def _encode_array(value: Any) -> Any:
     raise TypeError(f"{type(value).__name__} is not JSON-serializable")
 
 
-def _decode_array(obj: dict[str, Any]) -> Any:
+def _decode_array(obj: dict[str, Any]) -> object:
     if set(obj) == {"__ndarray__", "dtype"}:
         # Bit-generator states hold integer arrays only; any other dtype is corruption.
         dtype = np.dtype(obj["dtype"])
@@ -74,11 +104,13 @@ def rng_from_json(text: str) -> np.random.Generator:
         raise ValueError("RNG state names no known bit generator")
     cls = _BIT_GENERATORS[state["bit_generator"]]
     bit_generator = cls()
-    bit_generator.state = state
+    # The setter checks the state (a wrong one raises ValueError or TypeError); mypy
+    # knows it as each generator's TypedDict, this is the dict the JSON held.
+    bit_generator.state = state  # type: ignore[assignment]
     return np.random.Generator(bit_generator)
 
 
-def _walk_decode(value: Any) -> Any:
+def _walk_decode(value: object) -> object:
     """`_decode_array` applied bottom-up (strict_json takes no object_hook)."""
     if isinstance(value, dict):
         return _decode_array({k: _walk_decode(v) for k, v in value.items()})
@@ -87,7 +119,7 @@ def _walk_decode(value: Any) -> Any:
     return value
 
 
-def _check_json(value: Any, where: str) -> None:
+def _check_json(value: object, where: str) -> None:
     """Reject what json would change silently on the way back (non-str keys, NaN aside)."""
     if isinstance(value, dict):
         for key, item in value.items():
@@ -104,8 +136,8 @@ def _check_json(value: Any, where: str) -> None:
 def save_training(
     path: PathLike,
     *,
-    model: Any,
-    optimizer: Any,
+    model: ModelState,
+    optimizer: OptimizerState,
     step: int,
     rng: np.random.Generator | None = None,
     extra: Mapping[str, Any] | None = None,
@@ -148,7 +180,7 @@ def save_training(
     write_arrays(path, arrays, metadata)
 
 
-def _read(path: PathLike) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+def _read(path: PathLike) -> tuple[dict[str, np.ndarray], TrainingInfo]:
     """The arrays and the parsed {"step", "rng", "extra"} of a training checkpoint."""
     name = str(path)
     arrays, metadata = read_arrays(path)
@@ -177,13 +209,14 @@ def _read(path: PathLike) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     return arrays, {"step": int(text), "rng": rng, "extra": extra}
 
 
-def training_metadata(path: PathLike) -> dict[str, Any]:
+def training_metadata(path: PathLike) -> TrainingInfo:
     """What `load_training` returns ({"step", "rng", "extra"}), read and checked from
     the file without a model or optimizer (to compare a run's settings first)."""
     return _read(path)[1]
 
 
-def load_training(path: PathLike, *, model: Any, optimizer: Any) -> dict[str, Any]:
+def load_training(path: PathLike, *, model: ModelState, optimizer: OptimizerState
+                  ) -> TrainingInfo:
     """Restore model and optimizer state from `save_training`'s file.
 
     Returns {"step": int, "rng": np.random.Generator or None, "extra": dict}.
