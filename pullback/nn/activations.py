@@ -6,56 +6,59 @@ the primitives' rules and fused kernels.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
 from .. import ops
+from ..ops.hints import TensorLike
 from ..tensor import Tensor
 from ..tensor.creation import default_generator
 from .module import Module
+
+_X = TypeVar("_X")
 
 
 class Identity(Module):
     """Returns its input unchanged (a placeholder, as PyTorch's; arguments are ignored)."""
 
-    def __init__(self, *args: Any, **kwargs: Any):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__()
 
-    def forward(self, x: Any) -> Any:
+    def forward(self, x: _X) -> _X:
         return x
 
 
 class ReLU(Module):
-    def forward(self, x: Any) -> Tensor:
+    def forward(self, x: TensorLike) -> Tensor:
         return ops.relu(x)
 
 
 class Sigmoid(Module):
-    def forward(self, x: Any) -> Tensor:
+    def forward(self, x: TensorLike) -> Tensor:
         return ops.sigmoid(x)
 
 
 class Tanh(Module):
-    def forward(self, x: Any) -> Tensor:
+    def forward(self, x: TensorLike) -> Tensor:
         return ops.tanh(x)
 
 
 class SiLU(Module):
     """x * sigmoid(x)."""
 
-    def forward(self, x: Any) -> Tensor:
+    def forward(self, x: TensorLike) -> Tensor:
         return ops.silu(x)
 
 
 class Softmax(Module):
     """Softmax along `dim` (required: PyTorch's implicit choice is deprecated)."""
 
-    def __init__(self, dim: int):
+    def __init__(self, dim: int) -> None:
         super().__init__()
         self.dim = dim
 
-    def forward(self, x: Any) -> Tensor:
+    def forward(self, x: TensorLike) -> Tensor:
         return ops.softmax(x, self.dim)
 
     def extra_repr(self) -> str:
@@ -65,39 +68,41 @@ class Softmax(Module):
 class LogSoftmax(Softmax):
     """log(softmax(x)) along `dim`, computed stably."""
 
-    def forward(self, x: Any) -> Tensor:
+    def forward(self, x: TensorLike) -> Tensor:
         return ops.log_softmax(x, self.dim)
 
 
 class GELU(Module):
     """GELU, exact (erf) by default; `approximate="tanh"` for the approximation."""
 
-    def __init__(self, approximate: str = "none"):
+    def __init__(self, approximate: str = "none") -> None:
         super().__init__()
         self.approximate = approximate
 
-    def forward(self, x: Any) -> Tensor:
+    def forward(self, x: TensorLike) -> Tensor:
         return ops.gelu(x, self.approximate)
 
 
 class Flatten(Module):
     """Flatten every axis from `start_dim` on (the batch axis stays)."""
 
-    def __init__(self, start_dim: int = 1):
+    def __init__(self, start_dim: int = 1) -> None:
         super().__init__()
         self.start_dim = start_dim
 
-    def forward(self, x: Any) -> Tensor:
+    def forward(self, x: Tensor) -> Tensor:
         shape = tuple(x.shape)
         return ops.reshape(x, shape[: self.start_dim] + (-1,))
 
 
 class MaxPool2d(Module):
-    def __init__(self, kernel_size: Any, stride: Any = None, padding: Any = 0):
+    def __init__(self, kernel_size: int | tuple[int, int],
+                 stride: int | tuple[int, int] | None = None,
+                 padding: int | tuple[int, int] = 0) -> None:
         super().__init__()
         self.kernel_size, self.stride, self.padding = kernel_size, stride, padding
 
-    def forward(self, x: Any) -> Tensor:
+    def forward(self, x: TensorLike) -> Tensor:
         return ops.max_pool2d(x, self.kernel_size, self.stride, self.padding)
 
     def extra_repr(self) -> str:
@@ -109,19 +114,25 @@ class Dropout(Module):
     the identity in eval mode. Masks come from pullback's global generator
     (`pb.manual_seed`), or from this module's own when `seed` is given."""
 
-    def __init__(self, p: float = 0.5, seed: int | None = None):
+    def __init__(self, p: float = 0.5, seed: int | None = None) -> None:
         super().__init__()
         if not 0.0 <= p < 1.0:
             raise ValueError(f"Dropout: p must be in [0, 1), not {p}")
         self.p = p
         self._rng = np.random.default_rng(seed) if seed is not None else None
 
-    def forward(self, x: Any) -> Tensor:
+    def forward(self, x: Tensor) -> Tensor:
         if not self.training or self.p == 0.0:
             return x
         # The mask is an op that draws when it runs, so a lowered plan draws afresh.
-        rng = (lambda: self._rng) if self._rng is not None else default_generator
+        rng = (lambda: self._generator()) if self._rng is not None else default_generator
         return ops.mul(x, ops.dropout_mask(x, self.p, rng))
+
+    def _generator(self) -> np.random.Generator:
+        """This module's own generator, read when the mask is drawn (forward passes this
+        only to a module that has one)."""
+        assert self._rng is not None
+        return self._rng
 
     def extra_repr(self) -> str:
         return f"p={self.p}"

@@ -10,26 +10,28 @@ from collections.abc import ItemsView, Iterable, Iterator, KeysView, Mapping, Va
 from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 from .. import ops, optim
+from ..ops.hints import TensorLike
 from ..tensor import Tensor
 from ..tensor.eager import wrap
-from .module import GraphTrace, Module
+from .module import GradTree, GraphTrace, Module
 
 
-def _data(x: Any) -> np.ndarray:
+def _data(x: TensorLike | None) -> NDArray[Any]:
     return x._data if isinstance(x, Tensor) else np.asarray(x)
 
 
 class LayerTrace:
     """A container's trace: the module and its children's traces."""
 
-    def __init__(self, module: Module, *saved: Any):
+    def __init__(self, module: Module, *saved: object) -> None:
         self.module = module
         self.saved = saved
 
 
-def _own_trace(module: Module, trace: Any) -> tuple:
+def _own_trace(module: Module, trace: object) -> tuple[Any, ...]:
     if not isinstance(trace, LayerTrace) or trace.module is not module:
         raise TypeError(f"backprop: the trace was not made by this {type(module).__name__}'s "
                         "traced_forward")
@@ -40,7 +42,7 @@ class Sequential(Module):
     """Children applied in order, named "0", "1", ... Given as arguments
     (`Sequential(a, b)`), or as one tuple or list of them (`Sequential((a, b))`)."""
 
-    def __init__(self, *modules: Module):
+    def __init__(self, *modules: Module | Iterable[Module]) -> None:
         super().__init__()
         if len(modules) == 1 and isinstance(modules[0], (tuple, list)):
             modules = tuple(modules[0])
@@ -49,7 +51,7 @@ class Sequential(Module):
                 raise TypeError(f"Sequential: item {i} is a {type(m).__name__}, not a Module")
             setattr(self, str(i), m)
 
-    def __iter__(self) -> Any:
+    def __iter__(self) -> Iterator[Module]:
         return iter(self._modules.values())
 
     def __len__(self) -> int:
@@ -58,29 +60,34 @@ class Sequential(Module):
     def __getitem__(self, index: int) -> Module:
         return list(self._modules.values())[index]
 
-    def forward(self, x: Any) -> Any:
+    def forward(self, x: TensorLike) -> Tensor:
+        h: Any = x  # each child's output is the next one's input, whatever it is
         for m in self._modules.values():
-            x = m(x)
-        return x
+            h = m(h)
+        out: Tensor = h  # a Sequential chains layers from tensors to tensors
+        return out
 
-    def traced_forward(self, x: Any) -> tuple[Any, Any]:
+    def traced_forward(self, x: TensorLike) -> tuple[Tensor, object]:
         if _traced_by_graph(self):
             # Each child's trace would be its own part of the recorded graph: one graph
             # for the whole chain takes one backward pass where a trace per child takes
             # one pass (and one copy of the saved parameters) per child.
             return super().traced_forward(x)
         traces = []
+        h: Any = x  # each child's traced output is the next one's input
         for m in self._modules.values():
-            x, trace = m.traced_forward(x)
+            h, trace = m.traced_forward(h)
             traces.append(trace)
-        return x, LayerTrace(self, traces)
+        out: Tensor = h
+        return out, LayerTrace(self, traces)
 
-    def backprop(self, trace: Any, grad_output: Any) -> tuple[Tensor | None, dict]:
+    def backprop(self, trace: object, grad_output: TensorLike) -> tuple[Tensor | None, GradTree]:
         if isinstance(trace, GraphTrace):
             return super().backprop(trace, grad_output)
         (traces,) = _own_trace(self, trace)
-        grads: dict = {}
-        g = grad_output
+        grads: GradTree = {}
+        # None past a child whose input takes no gradient (ids), which only the first can be.
+        g: Any = grad_output
         for (name, m), t in reversed(list(zip(self._modules.items(), traces))):
             g, child_grads = m.backprop(t, g)
             if child_grads:
@@ -100,18 +107,20 @@ def _traced_by_graph(module: Module) -> bool:
 class Residual(Module):
     """y = x + module(x)."""
 
-    def __init__(self, module: Module):
+    module: Module
+
+    def __init__(self, module: Module) -> None:
         super().__init__()
         self.module = module
 
-    def forward(self, x: Any) -> Tensor:
+    def forward(self, x: TensorLike) -> Tensor:
         return ops.add(x, self.module(x))
 
-    def traced_forward(self, x: Any) -> tuple[Tensor, Any]:
+    def traced_forward(self, x: TensorLike) -> tuple[Tensor, object]:
         y, trace = self.module.traced_forward(x)
         return wrap(ops.add(_data(x), _data(y))._data, None), LayerTrace(self, trace)
 
-    def backprop(self, trace: Any, grad_output: Any) -> tuple[Tensor, dict]:
+    def backprop(self, trace: object, grad_output: TensorLike) -> tuple[Tensor, GradTree]:
         (inner,) = _own_trace(self, trace)
         grad_inner, grads = self.module.backprop(inner, grad_output)
         grad_x = ops.add(_data(grad_output), _data(grad_inner))
@@ -126,7 +135,10 @@ class LR(Module):
     (`LR(LR(m, 0.5), 0.5)` scales by 0.25), and dropping the wrapper restores
     the module's own updates; nothing is written onto the parameters."""
 
-    def __init__(self, module: Module, scale: float):
+    module: Module
+    scale: float
+
+    def __init__(self, module: Module, scale: float) -> None:
         super().__init__()
         if isinstance(scale, bool) or not isinstance(scale, numbers.Real) \
                 or not 0 <= scale < math.inf:
@@ -135,14 +147,15 @@ class LR(Module):
         self.scale = scale
         optim.scale_updates(self)
 
-    def forward(self, x: Any) -> Any:
-        return self.module(x)
+    def forward(self, x: TensorLike) -> Tensor:
+        y: Tensor = self.module(x)  # wrapped, as in Sequential, is a layer of tensors
+        return y
 
-    def traced_forward(self, x: Any) -> tuple[Any, Any]:
+    def traced_forward(self, x: TensorLike) -> tuple[Tensor, object]:
         y, trace = self.module.traced_forward(x)
         return y, LayerTrace(self, trace)
 
-    def backprop(self, trace: Any, grad_output: Any) -> tuple[Tensor | None, dict]:
+    def backprop(self, trace: object, grad_output: TensorLike) -> tuple[Tensor | None, GradTree]:
         (inner,) = _own_trace(self, trace)
         grad_x, grads = self.module.backprop(inner, grad_output)
         return grad_x, ({"module": grads} if grads else {})
@@ -157,12 +170,13 @@ class ModuleDict(Module):
     `md[name] = module`, `del md[name]`, `in`, `len`, iteration over the names,
     `keys()`, `values()`, `items()`, `update()`, `pop()` and `clear()`."""
 
-    def __init__(self, modules: Mapping[str, Module] | Iterable[tuple[str, Module]] | None = None):
+    def __init__(self, modules: Mapping[str, Module] | Iterable[tuple[str, Module]] | None = None
+                 ) -> None:
         super().__init__()
         if modules is not None:
             self.update(modules)
 
-    def _check_key(self, key: Any) -> str:
+    def _check_key(self, key: object) -> str:
         if not isinstance(key, str):
             raise TypeError(f"ModuleDict: keys are strings, not {type(key).__name__}")
         if not key or "." in key:
@@ -202,7 +216,10 @@ class ModuleDict(Module):
     def items(self) -> ItemsView[str, Module]:
         return self._modules.items()
 
-    def update(self, modules: Mapping[str, Module] | Iterable[tuple[str, Module]]) -> None:
+    # dict's update, as PyTorch's ModuleDict has it, in place of Module.update(applyer,
+    # grads) of the explicit path, which a ModuleDict (it has no forward) does not take.
+    def update(  # type: ignore[override]
+            self, modules: Mapping[str, Module] | Iterable[tuple[str, Module]]) -> None:
         pairs = modules.items() if isinstance(modules, Mapping) else modules
         for entry in pairs:
             try:

@@ -4,17 +4,17 @@ exports to ONNX as Conv between two Reshapes)."""
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import numpy as np
 
 from .. import ops
+from ..ops.hints import DTypeLike, TensorLike
 from ..tensor import Tensor
 from .layers import check_sizes, uniform
 from .module import Module
 
 
-def _single(value: Any, name: str) -> int:
+def _single(value: object, name: str) -> int:
     """An int, or a 1-tuple of one (PyTorch's `_single`), or a ValueError."""
     if isinstance(value, (tuple, list)) and len(value) == 1:
         value = value[0]
@@ -29,9 +29,10 @@ class Conv1d(Module):
     initialization; arguments in Conv2d's order (`bias` before `dilation` and `groups`,
     which PyTorch's take by keyword in practice)."""
 
-    def __init__(self, in_channels: int, out_channels: int, kernel_size: Any, stride: Any = 1,
-                 padding: Any = 0, bias: bool = True, dtype: Any = np.float32,
-                 dilation: Any = 1, groups: int = 1):
+    def __init__(self, in_channels: int, out_channels: int, kernel_size: int | tuple[int],
+                 stride: int | tuple[int] = 1, padding: int | tuple[int] = 0, bias: bool = True,
+                 dtype: DTypeLike = np.float32, dilation: int | tuple[int] = 1,
+                 groups: int = 1) -> None:
         super().__init__()
         check_sizes("Conv1d", in_channels=in_channels, out_channels=out_channels)
         k = _single(kernel_size, "kernel_size")
@@ -49,7 +50,7 @@ class Conv1d(Module):
         self.weight = uniform((out_channels, in_channels // groups, k), bound, dtype)
         self.bias = uniform((out_channels,), bound, dtype) if bias else None
 
-    def forward(self, x: Any) -> Tensor:
+    def forward(self, x: TensorLike) -> Tensor:
         shape = tuple(getattr(x, "shape", ()))
         if len(shape) != 3:
             raise ValueError(f"Conv1d: expected a 3-D input (N, C, L), got shape {shape}")

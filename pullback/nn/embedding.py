@@ -8,11 +8,10 @@ read it are cut from the gradient, as PyTorch's embedding backward skips them.
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
 from .. import ops
+from ..ops.hints import DTypeLike, TensorLike
 from ..tensor import Tensor, no_grad, randn
 from .layers import check_sizes
 from .module import Module, Parameter
@@ -23,7 +22,7 @@ class Embedding(Module):
     drawn from N(0, 1) as PyTorch draws it; ids out of range are a KernelError."""
 
     def __init__(self, num_embeddings: int, embedding_dim: int,
-                 padding_idx: int | None = None, dtype: Any = np.float32):
+                 padding_idx: int | None = None, dtype: DTypeLike = np.float32) -> None:
         super().__init__()
         check_sizes("Embedding", num_embeddings=num_embeddings, embedding_dim=embedding_dim)
         if padding_idx is not None:
@@ -39,7 +38,7 @@ class Embedding(Module):
             with no_grad():
                 self.weight.numpy()[padding_idx] = 0.0
 
-    def forward(self, input: Any) -> Tensor:
+    def forward(self, input: TensorLike) -> Tensor:
         if not isinstance(input, (Tensor, np.ndarray)):
             input = np.asarray(input)  # a list of ids, or one id
         out = ops.take(self.weight, input, axis=0)

@@ -9,21 +9,22 @@ PyTorch's.
 from __future__ import annotations
 
 import math
-from typing import Any
+from collections.abc import Callable
 
 import numpy as np
 
 from .. import ops
+from ..ops.hints import DTypeLike, Shape, TensorLike
 from ..tensor import Tensor, ones, rand, zeros
 from .module import Module, Parameter
 
 
-def uniform(shape: tuple, bound: float, dtype: Any) -> Tensor:
+def uniform(shape: Shape, bound: float, dtype: DTypeLike) -> Tensor:
     """U(-bound, bound) from pullback's global generator (`pb.manual_seed`)."""
     return Parameter((rand(*shape, dtype=dtype) * 2.0 - 1.0) * bound)
 
 
-def check_sizes(layer: str, **sizes: Any) -> None:
+def check_sizes(layer: str, **sizes: object) -> None:
     """Each size a non-negative int, or a ValueError naming the layer and the argument
     (not a math domain error from the initializer's square root)."""
     for name, value in sizes.items():
@@ -35,7 +36,7 @@ class Dense(Module):
     """y = x @ weight.T + bias, weight of shape (out_features, in_features), as PyTorch."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True,
-                 dtype: Any = np.float32):
+                 dtype: DTypeLike = np.float32) -> None:
         super().__init__()
         check_sizes(type(self).__name__, in_features=in_features, out_features=out_features)
         self.in_features, self.out_features = in_features, out_features
@@ -43,7 +44,7 @@ class Dense(Module):
         self.weight = uniform((out_features, in_features), bound, dtype)
         self.bias = uniform((out_features,), bound, dtype) if bias else None
 
-    def forward(self, x: Any) -> Tensor:
+    def forward(self, x: TensorLike) -> Tensor:
         y = ops.matmul(x, ops.transpose(self.weight))
         return ops.add(y, self.bias) if self.bias is not None else y
 
@@ -54,11 +55,11 @@ class Dense(Module):
 class Bias1d(Module):
     """y = x + bias, a learnable bias over the last axis (initialized to zero)."""
 
-    def __init__(self, n: int, dtype: Any = np.float32):
+    def __init__(self, n: int, dtype: DTypeLike = np.float32) -> None:
         super().__init__()
         self.bias = Parameter(zeros(n, dtype=dtype))
 
-    def forward(self, x: Any) -> Tensor:
+    def forward(self, x: TensorLike) -> Tensor:
         return ops.add(x, self.bias)
 
     def extra_repr(self) -> str:
@@ -69,9 +70,10 @@ class Conv2d(Module):
     """2-D convolution, NCHW input, weight (out, in / groups, kh, kw), as PyTorch's
     Conv2d (zero padding, symmetric per axis), with PyTorch's initialization."""
 
-    def __init__(self, in_channels: int, out_channels: int, kernel_size: Any, stride: Any = 1,
-                 padding: Any = 0, bias: bool = True, dtype: Any = np.float32,
-                 dilation: Any = 1, groups: int = 1):
+    def __init__(self, in_channels: int, out_channels: int, kernel_size: int | tuple[int, int],
+                 stride: int | tuple[int, int] = 1, padding: int | tuple[int, int] = 0,
+                 bias: bool = True, dtype: DTypeLike = np.float32,
+                 dilation: int | tuple[int, int] = 1, groups: int = 1) -> None:
         super().__init__()
         check_sizes("Conv2d", in_channels=in_channels, out_channels=out_channels)
         kh, kw = ops.conv.pair("Conv2d", kernel_size, "kernel_size")
@@ -89,10 +91,10 @@ class Conv2d(Module):
         self.weight = uniform((out_channels, in_channels // groups, kh, kw), bound, dtype)
         self.bias = uniform((out_channels,), bound, dtype) if bias else None
 
-    def _geometry(self) -> tuple:
+    def _geometry(self) -> tuple[tuple[int, int], tuple[int, int], tuple[int, int], int]:
         return self.stride, self.padding, self.dilation, self.groups
 
-    def forward(self, x: Any) -> Tensor:
+    def forward(self, x: TensorLike) -> Tensor:
         return ops.conv2d(x, self.weight, self.bias, *self._geometry())
 
     def extra_repr(self) -> str:
@@ -112,8 +114,8 @@ class GLU(Module):
     `activation` may be another elementwise function of a tensor (`pb.silu` gives
     SwiGLU, `pb.gelu` GEGLU) or a parameterless module such as `nn.SiLU()`."""
 
-    def __init__(self, in_features: int, out_features: int, dtype: Any = np.float32,
-                 activation: Any = ops.sigmoid):
+    def __init__(self, in_features: int, out_features: int, dtype: DTypeLike = np.float32,
+                 activation: Callable[[Tensor], Tensor] = ops.sigmoid) -> None:
         super().__init__()
         if not callable(activation):
             raise TypeError(f"GLU: activation must be callable on a tensor (pb.sigmoid, "
@@ -122,7 +124,7 @@ class GLU(Module):
         self.proj = Dense(in_features, 2 * out_features, dtype=dtype)
         self.activation = activation
 
-    def forward(self, x: Any) -> Tensor:
+    def forward(self, x: TensorLike) -> Tensor:
         h = self.proj(x)
         n = self.out_features
         return ops.mul(h[..., :n], self.activation(h[..., n:]))
@@ -136,13 +138,13 @@ class GLU(Module):
 class LayerNorm(Module):
     """Normalize over the last axis, then scale and shift (PyTorch's LayerNorm(n))."""
 
-    def __init__(self, n: int, eps: float = 1e-5, dtype: Any = np.float32):
+    def __init__(self, n: int, eps: float = 1e-5, dtype: DTypeLike = np.float32) -> None:
         super().__init__()
         self.eps = eps
         self.weight = Parameter(ones(n, dtype=dtype))
         self.bias = Parameter(zeros(n, dtype=dtype))
 
-    def forward(self, x: Any) -> Tensor:
+    def forward(self, x: TensorLike) -> Tensor:
         return ops.layer_norm(x, self.weight, self.bias, self.eps)
 
     def extra_repr(self) -> str:

@@ -5,22 +5,49 @@ grad_output)` returns the input gradient and the module's own gradients (a
 tree shaped like its parameters) without mutating anything; `update(applyer,
 grads)` applies them. The default trace is the graph the autodiff core
 records; layers may provide their own by composition.
+
+Types: calling a module runs its `forward`, and `Module.__call__` says so to type
+checkers: its `self` is typed by a protocol of `forward`'s signature (a ParamSpec and
+the return type), so `Dense(4, 2)(x)` is checked against `Dense.forward` and is a
+`Tensor`, `LSTM(...)(x)` is LSTM's tuple, and a module known only as `Module` gives
+`Any` (its forward may return anything). Each layer types its own `forward`; nothing
+else needs declaring, no generic parameters and no casts at call sites, and a
+layer's forward returning a child's output keeps `warn_return_any` quiet when the
+child's type is known. Containers (`Sequential`, `Residual`, `LR`) chain modules
+from tensors to tensors, what their traced forward and backprop need: their
+forwards say `Tensor`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from typing import Any, NamedTuple
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any, NamedTuple, ParamSpec, Protocol, TypeVar, Union
 
 import numpy as np
 
 from .. import optim
 from ..ad import Leaf, backward_pass
+from ..ops.hints import DTypeLike, TensorLike
 from ..tensor import Tensor, enable_grad, float32, float64
 from ..tensor.backward import EagerExecutor, initial_cotangent, owned
 from ..tensor.eager import wrap
 from .snapshot import own_saved_parameters
 from .state import state_dict_mismatch
+
+# Gradients as `backprop` returns them: shaped like the parameter tree, by attribute name
+# ({"0": {"weight": g, "bias": g}}).
+GradTree = dict[str, Union[Tensor, "GradTree"]]
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R", covariant=True)
+_T = TypeVar("_T")
+_M = TypeVar("_M", bound="Module")
+
+
+class _Forward(Protocol[_P, _R]):
+    """What `Module.__call__` reads of its module: `forward`'s parameters and result."""
+
+    def forward(self, *args: _P.args, **kwargs: _P.kwargs) -> _R: ...
 
 
 class NoGradientError(RuntimeError):
@@ -34,11 +61,11 @@ class IncompatibleKeys(NamedTuple):
     unexpected_keys: list[str]
 
 
-def Parameter(data: Any, name: str | None = None) -> Tensor:
+def Parameter(data: TensorLike, name: str | None = None) -> Tensor:
     """A trainable tensor: a leaf that requires grad (a plain `Tensor`)."""
     t = data if isinstance(data, Tensor) else Tensor(data)
     t.requires_grad = True
-    if name is not None:
+    if name is not None and isinstance(t._node, Leaf):  # requiring grad made it a leaf
         t._node.name = name
     return t
 
@@ -46,6 +73,12 @@ def Parameter(data: Any, name: str | None = None) -> Tensor:
 class Module:
     """Base class of layers and models: register tensors that require grad, child
     modules and lists of modules as attributes, and define `forward`."""
+
+    # Set by __init__ (through object.__setattr__, past the registering __setattr__).
+    _parameters: dict[str, Tensor]
+    _buffers: dict[str, Tensor]
+    _modules: dict[str, Module]
+    training: bool
 
     def __init__(self) -> None:
         object.__setattr__(self, "_parameters", {})
@@ -64,7 +97,8 @@ class Module:
                 raise ValueError(f"{type(self).__name__}.{name}: a parameter must be a leaf "
                                  "tensor (one not computed from others); use .detach()")
             self._parameters[name] = value
-            value._node.name = name  # named for errors; parents prefix their own names
+            if isinstance(value._node, Leaf):  # as it is: a leaf that requires grad
+                value._node.name = name  # named for errors; parents prefix their own names
         elif isinstance(value, Module):
             self._modules[name] = value
             _prefix_names(value, name)
@@ -75,7 +109,7 @@ class Module:
             _prefix_names(value, name)
         object.__setattr__(self, name, value)
 
-    def register_buffer(self, name: str, value: Any) -> None:
+    def register_buffer(self, name: str, value: TensorLike) -> None:
         """A tensor that is part of the state dict but is not trained."""
         value = value if isinstance(value, Tensor) else Tensor(value)
         object.__setattr__(self, name, value)
@@ -113,7 +147,7 @@ class Module:
         for _, module in self.named_modules():
             yield module
 
-    def apply(self, fn: Callable[[Module], Any]) -> Module:
+    def apply(self: _M, fn: Callable[[Module], object]) -> _M:
         """`fn(m)` for every child module, recursively, then for this one (as PyTorch's,
         e.g. to initialize weights); returns this module."""
         for child in self.children():
@@ -156,7 +190,8 @@ class Module:
         for name, child in self._modules.items():
             child._collect_state(f"{prefix}{name}.", state)
 
-    def load_state_dict(self, state: dict[str, Any], strict: bool = True) -> IncompatibleKeys:
+    def load_state_dict(self, state: Mapping[str, TensorLike],
+                        strict: bool = True) -> IncompatibleKeys:
         """Copy values into the parameters and buffers; shapes and dtypes must match
         exactly, and with `strict` so must the names (every problem is listed in one
         error, and nothing is written unless all fit). Without `strict`, the names
@@ -190,7 +225,8 @@ class Module:
                 p.grad._check_writeable("zero_grad")
                 p.grad._data.fill(0)
 
-    def to(self, *args: Any, dtype: Any = None, device: Any = None) -> Module:
+    def to(self: _M, *args: DTypeLike, dtype: DTypeLike | None = None,
+           device: str | None = None) -> _M:
         """Convert the parameters, their gradients and the float buffers to a float
         dtype in place (integer buffers such as counts stay as they are), as
         PyTorch's: `to(pb.float64)`, `to("float64")`, `to(np.float64)`,
@@ -227,32 +263,27 @@ class Module:
                 t.grad = Tensor(t.grad._data.astype(target))
         return self
 
-    def double(self) -> Module:
-        """`to(pb.float64)`."""
-        return self.to(float64)
-
-    def float(self) -> Module:
-        """`to(pb.float32)`."""
-        return self.to(float32)
-
-    def train(self, mode: bool = True) -> Module:
+    def train(self: _M, mode: bool = True) -> _M:
         object.__setattr__(self, "training", mode)
         for child in self._modules.values():
             child.train(mode)
         return self
 
-    def eval(self) -> Module:
+    def eval(self: _M) -> _M:
         return self.train(False)
 
     # ------------------------------------------------------------ running
 
-    def forward(self, x: Any) -> Any:
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        """What the module computes; each layer defines its own. (Here, a module known
+        only as a `Module` takes and returns anything.)"""
         raise TypeError(f"{type(self).__name__} does not define forward()")
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+    def __call__(self: _Forward[_P, _T], *args: _P.args, **kwargs: _P.kwargs) -> _T:
+        """`forward(*args, **kwargs)`, typed as the module's own `forward`."""
         return self.forward(*args, **kwargs)
 
-    def traced_forward(self, x: Any) -> tuple[Tensor, Any]:
+    def traced_forward(self, x: TensorLike) -> tuple[Tensor, object]:
         """`(output, trace)`: the output and what `backprop` needs (here, the recorded graph).
 
         The output is a value cut from that graph, as the trace alone is what `backprop`
@@ -270,7 +301,7 @@ class Module:
             y = self(traced)
         return _value(y), GraphTrace(self, traced, y)
 
-    def backprop(self, trace: Any, grad_output: Any) -> tuple[Tensor | None, dict]:
+    def backprop(self, trace: object, grad_output: TensorLike) -> tuple[Tensor | None, GradTree]:
         """`(grad_input, grads)` from the output's gradient; mutates nothing, so the
         same trace may be backpropagated again. `grads` mirrors the parameter tree."""
         if not isinstance(trace, GraphTrace) or trace.module is not self:
@@ -278,10 +309,11 @@ class Module:
                             "traced_forward")
         return trace.backprop(grad_output)
 
-    def update(self, applyer: optim.GradApplyer, grads: dict) -> None:
+    def update(self, applyer: optim.GradApplyer, grads: GradTree) -> None:
         """Apply gradients (a tree as `backprop` returns) through a gradient applyer."""
         flat = flatten_tree(grads)
-        pairs, missing = [], []
+        pairs: list[tuple[Tensor, Tensor]] = []
+        missing: list[str] = []
         for name, p in self.named_parameters():
             if name in flat:
                 pairs.append((p, flat.pop(name)))
@@ -292,15 +324,15 @@ class Module:
                              f"{missing or 'none'}; unknown names {sorted(flat) or 'none'}")
         applyer.apply(pairs)
 
-    def new_momentum(self, params: optim.TrainParams, momentum_coefficient: float) -> Any:
+    def new_momentum(self, params: optim.TrainParams, momentum_coefficient: float) -> optim.SGD:
         """An SGD-with-momentum applyer over this module's parameters."""
         return optim.SGD(self.parameters(), params, momentum=momentum_coefficient)
 
-    def new_rmsprop(self, params: optim.TrainParams, beta: float) -> Any:
+    def new_rmsprop(self, params: optim.TrainParams, beta: float) -> optim.RMSProp:
         return optim.RMSProp(self.parameters(), params, beta=beta)
 
     def new_rmsprop_with_momentum(self, params: optim.TrainParams, momentum_coefficient: float,
-                                  beta: float) -> Any:
+                                  beta: float) -> optim.RMSProp:
         return optim.RMSProp(self.parameters(), params, beta=beta,
                              momentum=momentum_coefficient)
 
@@ -312,6 +344,15 @@ class Module:
     def extra_repr(self) -> str:
         return ""
 
+    # Last in the class: below this, `float` in an annotation would name the method.
+    def double(self: _M) -> _M:
+        """`to(pb.float64)`."""
+        return self.to(float64)
+
+    def float(self: _M) -> _M:
+        """`to(pb.float32)`."""
+        return self.to(float32)
+
 
 def _value(y: Any) -> Any:
     """The traced output without its recorded graph (which the trace keeps)."""
@@ -322,13 +363,14 @@ def _value(y: Any) -> Any:
 _DEVICES = ("cpu", "cuda", "mps", "xpu", "meta")
 
 
-def _float_dtype(dtype: Any) -> np.dtype:
+def _float_dtype(dtype: DTypeLike) -> np.dtype[Any]:
     """`dtype` as float32 or float64, or a TypeError naming what `to` accepts."""
+    resolved: np.dtype[Any] | None
     try:
         resolved = np.dtype(dtype)
     except TypeError:
         resolved = None
-    if resolved not in (float32, float64):
+    if resolved is None or resolved not in (float32, float64):
         raise TypeError(f"to: a module converts to a float dtype (pb.float32, pb.float64, "
                         f"'float32', 'float64'), not {dtype!r}")
     return resolved
@@ -338,14 +380,14 @@ def _prefix_names(child: Module, name: str) -> None:
     """A child's parameters take its attribute name as a prefix: "0.weight"."""
     for p in child.parameters():
         leaf = p._node
-        if leaf is not None and leaf.primitive is None:
+        if isinstance(leaf, Leaf):
             leaf.name = f"{name}.{leaf.name}" if leaf.name else name
 
 
 class ModuleList(Module):
     """A list of modules registered as children "0", "1", ..."""
 
-    def __init__(self, modules: Any = ()):
+    def __init__(self, modules: Iterable[Module] = ()):
         super().__init__()
         for i, m in enumerate(modules):
             setattr(self, str(i), m)
@@ -363,7 +405,8 @@ class ModuleList(Module):
 class GraphTrace:
     """The default trace: the graph recorded during the forward, kept until dropped."""
 
-    def __init__(self, module: Module, traced_input: Tensor | None, output: Tensor | None):
+    def __init__(self, module: Module, traced_input: Tensor | None, output: Tensor | None
+                 ) -> None:
         self.module = module
         self.input = traced_input
         self.output = output
@@ -371,13 +414,13 @@ class GraphTrace:
         # write the parameters while it is alive (and a second backprop still agrees).
         own_saved_parameters(output, module.parameters())
 
-    def backprop(self, grad_output: Any) -> tuple[Tensor | None, dict]:
+    def backprop(self, grad_output: TensorLike) -> tuple[Tensor | None, GradTree]:
         params = list(self.module.named_parameters())
         targets = [p._node for _, p in params]
         if self.input is not None:
             targets.append(self.input._node)
         out = self.output
-        results: dict = {}
+        results: dict[Any, Any] = {}
         if out is not None and out._node is not None:
             ct = initial_cotangent("backprop", out, grad_output)
             ct = ct._data if isinstance(ct, Tensor) else ct
@@ -399,9 +442,9 @@ class GraphTrace:
         return grad_input, grads
 
 
-def flatten_tree(tree: dict, prefix: str = "") -> dict:
+def flatten_tree(tree: GradTree, prefix: str = "") -> dict[str, Tensor]:
     """{"0": {"weight": g}} -> {"0.weight": g}."""
-    flat = {}
+    flat: dict[str, Tensor] = {}
     for key, value in tree.items():
         if isinstance(value, dict):
             flat.update(flatten_tree(value, f"{prefix}{key}."))
@@ -410,13 +453,17 @@ def flatten_tree(tree: dict, prefix: str = "") -> dict:
     return flat
 
 
-def unflatten_tree(flat: dict) -> dict:
+def unflatten_tree(flat: Mapping[str, Tensor]) -> GradTree:
     """{"0.weight": g} -> {"0": {"weight": g}}: gradients shaped like the parameter tree."""
-    tree: dict = {}
+    tree: GradTree = {}
     for name, value in flat.items():
         node = tree
         *parents, leaf = name.split(".")
         for part in parents:
-            node = node.setdefault(part, {})
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise ValueError(f"unflatten_tree: {name!r} is below {part!r}, which is a "
+                                 "value, not a subtree")
+            node = child
         node[leaf] = value
     return tree
