@@ -9,19 +9,20 @@ lists every primitive the ops layer declares, for `pullback check`.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 import numpy as np
 
 from ..ad import Primitive
 from ..errors import KernelError
+from .hints import Axis, Shape
 
 #: Every primitive pullback declares, by its public name.
 PRIMITIVES: dict[str, Primitive] = {}
 
 FLOAT_DTYPES = ("float32", "float64")
 ALIASING = ("fresh", "view", "may")
-_FUSION_FUNCTIONS: dict[str, Callable] = {}  # every name a fusion template calls
+_FUSION_FUNCTIONS: dict[str, Callable[..., Any]] = {}  # every name a fusion template calls
 
 
 class Fusion(NamedTuple):
@@ -31,7 +32,7 @@ class Fusion(NamedTuple):
     kernels.scalar_math: within an ulp or two of NumPy's)."""
 
     template: str
-    scope: Mapping[str, Callable] | None = None
+    scope: Mapping[str, Callable[..., Any]] | None = None
 
 
 class CotangentInto(NamedTuple):
@@ -45,14 +46,14 @@ class CotangentInto(NamedTuple):
     `write(backend, upstream, node, out)`: one cotangent (or None) per operand, the
     first written into `out` through the backend's `out=` forms."""
 
-    order: Callable[[tuple, Any, bool, bool], str | None]
-    write: Callable[..., tuple]
+    order: Callable[[tuple[Any, ...], Any, bool, bool], str | None]
+    write: Callable[..., tuple[Any, ...]]
 
 
 def declare(
     name: str,
     impl: Callable[..., Any],
-    shape_rule: Callable[..., tuple],
+    shape_rule: Callable[..., tuple[Any, ...]],
     *,
     saves_inputs: bool = False,
     saves_output: bool = False,
@@ -99,24 +100,29 @@ def writes_into(prim: Primitive, rule: Callable[..., Any],
     prim.layout = layout
 
 
-def writes_cotangent_into(prim: Primitive, order: Callable, write: Callable) -> None:
+def writes_cotangent_into(prim: Primitive,
+                          order: Callable[[tuple[Any, ...], Any, bool, bool], str | None],
+                          write: Callable[..., tuple[Any, ...]]) -> None:
     """Declare how a plan writes `prim`'s first-operand cotangent into a buffer (see
     `CotangentInto`)."""
     prim.ct_into = CotangentInto(order, write)
 
 
-def tensor_method(prim: Primitive) -> Callable[[Callable], Callable]:
+_Function = TypeVar("_Function", bound=Callable[..., Any])
+
+
+def tensor_method(prim: Primitive) -> Callable[[_Function], _Function]:
     """Make the decorated function `Tensor.<its name>` as well (the function itself is
     returned unchanged)."""
 
-    def register(fn: Callable) -> Callable:
+    def register(fn: _Function) -> _Function:
         prim.method = fn
         return fn
 
     return register
 
 
-def shape_of(x: Any) -> tuple:
+def shape_of(x: Any) -> Shape:
     return tuple(x.shape) if hasattr(x, "shape") else ()
 
 
@@ -128,11 +134,11 @@ def dtype_of(x: Any) -> Any:
     return getattr(x, "dtype", None)
 
 
-def is_float(dtype: Any) -> bool:
+def is_float(dtype: object) -> bool:
     return str(dtype) in FLOAT_DTYPES
 
 
-def broadcast_shapes(op: str, *operands: Any) -> tuple:
+def broadcast_shapes(op: str, *operands: Any) -> Shape:
     """NumPy's broadcast of the operands' shapes, or a KernelError naming them."""
     shapes = [shape_of(x) for x in operands]
     ndim = max(len(s) for s in shapes)
@@ -164,14 +170,14 @@ def result_dtype(op: str, *operands: Any) -> Any:
     return dtypes[0] if dtypes else None
 
 
-def elementwise_rule(op: str) -> Callable[..., tuple]:
-    def rule(*operands: Any, **params: Any) -> tuple:
+def elementwise_rule(op: str) -> Callable[..., tuple[Shape, Any]]:
+    def rule(*operands: Any, **params: Any) -> tuple[Shape, Any]:
         return broadcast_shapes(op, *operands), result_dtype(op, *operands)
 
     return rule
 
 
-def normalize_axes(op: str, x: Any, axis: Any) -> tuple[int, ...]:
+def normalize_axes(op: str, x: Any, axis: Axis) -> tuple[int, ...]:
     """Sorted non-negative axes from None, an int or a sequence; KernelError if out of range."""
     ndim = len(shape_of(x))
     if axis is None:
@@ -188,7 +194,7 @@ def normalize_axes(op: str, x: Any, axis: Any) -> tuple[int, ...]:
     return tuple(sorted(normalized))
 
 
-def reduced_shape(shape: tuple, axes: tuple, keepdims: bool) -> tuple:
+def reduced_shape(shape: Shape, axes: tuple[int, ...], keepdims: bool) -> Shape:
     if keepdims:
         return tuple(1 if i in axes else d for i, d in enumerate(shape))
     return tuple(d for i, d in enumerate(shape) if i not in axes)
