@@ -9,6 +9,7 @@ forward ops. The derivative is written once, as the rule; a backend's fused kern
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -34,9 +35,10 @@ def backward_kernel(prim: Primitive, kernel: str, symmetric: bool = False) -> No
     backward_ops.derive_default(kernel, partial(rule_vjp, prim, symmetric=symmetric))
 
 
-def rule_vjp(prim: Primitive, backend: Any, upstream: Any, inputs: tuple, output: Any,
-             params: dict, shapes: tuple, needed: tuple | None = None,
-             symmetric: bool = False) -> tuple:
+def rule_vjp(prim: Primitive, backend: Any, upstream: Any, inputs: tuple[Any, ...], output: Any,
+             params: dict[str, Any], shapes: tuple[Any, ...],
+             needed: tuple[bool, ...] | None = None,
+             symmetric: bool = False) -> tuple[Any, ...]:
     """The cotangents of `prim`'s operands (of shapes `shapes`) from `upstream`, by its
     JVP rule transposed, computed on `backend`'s forward ops; None for an operand not
     `needed` (all are, by default) or that no cotangent reaches. `inputs` and `output`
@@ -44,14 +46,19 @@ def rule_vjp(prim: Primitive, backend: Any, upstream: Any, inputs: tuple, output
     `backward_kernel`."""
     needed = needed or (True,) * len(shapes)
     # The rule's ops, applied to arrays, run on `backend` for the length of the call.
-    previous = set_evaluator(lambda p, args, kw: p.impl(backend, *args, **kw))
+    previous = set_evaluator(partial(_on_backend, backend))
     try:
         if symmetric:
-            return (prim.jvp[0](upstream, output, *inputs, **params),)
-        linear = prim.transpose is not None and all(
-            i in prim.linear_args for i, wanted in enumerate(needed) if wanted)
-        if linear:  # its transpose rule is the transposed JVP, with no graph to trace
-            return _transposed(prim, upstream, inputs, params, shapes, needed)
+            rule = prim.jvp[0] if prim.jvp else None
+            if rule is None:
+                raise ValueError(f"{prim.name}: a symmetric backward is its JVP rule of the "
+                                 "first operand, and it declares none")
+            return (rule(upstream, output, *inputs, **params),)
+        transpose = prim.transpose
+        if transpose is not None and all(
+                i in prim.linear_args for i, wanted in enumerate(needed) if wanted):
+            # Its transpose rule is the transposed JVP, with no graph to trace.
+            return _transposed(transpose, upstream, inputs, params, shapes, needed)
         graph = LinearGraph()
         tangents = tuple(graph.new_input(shape, upstream.dtype) if wanted
                          else Zero(shape, upstream.dtype)
@@ -63,10 +70,19 @@ def rule_vjp(prim: Primitive, backend: Any, upstream: Any, inputs: tuple, output
     return tuple(next(found) if wanted else None for wanted in needed)
 
 
-def _transposed(prim: Primitive, upstream: Any, inputs: tuple, params: dict, shapes: tuple,
-                needed: tuple) -> tuple:
+def _on_backend(backend: Any, prim: Primitive, args: tuple[Any, ...],
+                kwargs: dict[str, Any]) -> Any:
+    """`prim` computed on `backend`'s forward ops."""
+    if prim.impl is None:  # every declared primitive has one (`declare`)
+        raise TypeError(f"{prim.name} has no forward to compute")
+    return prim.impl(backend, *args, **kwargs)
+
+
+def _transposed(transpose: Callable[..., Any], upstream: Any, inputs: tuple[Any, ...],
+                params: dict[str, Any], shapes: tuple[Any, ...], needed: tuple[bool, ...]
+                ) -> tuple[Any, ...]:
     # A bilinear primitive is transposed in one operand at a time, the other a constant.
-    cts = []
+    cts: list[Any] = []
     for i, wanted in enumerate(needed):
         if not wanted:
             cts.append(None)
@@ -74,5 +90,5 @@ def _transposed(prim: Primitive, upstream: Any, inputs: tuple, params: dict, sha
         graph = LinearGraph()
         args = list(inputs)
         args[i] = graph.new_input(shapes[i], upstream.dtype)
-        cts.append(prim.transpose(upstream, *args, **params)[i])
+        cts.append(transpose(upstream, *args, **params)[i])
     return tuple(cts)
