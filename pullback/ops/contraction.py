@@ -5,15 +5,20 @@ those ops. Operands are contracted left to right, two at a time, each pair as on
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..errors import KernelError
+from .hints import TensorLike
 from .linalg import matmul
 from .reduce import sum as reduce_sum
 from .registry import dtype_of, is_float, shape_of
 from .shape import broadcast_to, getitem, reshape, transpose
+
+if TYPE_CHECKING:
+    from ..tensor import Tensor
 
 #: The ops `import pullback as pb` offers as `pb.<name>` (and `pullback.ops` too).
 __all__ = ["einsum"]
@@ -32,7 +37,7 @@ class _Term:
         return dict(zip(self.subscripts, shape_of(self.value), strict=True))
 
 
-def einsum(spec: str, *operands: Any) -> Any:
+def einsum(spec: str, *operands: TensorLike | Sequence[TensorLike]) -> Tensor:
     """Einstein summation as torch.einsum: `einsum("bij,bjk->bik", a, b)`; without "->"
     the output has the subscripts that appear once, in alphabetical order. "..." stands
     for the dimensions the subscripts do not name (broadcast against each other);
@@ -65,7 +70,7 @@ def einsum(spec: str, *operands: Any) -> Any:
     return transpose(result.value, tuple(result.subscripts.index(c) for c in output))
 
 
-def _parse(spec: str, operands: tuple) -> tuple[list[str], str]:
+def _parse(spec: str, operands: tuple[Any, ...]) -> tuple[list[str], str]:
     """Each operand's subscripts and the output's, with an ellipsis spelled out as one
     subscript per dimension it covers (right-aligned across operands, as broadcasting)."""
     spec = spec.replace(" ", "")
@@ -107,7 +112,7 @@ def _parse(spec: str, operands: tuple) -> tuple[list[str], str]:
     return subscripts, dots + "".join(sorted(c for c in set(letters) if letters.count(c) == 1))
 
 
-def _letters(term: str, spec: str, operands: tuple) -> str:
+def _letters(term: str, spec: str, operands: tuple[Any, ...]) -> str:
     rest = term.replace("...", "", 1)
     if not all(c.isascii() and c.isalpha() for c in rest):
         raise KernelError("einsum", operands, f"cannot read {spec!r}: subscripts are letters, "
@@ -115,7 +120,7 @@ def _letters(term: str, spec: str, operands: tuple) -> str:
     return rest
 
 
-def _diagonals(term: _Term, operands: tuple) -> _Term:
+def _diagonals(term: _Term, operands: tuple[Any, ...]) -> _Term:
     """A subscript repeated in one operand takes the diagonal over those axes."""
     subs = term.subscripts
     for c in dict.fromkeys(subs):
@@ -135,7 +140,7 @@ def _diagonals(term: _Term, operands: tuple) -> _Term:
     return term
 
 
-def _sizes(terms: list[_Term], operands: tuple) -> dict[str, int]:
+def _sizes(terms: list[_Term], operands: tuple[Any, ...]) -> dict[str, int]:
     sizes: dict[str, int] = {}
     for term in terms:
         for c, n in term.sizes().items():
@@ -167,7 +172,7 @@ def _contract(left: _Term, right: _Term, later: set[str], sizes: dict[str, int])
     def size(subs: str) -> int:
         return int(np.prod([sizes[c] for c in subs], dtype=np.int64))
 
-    def arranged(term: _Term, order: str, shape: tuple) -> Any:
+    def arranged(term: _Term, order: str, shape: tuple[int, ...]) -> Tensor:
         perm = tuple(term.subscripts.index(c) for c in order)
         return reshape(transpose(term.value, perm), shape)
 

@@ -6,13 +6,14 @@ over broadcast batch dimensions.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..ad import defbilinear, defvjp
 from ..backend.gemm import result_order
 from ..errors import KernelError
 from .backward_defaults import backward_kernel
 from .checks import declare_check, inputs, normal
+from .hints import TensorLike
 from .registry import (
     broadcast_shapes,
     declare,
@@ -23,11 +24,15 @@ from .registry import (
 )
 from .shape import _Shape, reshape, sum_to_shape, swap_last
 
+if TYPE_CHECKING:
+    from ..tensor import Tensor
+
 #: The ops `import pullback as pb` offers as `pb.<name>` (and `pullback.ops` too).
 __all__ = ["matmul"]
 
 
-def _as_matrices(sa: tuple, sb: tuple) -> tuple[tuple, tuple]:
+def _as_matrices(sa: tuple[int, ...], sb: tuple[int, ...]
+                 ) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """The operands' shapes with 1-D operands promoted to matrices, as NumPy does."""
     return ((1,) + sa if len(sa) == 1 else sa), (sb + (1,) if len(sb) == 1 else sb)
 
@@ -70,21 +75,21 @@ def _layout(a: Any, b: Any) -> str:
 writes_into(matmul_p, lambda backend, a, b, out: backend.matmul(a, b, out=out), _layout)
 
 
-def _matrix_ct(ct: Any, sa: tuple, sb: tuple) -> Any:
+def _matrix_ct(ct: Any, sa: tuple[int, ...], sb: tuple[int, ...]) -> Tensor:
     """The output cotangent with the dimensions that 1-D operands dropped put back."""
     a2, b2 = _as_matrices(sa, sb)
     batch = broadcast_shapes("matmul", _Shape(a2[:-2]), _Shape(b2[:-2]))
     return reshape(ct, batch + (a2[-2], b2[-1]))
 
 
-def _transpose_lhs(ct: Any, a: Any, b: Any) -> Any:
+def _transpose_lhs(ct: Any, a: Any, b: Any) -> Tensor:
     sa, sb = shape_of(a), shape_of(b)
     a2, b2 = _as_matrices(sa, sb)
     grad = matmul(_matrix_ct(ct, sa, sb), swap_last(reshape(b, b2)))
     return reshape(sum_to_shape(grad, a2), sa)
 
 
-def _transpose_rhs(ct: Any, a: Any, b: Any) -> Any:
+def _transpose_rhs(ct: Any, a: Any, b: Any) -> Tensor:
     sa, sb = shape_of(a), shape_of(b)
     a2, b2 = _as_matrices(sa, sb)
     grad = matmul(swap_last(reshape(a, a2)), _matrix_ct(ct, sa, sb))
@@ -133,7 +138,9 @@ def _ct_into(be: Any, g: Any, n: Any, out: Any) -> tuple:
 writes_cotangent_into(matmul_p, _ct_order, _ct_into)
 
 
-def matmul(a: Any, b: Any) -> Any:
+def matmul(a: TensorLike, b: TensorLike) -> Tensor:
+    """The matrix product of `a` and `b`, as `np.matmul`: batch dimensions broadcast, a
+    1-D operand is a vector."""
     return matmul_p.bind(a, b)
 
 
