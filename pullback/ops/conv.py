@@ -10,7 +10,8 @@ window, as PyTorch's backward does.
 from __future__ import annotations
 
 import operator
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -20,6 +21,7 @@ from ..errors import KernelError
 from .backward_defaults import backward_kernel
 from .checks import declare_check, distinct, inputs, normal
 from .elementwise import add, astype, equal, mul, relu_p
+from .hints import TensorLike
 from .linalg import matmul
 from .reduce import max as reduce_max
 from .reduce import sum as reduce_sum
@@ -33,10 +35,16 @@ from .registry import (
 )
 from .shape import broadcast_to, reshape, swap_last, transpose
 
+if TYPE_CHECKING:
+    from ..tensor import Tensor
+
 #: The ops `import pullback as pb` offers as `pb.<name>` (and `pullback.ops` too).
 __all__ = ["avg_pool2d", "conv2d", "max_pool2d"]
 
-NO_DILATION = (1, 1)
+# A (height, width) pair of window sizes, strides, paddings or dilations.
+_Pair = tuple[int, int]
+
+NO_DILATION: _Pair = (1, 1)
 
 
 def _int(value: Any) -> int | None:
@@ -49,20 +57,22 @@ def _int(value: Any) -> int | None:
         return None
 
 
-def pair(op: str, value: Any, name: str) -> tuple[int, int]:
+def pair(op: str, value: int | Sequence[int], name: str) -> tuple[int, int]:
     """An int or a pair of ints as a pair, or a KernelError naming the op and argument."""
-    pair_ = (value, value) if _int(value) is not None else value
+    given: Any = (value, value) if _int(value) is not None else value  # what a user passed
     try:
-        pair_ = tuple(_int(v) for v in pair_)
+        pair_ = tuple(_int(v) for v in given)
     except TypeError:
         pair_ = ()
-    if len(pair_) != 2 or None in pair_:
+    first, second = pair_ if len(pair_) == 2 else (None, None)
+    if first is None or second is None:
         raise KernelError(op, (), f"{name} must be an int or a pair of ints, not {value!r}")
-    return pair_
+    return first, second
 
 
-def _window_shape(op: str, x: Any, kernel: tuple, stride: tuple, padding: tuple,
-                  dilation: tuple = NO_DILATION, operands: tuple | None = None) -> tuple:
+def _window_shape(op: str, x: Any, kernel: Sequence[int], stride: _Pair, padding: _Pair,
+                  dilation: _Pair = NO_DILATION, operands: tuple[Any, ...] | None = None
+                  ) -> tuple[int, ...]:
     """(OH, OW) of a window op on x (N, C, H, W), or a KernelError worded as the
     backends word theirs (pullback.backend.conv)."""
     shape = shape_of(x)
@@ -91,8 +101,8 @@ def _window_shape(op: str, x: Any, kernel: tuple, stride: tuple, padding: tuple,
 # ---------------------------------------------------------------- im2col and its adjoint
 
 
-def _unfold_shape(x: Any, kernel: tuple, stride: tuple, padding: tuple, pad_value: float,
-                  dilation: tuple) -> tuple:
+def _unfold_shape(x: Any, kernel: _Pair, stride: _Pair, padding: _Pair, pad_value: float,
+                  dilation: _Pair) -> tuple[Any, ...]:
     oh, ow = _window_shape("unfold2d", x, kernel, stride, padding, dilation)
     n, c = shape_of(x)[:2]
     return (n, c, *kernel, oh, ow), dtype_of(x)
@@ -107,16 +117,18 @@ unfold2d_p = declare(
 )
 
 
-def unfold2d(x: Any, kernel: tuple, stride: tuple, padding: tuple, pad_value: float = 0.0,
-             dilation: tuple = NO_DILATION) -> Any:
+def unfold2d(x: TensorLike, kernel: tuple[int, int], stride: tuple[int, int],
+             padding: tuple[int, int], pad_value: float = 0.0,
+             dilation: tuple[int, int] = NO_DILATION) -> Tensor:
     """Sliding windows as (N, C, kh, kw, OH, OW), taps `dilation` apart."""
     return unfold2d_p.bind(x, kernel=kernel, stride=stride, padding=padding, pad_value=pad_value,
                            dilation=tuple(dilation))
 
 
 def _fold_shape(
-    cols: Any, input_shape: tuple, kernel: tuple, stride: tuple, padding: tuple, dilation: tuple
-) -> tuple:
+    cols: Any, input_shape: Sequence[int], kernel: _Pair, stride: _Pair, padding: _Pair,
+    dilation: _Pair,
+) -> tuple[Any, ...]:
     return tuple(input_shape), dtype_of(cols)
 
 
@@ -129,8 +141,9 @@ fold2d_p = declare(
 )
 
 
-def fold2d(cols: Any, input_shape: tuple, kernel: tuple, stride: tuple, padding: tuple,
-           dilation: tuple = NO_DILATION) -> Any:
+def fold2d(cols: TensorLike, input_shape: Sequence[int], kernel: tuple[int, int],
+           stride: tuple[int, int], padding: tuple[int, int],
+           dilation: tuple[int, int] = NO_DILATION) -> Tensor:
     """Sum windows (N, C, kh, kw, OH, OW) back into an input of `input_shape`."""
     return fold2d_p.bind(cols, input_shape=tuple(input_shape), kernel=kernel, stride=stride,
                          padding=padding, dilation=tuple(dilation))
@@ -147,8 +160,8 @@ deflinear(fold2d_p, lambda ct, cols, input_shape, kernel, stride, padding, dilat
 # ---------------------------------------------------------------- convolution
 
 
-def _conv_shape(x: Any, w: Any, stride: tuple, padding: tuple, dilation: tuple,
-                groups: int) -> tuple:
+def _conv_shape(x: Any, w: Any, stride: _Pair, padding: _Pair, dilation: _Pair,
+                groups: int) -> tuple[Any, ...]:
     sx, sw = shape_of(x), shape_of(w)
     if len(sx) != 4 or len(sw) != 4:
         raise KernelError(
@@ -183,8 +196,8 @@ writes_into(conv2d_p, lambda backend, x, w, out, stride, padding, dilation, grou
             backend.conv2d(x, w, stride, padding, dilation, groups, out=out))
 
 
-def _conv_transpose_input(ct: Any, x: Any, w: Any, stride: tuple, padding: tuple,
-                          dilation: tuple, groups: int) -> Any:
+def _conv_transpose_input(ct: Any, x: Any, w: Any, stride: _Pair, padding: _Pair,
+                          dilation: _Pair, groups: int) -> Any:
     n, c, _, _ = shape_of(x)
     o, cg, kh, kw = shape_of(w)
     oh, ow = shape_of(ct)[2:]
@@ -195,8 +208,8 @@ def _conv_transpose_input(ct: Any, x: Any, w: Any, stride: tuple, padding: tuple
                   dilation)
 
 
-def _conv_transpose_weight(ct: Any, x: Any, w: Any, stride: tuple, padding: tuple,
-                           dilation: tuple, groups: int) -> Any:
+def _conv_transpose_weight(ct: Any, x: Any, w: Any, stride: _Pair, padding: _Pair,
+                           dilation: _Pair, groups: int) -> Any:
     n = shape_of(x)[0]
     o, cg, kh, kw = shape_of(w)
     oh, ow = shape_of(ct)[2:]
@@ -213,7 +226,7 @@ def _conv_transpose_weight(ct: Any, x: Any, w: Any, stride: tuple, padding: tupl
 defbilinear(conv2d_p, _conv_transpose_input, _conv_transpose_weight)
 
 
-def _conv_vjp(be: Any, g: Any, n: Any) -> tuple:
+def _conv_vjp(be: Any, g: Any, n: Any) -> tuple[Any, ...]:
     x, w = n.inputs  # only what each active operand's gradient needs was saved
     x_shape, w_shape = n.in_shapes
     p = n.params
@@ -229,7 +242,7 @@ backward_kernel(conv2d_p, "conv2d_input_backward")
 backward_kernel(conv2d_p, "conv2d_weight_backward")
 
 
-def _conv_ct_into(be: Any, g: Any, n: Any, out: Any) -> tuple:
+def _conv_ct_into(be: Any, g: Any, n: Any, out: Any) -> tuple[Any, ...]:
     """_conv_vjp with the input's gradient written into `out`."""
     x, w = n.inputs
     p = n.params
@@ -253,8 +266,9 @@ def _groups(value: Any) -> int:
     return groups
 
 
-def conv2d(x: Any, w: Any, b: Any = None, stride: Any = 1, padding: Any = 0,
-           dilation: Any = 1, groups: Any = 1) -> Any:
+def conv2d(x: TensorLike, w: TensorLike, b: TensorLike | None = None,
+           stride: int | tuple[int, int] = 1, padding: int | tuple[int, int] = 0,
+           dilation: int | tuple[int, int] = 1, groups: int = 1) -> Tensor:
     """2-D cross-correlation, NCHW input, weight (O, C / groups, kh, kw), optional bias
     of shape (O,); kernel taps `dilation` apart, channels in `groups` independent
     groups, as PyTorch's and ONNX's Conv (symmetric padding)."""
@@ -271,13 +285,13 @@ def conv2d(x: Any, w: Any, b: Any = None, stride: Any = 1, padding: Any = 0,
 # ---------------------------------------------------------------- pooling
 
 
-def _max_pool_shape(x: Any, kernel: tuple, stride: tuple, padding: tuple,
-                    dilation: tuple) -> tuple:
+def _max_pool_shape(x: Any, kernel: _Pair, stride: _Pair, padding: _Pair,
+                    dilation: _Pair) -> tuple[Any, ...]:
     oh, ow = _window_shape("max_pool2d", x, kernel, stride, padding, dilation)
     return shape_of(x)[:2] + (oh, ow), dtype_of(x)
 
 
-def _avg_pool_shape(x: Any, kernel: tuple, stride: tuple, padding: tuple) -> tuple:
+def _avg_pool_shape(x: Any, kernel: _Pair, stride: _Pair, padding: _Pair) -> tuple[Any, ...]:
     oh, ow = _window_shape("avg_pool2d", x, kernel, stride, padding)
     return shape_of(x)[:2] + (oh, ow), dtype_of(x)
 
@@ -295,8 +309,8 @@ writes_into(max_pool2d_p, lambda backend, x, out, kernel, stride, padding, dilat
             backend.max_pool2d(x, kernel, stride, padding, dilation, out=out))
 
 
-def _first_max_mask(x: Any, out: Any, kernel: tuple, stride: tuple, padding: tuple,
-                    dilation: tuple) -> Any:
+def _first_max_mask(x: Any, out: Any, kernel: _Pair, stride: _Pair, padding: _Pair,
+                    dilation: _Pair) -> Any:
     """One-hot (N, C, kh, kw, OH, OW) marking the first maximum of each window."""
     kh, kw = kernel
     cols = unfold2d(x, kernel, stride, padding, float("-inf"), dilation)
@@ -309,8 +323,8 @@ def _first_max_mask(x: Any, out: Any, kernel: tuple, stride: tuple, padding: tup
     return astype(equal(scored, reduce_max(scored, (2, 3), True)), dtype_of(x))
 
 
-def _max_pool_jvp(t: Any, out: Any, x: Any, kernel: tuple, stride: tuple, padding: tuple,
-                  dilation: tuple) -> Any:
+def _max_pool_jvp(t: Any, out: Any, x: Any, kernel: _Pair, stride: _Pair, padding: _Pair,
+                  dilation: _Pair) -> Any:
     mask = _first_max_mask(x, out, kernel, stride, padding, dilation)
     return reduce_sum(mul(unfold2d(t, kernel, stride, padding, 0.0, dilation), mask), (2, 3))
 
@@ -340,7 +354,8 @@ writes_into(avg_pool2d_p, lambda backend, x, out, kernel, stride, padding:
             backend.avg_pool2d(x, kernel, stride, padding, out=out))
 
 
-def _avg_pool_transpose(ct: Any, x: Any, kernel: tuple, stride: tuple, padding: tuple) -> tuple:
+def _avg_pool_transpose(ct: Any, x: Any, kernel: _Pair, stride: _Pair, padding: _Pair
+                        ) -> tuple[Any, ...]:
     n, c, oh, ow = shape_of(ct)
     kh, kw = kernel
     share = reshape(mul(ct, 1.0 / (kh * kw)), (n, c, 1, 1, oh, ow))
@@ -359,7 +374,8 @@ writes_cotangent_into(
         out=out),))
 
 
-def _pool_args(op: str, kernel_size: Any, stride: Any, padding: Any) -> dict:
+def _pool_args(op: str, kernel_size: int | Sequence[int], stride: int | Sequence[int] | None,
+               padding: int | Sequence[int]) -> dict[str, _Pair]:
     kernel = pair(op, kernel_size, "kernel_size")
     return {
         "kernel": kernel,
@@ -368,26 +384,29 @@ def _pool_args(op: str, kernel_size: Any, stride: Any, padding: Any) -> dict:
     }
 
 
-def max_pool2d(x: Any, kernel_size: Any, stride: Any = None, padding: Any = 0,
-               dilation: Any = 1) -> Any:
+def max_pool2d(x: TensorLike, kernel_size: int | tuple[int, int],
+               stride: int | tuple[int, int] | None = None, padding: int | tuple[int, int] = 0,
+               dilation: int | tuple[int, int] = 1) -> Tensor:
     """Maximum over each window (padding reads as -inf), taps `dilation` apart; the
     gradient goes to the first maximum of each window in row-major order."""
     return max_pool2d_p.bind(x, **_pool_args("max_pool2d", kernel_size, stride, padding),
                              dilation=pair("max_pool2d", dilation, "dilation"))
 
 
-def avg_pool2d(x: Any, kernel_size: Any, stride: Any = None, padding: Any = 0) -> Any:
+def avg_pool2d(x: TensorLike, kernel_size: int | tuple[int, int],
+               stride: int | tuple[int, int] | None = None,
+               padding: int | tuple[int, int] = 0) -> Tensor:
     """Mean over each window, padding counted as zeros (count_include_pad=True)."""
     return avg_pool2d_p.bind(x, **_pool_args("avg_pool2d", kernel_size, stride, padding))
 
 
 # ---------------------------------------------------------------- samples for `pullback check`
 
-_CONV = {"stride": (2, 1), "padding": (1, 0)}
-_WINDOW = {"kernel": (2, 3), "stride": (2, 1), "padding": (1, 0)}
+_CONV: dict[str, Any] = {"stride": (2, 1), "padding": (1, 0)}
+_WINDOW: dict[str, Any] = {"kernel": (2, 3), "stride": (2, 1), "padding": (1, 0)}
 
 
-def _conv_variants(x: Any, w: Any, b: Any) -> tuple:
+def _conv_variants(x: Any, w: Any, b: Any) -> tuple[Any, ...]:
     """conv2d plain, dilated, grouped and depthwise: w (2, 4, 3, 2) reshaped to each
     grouping's (O, C / groups, kh, kw)."""
     return (
@@ -398,7 +417,7 @@ def _conv_variants(x: Any, w: Any, b: Any) -> tuple:
     )
 
 
-def _fold_sample(rng: np.random.Generator) -> tuple:
+def _fold_sample(rng: np.random.Generator) -> tuple[Any, ...]:
     return (rng.standard_normal((1, 2, 2, 3, 3, 3)),)
 
 
