@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -25,6 +25,7 @@ from ..backend.attention import attention_ops
 from ..errors import KernelError
 from .checks import declare_check, inputs, normal
 from .elementwise import add, astype, equal, mul, sub, where
+from .hints import TensorLike
 from .linalg import matmul
 from .loss import dropout_mask
 from .reduce import max as reduce_max
@@ -32,6 +33,9 @@ from .reduce import softmax
 from .reduce import sum as reduce_sum
 from .registry import declare, dtype_of, is_float, shape_of
 from .shape import reshape, swap_last
+
+if TYPE_CHECKING:
+    from ..tensor import Tensor
 
 #: The ops `import pullback as pb` offers as `pb.<name>` (and `pullback.ops` too).
 __all__ = ["scaled_dot_product_attention"]
@@ -110,7 +114,7 @@ defvjp(attention_p, _vjp)
 # ---------------------------------------------------------------- the rule, in primitives
 
 
-def _probabilities(q: Any, k: Any, bias: Any, scale: float, causal: bool) -> Any:
+def _probabilities(q: Any, k: Any, bias: Any, scale: float, causal: bool) -> Tensor:
     """The attention weights, written in primitives (zero rows where bias masks all)."""
     scores = matmul(mul(q, scale), swap_last(k))
     length, keys = shape_of(q)[-2], shape_of(k)[-2]
@@ -132,23 +136,24 @@ def _active(tangent: Any) -> bool:
     return tangent is not None and type(tangent) is not Zero
 
 
-def _jvp(tangents: tuple, out: Any, inputs: tuple, scale: float, causal: bool) -> Any:
+def _jvp(tangents: tuple[Any, ...], out: Any, inputs: tuple[Any, ...], scale: float,
+         causal: bool) -> Tensor | None:
     q, k, v, bias, keep = inputs
     tq, tk, tv, tbias, _ = tangents  # the dropout mask is drawn, never differentiated
     p = _probabilities(q, k, bias, scale, causal)
-    t_scores = None
+    t_scores: Tensor | None = None
     for active, term in ((_active(tq), lambda: matmul(mul(tq, scale), swap_last(k))),
                          (_active(tk), lambda: matmul(mul(q, scale), swap_last(tk))),
                          (_active(tbias), lambda: tbias)):
         if active:
             t_scores = term() if t_scores is None else add(t_scores, term())
-    result = None
+    result: Tensor | None = None
     if t_scores is not None:
         tp = mul(p, sub(t_scores, reduce_sum(mul(p, t_scores), -1, True)))
         result = matmul(tp if keep is None else mul(tp, keep), v)
     if _active(tv):
-        term = matmul(p if keep is None else mul(p, keep), tv)
-        result = term if result is None else add(result, term)
+        by_tv = matmul(p if keep is None else mul(p, keep), tv)
+        result = by_tv if result is None else add(result, by_tv)
     return result
 
 
@@ -159,10 +164,10 @@ defjvp_full(attention_p, _jvp)
 
 
 def scaled_dot_product_attention(
-    query: Any, key: Any, value: Any, attn_mask: Any = None, dropout_p: float = 0.0,
-    is_causal: bool = False, scale: float | None = None, *,
+    query: TensorLike, key: TensorLike, value: TensorLike, attn_mask: TensorLike | None = None,
+    dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None, *,
     generator: Callable[[], np.random.Generator] | None = None,
-) -> Any:
+) -> Tensor:
     """softmax(query key^T * scale + mask) value over (..., L, E), (..., S, E) and
     (..., S, Ev) operands, as torch.nn.functional.scaled_dot_product_attention: `scale`
     defaults to 1/sqrt(E); a bool `attn_mask` marks the keys that take part (True), a

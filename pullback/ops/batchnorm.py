@@ -15,7 +15,7 @@ compiled plan records the update as state and repeats it at every call.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..ad import defjvp, defvjp
 from ..backend.fused import fused_ops
@@ -23,10 +23,14 @@ from ..errors import KernelError
 from .backward_defaults import rule_vjp
 from .checks import declare_check, inputs, normal, positive
 from .elementwise import add, div, mul, sqrt, sub
+from .hints import TensorLike
 from .reduce import mean
 from .reduce import sum as sum_over
 from .registry import declare, dtype_of, is_float, shape_of
 from .shape import broadcast_to, reshape, stop_gradient_p
+
+if TYPE_CHECKING:
+    from ..tensor import Tensor
 
 #: The ops `import pullback as pb` offers as `pb.<name>` (and `pullback.ops` too).
 __all__ = ["batch_norm"]
@@ -84,20 +88,20 @@ batch_norm_p = declare("batch_norm", _impl, _shape, saves_inputs=True, aliasing=
 # ---------------------------------------------------------------- derivative rules
 
 
-def _column_shape(ndim: int, channels: int) -> tuple:
+def _column_shape(ndim: int, channels: int) -> tuple[int, ...]:
     return (1, channels) + (1,) * (ndim - 2)
 
 
-def _column(v: Any, ndim: int) -> Any:
+def _column(v: Any, ndim: int) -> Tensor:
     """A (C,) vector shaped to broadcast over (N, C, *spatial)."""
     return reshape(v, _column_shape(ndim, shape_of(v)[0]))
 
 
-def _axes(ndim: int) -> tuple:
+def _axes(ndim: int) -> tuple[int, ...]:
     return (0, *range(2, ndim))
 
 
-def _batch_normalized(x: Any, eps: float) -> tuple[Any, Any]:
+def _batch_normalized(x: Any, eps: float) -> tuple[Tensor, Tensor]:
     """(x - mean) * rstd and rstd (shaped (1, C, 1, ...)) with the batch's statistics."""
     axes = _axes(len(shape_of(x)))
     centered = sub(x, mean(x, axes, True))
@@ -105,7 +109,7 @@ def _batch_normalized(x: Any, eps: float) -> tuple[Any, Any]:
     return mul(centered, rstd), rstd
 
 
-def _running_scale(running_var: Any, weight: Any, eps: float) -> Any:
+def _running_scale(running_var: Any, weight: Any, eps: float) -> Tensor:
     """weight / sqrt(running_var + eps), (C,): eval mode's slope per channel."""
     scale = div(1.0, sqrt(add(running_var, eps)))
     return scale if weight is None else mul(scale, weight)
@@ -196,9 +200,10 @@ def _update_running(x: Any, running_mean: Any, running_var: Any, momentum: Any) 
         running.copy_(new)
 
 
-def batch_norm(x: Any, running_mean: Any, running_var: Any, weight: Any = None,
-               bias: Any = None, training: bool = False, momentum: Any = 0.1,
-               eps: float = 1e-5) -> Any:
+def batch_norm(x: TensorLike, running_mean: TensorLike | None, running_var: TensorLike | None,
+               weight: TensorLike | None = None, bias: TensorLike | None = None,
+               training: bool = False, momentum: float | Tensor = 0.1,
+               eps: float = 1e-5) -> Tensor:
     """torch.nn.functional.batch_norm: per channel (axis 1) of (N, C) or (N, C,
     *spatial), (x - mean) / sqrt(var + eps) * weight + bias. Training mode uses the
     batch's statistics and updates `running_mean`/`running_var` (tensors, or None) in
@@ -215,7 +220,7 @@ def batch_norm(x: Any, running_mean: Any, running_var: Any, weight: Any = None,
                               "and running_var in place: they must be tensors (or None)")
     y = batch_norm_p.bind(x, None, None, weight, bias, training=True, eps=eps)
     # An empty batch leaves the running statistics as they are (as PyTorch's).
-    if (running_mean is not None or running_var is not None) and math.prod(shape_of(x)):
+    if (running_mean is not None or running_var is not None) and math.prod(shape_of(x)) != 0:
         # A 0-d tensor momentum (a counter's 1 / batches) stays one: traced, not baked.
         factor = momentum if hasattr(momentum, "shape") else float(momentum)
         _update_running(x, running_mean, running_var, factor)

@@ -8,16 +8,20 @@ so forward mode and higher orders work as for every other op.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..ad import defjvp, defvjp
 from ..backend.fused import fused_ops
 from ..errors import KernelError
 from .checks import declare_check, inputs, normal
 from .elementwise import add, div, mul, sqrt, sub
+from .hints import TensorLike
 from .reduce import mean
 from .registry import declare, dtype_of, is_float, shape_of
 from .shape import broadcast_to
+
+if TYPE_CHECKING:
+    from ..tensor import Tensor
 
 #: The ops `import pullback as pb` offers as `pb.<name>` (and `pullback.ops` too).
 __all__ = ["layer_norm"]
@@ -55,7 +59,7 @@ def _impl(backend: Any, x: Any, weight: Any, bias: Any, eps: float) -> Any:
 layer_norm_p = declare("layer_norm", _impl, _shape, saves_inputs=True, aliasing="fresh")
 
 
-def _normalized(x: Any, eps: float) -> tuple[Any, Any]:
+def _normalized(x: Any, eps: float) -> tuple[Tensor, Tensor]:
     """(x - mean) * rstd and rstd, in primitives (for the JVP rules)."""
     centered = sub(x, mean(x, -1, True))
     rstd = div(1.0, sqrt(add(mean(mul(centered, centered), -1, True), eps)))
@@ -91,7 +95,7 @@ def _vjp(be: Any, g: Any, n: Any) -> tuple:
 defvjp(layer_norm_p, _vjp)
 
 
-def layer_norm(x: Any, weight: Any, bias: Any, eps: float = 1e-5) -> Any:
+def layer_norm(x: TensorLike, weight: TensorLike, bias: TensorLike, eps: float = 1e-5) -> Tensor:
     """(x - mean) / sqrt(var + eps) * weight + bias over the last axis, as
     torch.nn.functional.layer_norm(x, (n,), weight, bias, eps)."""
     return layer_norm_p.bind(x, weight, bias, eps=float(eps))
