@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -18,9 +18,13 @@ from ..backend.fused import fused_ops
 from ..errors import KernelError
 from .checks import declare_check, inputs, labels, normal
 from .elementwise import astype, div, exp, mul, not_equal, sub
+from .hints import DTypeLike, TensorLike
 from .reduce import log_softmax
 from .reduce import sum as reduce_sum
 from .registry import declare, dtype_of, is_float, shape_of
+
+if TYPE_CHECKING:
+    from ..tensor import Tensor
 
 __all__ = ["one_hot"]  # the rest are building blocks the layers above call
 
@@ -39,7 +43,8 @@ one_hot_p = declare("one_hot", _one_hot_impl, _one_hot_shape, differentiable=Fal
                     aliasing="fresh")
 
 
-def one_hot(labels: Any, num_classes: int = -1, dtype: Any = None) -> Any:
+def one_hot(labels: TensorLike, num_classes: int = -1, dtype: DTypeLike | None = None
+            ) -> Tensor:
     """Rows of zeros with a one at each integer label, as `torch.nn.functional.one_hot`:
     `num_classes=-1` takes the largest label plus one, and the result is int64 unless
     `dtype` says otherwise; no gradient."""
@@ -158,8 +163,8 @@ def _cross_entropy_vjp(be: Any, g: Any, node: Any) -> tuple:
 defvjp(cross_entropy_p, _cross_entropy_vjp)
 
 
-def cross_entropy(logits: Any, labels: Any, ignore_index: int = -100,
-                  reduction: str = "mean") -> Any:
+def cross_entropy(logits: TensorLike, labels: TensorLike, ignore_index: int = -100,
+                  reduction: str = "mean") -> Tensor:
     """-log softmax(logits)[label] for each row of logits (..., C) and integer labels
     (...): their mean over the labels other than `ignore_index` ("mean"), their sum
     ("sum"), or each ("none"), as one fused primitive."""
@@ -167,11 +172,11 @@ def cross_entropy(logits: Any, labels: Any, ignore_index: int = -100,
                                 reduction=reduction)
 
 
-def _mask_shape(x: Any, p: float, rng: Any) -> tuple:
+def _mask_shape(x: Any, p: float, rng: Callable[[], np.random.Generator]) -> tuple[Any, ...]:
     return shape_of(x), dtype_of(x)
 
 
-def _mask_impl(backend: Any, x: Any, p: float, rng: Any) -> Any:
+def _mask_impl(backend: Any, x: Any, p: float, rng: Callable[[], np.random.Generator]) -> Any:
     keep = backend.asarray(rng().random(x.shape) >= p)
     return backend.mul(backend.astype(keep, x.dtype), 1.0 / (1.0 - p))
 
@@ -180,7 +185,7 @@ dropout_mask_p = declare("dropout_mask", _mask_impl, _mask_shape, differentiable
                          aliasing="fresh")
 
 
-def dropout_mask(x: Any, p: float, rng: Any) -> Any:
+def dropout_mask(x: TensorLike, p: float, rng: Callable[[], np.random.Generator]) -> Tensor:
     """Zeros with probability p, else 1/(1-p), shaped like x; `rng()` returns the generator
     to draw from at the moment the op runs (so a replayed plan draws afresh)."""
     return dropout_mask_p.bind(x, p=p, rng=rng)
