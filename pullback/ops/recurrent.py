@@ -16,7 +16,7 @@ transposed, and the CPU kernels are tested against them.
 from __future__ import annotations
 
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..ad import Zero, defjvp_full, defvjp
 from ..backend.backward_ops import derive_default
@@ -33,9 +33,13 @@ from ..backend.recurrent import (
 from .backward_defaults import rule_vjp
 from .checks import declare_check, inputs, normal
 from .elementwise import add, mul, sub, tanh
+from .hints import TensorLike
 from .linalg import matmul
 from .registry import declare, dtype_of
 from .shape import broadcast_to, getitem, scatter_add, stack, swap_last
+
+if TYPE_CHECKING:
+    from ..tensor import Tensor
 
 #: Building blocks of nn.LSTM and nn.GRU, offered as `pullback.ops.<name>`, not `pb.<name>`.
 __all__: list[str] = []
@@ -168,14 +172,16 @@ defjvp_full(gru_sequence_p, _gru_jvp)
 # ---------------------------------------------------------------- backward kernels
 
 
-def _lstm_vjp(be: Any, g: Any, n: Any) -> tuple:
+def _lstm_vjp(be: Any, g: Any, n: Any) -> tuple[Any, ...]:
     needed = tuple(p is not None for p in n.parents)
-    return recurrent_ops(be).lstm_sequence_backward(g, *n.inputs, n.output, needed)
+    xp, h0, c0, w_hh = n.inputs
+    return recurrent_ops(be).lstm_sequence_backward(g, xp, h0, c0, w_hh, n.output, needed)
 
 
-def _gru_vjp(be: Any, g: Any, n: Any) -> tuple:
+def _gru_vjp(be: Any, g: Any, n: Any) -> tuple[Any, ...]:
     needed = tuple(p is not None for p in n.parents)
-    return recurrent_ops(be).gru_sequence_backward(g, *n.inputs, n.output, needed)
+    xp, h0, w_hh, b_hh = n.inputs
+    return recurrent_ops(be).gru_sequence_backward(g, xp, h0, w_hh, b_hh, n.output, needed)
 
 
 defvjp(lstm_sequence_p, _lstm_vjp)
@@ -188,14 +194,14 @@ derive_default("gru_sequence_backward", partial(rule_vjp, gru_sequence_p), owner
 # ---------------------------------------------------------------- functions
 
 
-def lstm_sequence(xp: Any, h0: Any, c0: Any, w_hh: Any) -> Any:
+def lstm_sequence(xp: TensorLike, h0: TensorLike, c0: TensorLike, w_hh: TensorLike) -> Tensor:
     """The LSTM state array y (6, T, N, H) (h, c, i, f, g, o per step) from the
     projected input xp (T, N, 4H) = x W_ih^T + b_ih + b_hh, the initial states h0, c0
     (N, H) and the recurrent weight w_hh (4H, H), PyTorch's gate order i f g o."""
     return lstm_sequence_p.bind(xp, h0, c0, w_hh)
 
 
-def gru_sequence(xp: Any, h0: Any, w_hh: Any, b_hh: Any) -> Any:
+def gru_sequence(xp: TensorLike, h0: TensorLike, w_hh: TensorLike, b_hh: TensorLike) -> Tensor:
     """The GRU state array y (5, T, N, H) (h, r, z, n, W_hn h + b_hn per step) from the
     projected input xp (T, N, 3H) = x W_ih^T + b_ih, h0 (N, H), w_hh (3H, H) and b_hh
     (3H,), PyTorch's gate order r z n."""
