@@ -10,14 +10,17 @@ error naming the class, never a zero.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
+from numpy.typing import ArrayLike, NDArray
 
 from ..ad import (
     ALL_ARGS,
     DerivativeError,
     ForwardModeError,
+    Primitive,
     Zero,
     defjvp_full,
     deflinear,
@@ -25,7 +28,11 @@ from ..ad import (
     leaves_above,
 )
 from ..errors import KernelError
+from .hints import TensorLike
 from .registry import declare
+
+if TYPE_CHECKING:
+    from ..tensor import Tensor
 
 #: The ops `import pullback as pb` offers as `pb.<name>` (and `pullback.ops` too).
 __all__ = ["CustomOp"]
@@ -45,11 +52,25 @@ class CustomOp:
     """
 
     saves: tuple[str, ...] = ("inputs", "output")
+    # The op's primitive and its linear companion, made at its first call (`_primitives`).
+    _pullback_primitives: ClassVar[tuple[Primitive, Primitive]]
 
-    def forward(self, *arrays: np.ndarray) -> np.ndarray:
-        raise TypeError(f"{type(self).__name__} defines no forward()")
+    if TYPE_CHECKING:
+        # Spelled as callables so that a subclass may name its own parameters
+        # (`forward(self, x, y)`); what they return is still checked.
+        forward: Callable[..., NDArray[Any]]
+        #: `backward(upstream, inputs, output)`: one gradient (or None) per input.
+        backward: Callable[[NDArray[Any], tuple[NDArray[Any] | None, ...], NDArray[Any] | None],
+                           Sequence[ArrayLike | None]]
+        #: `jvp(tangents, inputs, output)`: the output's tangent.
+        jvp: Callable[[tuple[NDArray[Any] | None, ...], tuple[NDArray[Any] | None, ...],
+                       NDArray[Any] | None], ArrayLike]
+    else:
 
-    def __call__(self, *args: Any) -> Any:
+        def forward(self, *arrays: NDArray[Any]) -> NDArray[Any]:
+            raise TypeError(f"{type(self).__name__} defines no forward()")
+
+    def __call__(self, *args: TensorLike) -> Tensor:
         prim = _primitives(type(self))[0]
         if prim.saves_output:
             return prim.bind(*args, op=self)
@@ -61,12 +82,12 @@ class CustomOp:
         return f"{type(self).__name__}()"
 
 
-def _defines(op: CustomOp | type, method: str) -> bool:
+def _defines(op: CustomOp | type[CustomOp], method: str) -> bool:
     cls = op if isinstance(op, type) else type(op)
     return getattr(cls, method, None) is not getattr(CustomOp, method, None)
 
 
-def _primitives(cls: type) -> tuple:
+def _primitives(cls: type[CustomOp]) -> tuple[Primitive, Primitive]:
     """The op's primitive and its linear companion, made once per subclass."""
     cached = cls.__dict__.get("_pullback_primitives")
     if cached is None:
@@ -81,7 +102,7 @@ class _OutputSpec:
     __slots__ = ("dtype", "shape")
 
 
-def _saves(cls: type) -> tuple[bool, bool]:
+def _saves(cls: type[CustomOp]) -> tuple[bool, bool]:
     saves = cls.saves
     if isinstance(saves, str) or not isinstance(saves, (tuple, list, frozenset, set)) \
             or not set(saves) <= {"inputs", "output"}:
@@ -90,7 +111,7 @@ def _saves(cls: type) -> tuple[bool, bool]:
     return "inputs" in saves, "output" in saves
 
 
-def _declare(cls: type) -> tuple:
+def _declare(cls: type[CustomOp]) -> tuple[Primitive, Primitive]:
     name = cls.__name__
     saves_inputs, saves_output = _saves(cls)
 

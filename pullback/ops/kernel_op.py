@@ -10,7 +10,7 @@ the backward kernel reads (and the inputs whenever several may broadcast).
 from __future__ import annotations
 
 import inspect
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -22,14 +22,18 @@ class KernelOp(CustomOp):
     """The base of the ops made from kernel pairs; `kernel` and `reads` are per pair."""
 
     kernel: PairedKernel
-    reads: tuple  # per backward argument after upstream: an input's index or "output"
+    # Per backward argument after upstream: an input's index, or "output".
+    reads: tuple[int | str, ...]
 
     def forward(self, *arrays: Any) -> np.ndarray:
         return self.kernel(*arrays)
 
-    def backward(self, upstream: np.ndarray, inputs: tuple, output: Any) -> tuple:
-        args = [output if r == "output" else inputs[r] for r in self.reads]
-        grads = self.kernel.backward(upstream, *args)
+    def backward(self, upstream: np.ndarray, inputs: tuple[Any, ...], output: Any
+                 ) -> tuple[np.ndarray | None, ...]:
+        args = [inputs[r] if isinstance(r, int) else output for r in self.reads]
+        # An elementwise kernel: `_reads` checked it when the op's class was made.
+        backward = cast(ElementwiseKernel, self.kernel.backward)
+        grads = backward(upstream, *args)
         if len(inputs) == 1:
             grads = (grads,)
         # An input that was not saved (a one-input forward whose backward reads only
@@ -48,31 +52,31 @@ def _unbroadcast(grad: np.ndarray, like: np.ndarray) -> np.ndarray:
     return grad.sum(axis=axes, keepdims=False).reshape(like.shape).astype(like.dtype, copy=False)
 
 
-def op_class(kernel: PairedKernel) -> type:
+def op_class(kernel: PairedKernel) -> type[KernelOp]:
     """The CustomOp subclass of a kernel pair, made once and kept on the kernel."""
-    cls = kernel.__dict__.get("_pullback_op")
+    cls: type[KernelOp] | None = kernel.__dict__.get("_pullback_op")
     if cls is None:
         reads, saves = _reads(kernel)
         cls = type(kernel.name, (KernelOp,), {"kernel": kernel, "reads": reads,
                                               "saves": saves, "__doc__": kernel.__doc__})
-        kernel._pullback_op = cls
+        kernel.__dict__["_pullback_op"] = cls
     return cls
 
 
-def _reads(kernel: PairedKernel) -> tuple[tuple, tuple]:
+def _reads(kernel: PairedKernel) -> tuple[tuple[int | str, ...], tuple[str, ...]]:
     """What the backward kernel reads, from its parameters' names, and so what to save."""
     backward = kernel.backward
-    inputs = list(inspect.signature(kernel.python).parameters)
-    names = list(inspect.signature(backward.python).parameters)[1:]
-    where = f"@kernel({kernel.name}, backward={backward.name})"
+    where = f"@kernel({kernel.name}, backward={getattr(backward, 'name', None)})"
     if not isinstance(backward, ElementwiseKernel):
         raise TypeError(f"{where}: an op on tensors needs an elementwise backward kernel, "
                         f"not a {type(backward).__name__}")
+    inputs = list(inspect.signature(kernel.python).parameters)
+    names = list(inspect.signature(backward.python).parameters)[1:]
     if backward.nout != len(inputs):
         raise TypeError(f"{where}: the backward returns {backward.nout} value(s), but a "
                         f"forward of {len(inputs)} input(s) needs one gradient per input "
                         f"(@kernel(outputs={len(inputs)}))")
-    reads = []
+    reads: list[int | str] = []
     for name in names:
         if name in inputs:
             reads.append(inputs.index(name))
@@ -95,7 +99,7 @@ def _takes(operand: Any) -> bool:
     return hasattr(operand, "_data")  # a Tensor (eager or traced by a plan)
 
 
-def _call(kernel: PairedKernel, args: tuple) -> Any:
+def _call(kernel: PairedKernel, args: tuple[Any, ...]) -> Any:
     return op_class(kernel)()(*args)
 
 
