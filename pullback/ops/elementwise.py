@@ -8,11 +8,12 @@ operand's shape by `sum_to_shape`, the one place that undoes broadcasting.
 from __future__ import annotations
 
 import math
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..ad import LinearVar, Zero, defbilinear, defjvp, defjvp_full, deflinear, defvjp
+from ..ad import LinearVar, Primitive, Zero, defbilinear, defjvp, defjvp_full, deflinear, defvjp
 from ..backend.base import check_gelu_mode
 from ..errors import KernelError
 from ..kernels import scalar_math
@@ -27,6 +28,7 @@ from .checks import (
     positive,
     separated,
 )
+from .hints import DTypeLike, Shape, TensorLike
 from .registry import (
     Fusion,
     broadcast_shapes,
@@ -39,7 +41,10 @@ from .registry import (
     tensor_method,
     writes_cotangent_into,
 )
-from .shape import broadcast_to, sum_to_shape
+from .shape import broadcast_to, is_tensor, sum_to_shape
+
+if TYPE_CHECKING:
+    from ..tensor import Tensor
 
 #: The ops `import pullback as pb` offers as `pb.<name>` (and `pullback.ops` too).
 __all__ = [
@@ -76,11 +81,11 @@ __all__ = [
 ]
 
 
-def _same(x: Any, **params: Any) -> tuple:
+def _same(x: Any, **params: Any) -> tuple[Shape, Any]:
     return shape_of(x), dtype_of(x)
 
 
-def _needed(node: Any) -> tuple:
+def _needed(node: Any) -> tuple[bool, bool]:
     a, b = node.parents
     return a is not None, b is not None
 
@@ -88,7 +93,7 @@ def _needed(node: Any) -> tuple:
 # ---------------------------------------------------------------- binary arithmetic
 
 
-def _binary_impl(name: str) -> Any:
+def _binary_impl(name: str) -> Callable[..., Any]:
     def impl(backend: Any, a: Any, b: Any) -> Any:
         out = getattr(backend, name)(a, b)
         dtype = out.dtype
@@ -119,11 +124,11 @@ add_p = declare("add", _binary_impl("add"), elementwise_rule("add"),
                 aliasing="fresh", fusion=Fusion("{0} + {1}"))
 
 
-def add(a: Any, b: Any) -> Any:
+def add(a: TensorLike, b: TensorLike) -> Tensor:
     return add_p.bind(a, b)
 
 
-def _add_jvp(tangents: tuple, output: Any, inputs: tuple) -> Any:
+def _add_jvp(tangents: tuple[Any, ...], output: Any, inputs: tuple[Any, ...]) -> Any:
     ta, tb = tangents
     if type(tb) is Zero:
         return broadcast_to(ta, broadcast_shapes("add", ta, tb))
@@ -147,11 +152,11 @@ sub_p = declare("sub", _binary_impl("sub"), elementwise_rule("sub"),
                 aliasing="fresh", fusion=Fusion("{0} - {1}"))
 
 
-def sub(a: Any, b: Any) -> Any:
+def sub(a: TensorLike, b: TensorLike) -> Tensor:
     return sub_p.bind(a, b)
 
 
-def _sub_jvp(tangents: tuple, output: Any, inputs: tuple) -> Any:
+def _sub_jvp(tangents: tuple[Any, ...], output: Any, inputs: tuple[Any, ...]) -> Any:
     ta, tb = tangents
     if type(tb) is Zero:
         return broadcast_to(ta, broadcast_shapes("sub", ta, tb))
@@ -175,7 +180,7 @@ mul_p = declare("mul", _binary_impl("mul"), elementwise_rule("mul"),
                 aliasing="fresh", fusion=Fusion("{0} * {1}"))
 
 
-def mul(a: Any, b: Any) -> Any:
+def mul(a: TensorLike, b: TensorLike) -> Tensor:
     return mul_p.bind(a, b)
 
 
@@ -184,7 +189,7 @@ defbilinear(
     lambda ct, a, b: sum_to_shape(mul(ct, b), a.shape),
     lambda ct, a, b: sum_to_shape(mul(a, ct), b.shape),
 )
-def _mul_vjp(be: Any, g: Any, n: Any) -> tuple:
+def _mul_vjp(be: Any, g: Any, n: Any) -> tuple[Any, Any]:
     a, b = n.inputs
     if a is None:  # only the lhs is active, and only the rhs was saved
         return be.sum_to_shape(be.mul(g, b), n.in_shapes[0]), None
@@ -199,7 +204,7 @@ div_p = declare("div", _binary_impl("div"), elementwise_rule("div"), saves_input
                 aliasing="fresh", fusion=Fusion("{0} / {1}"))
 
 
-def div(a: Any, b: Any) -> Any:
+def div(a: TensorLike, b: TensorLike) -> Tensor:
     return div_p.bind(a, b)
 
 
@@ -217,7 +222,7 @@ pow_p = declare("pow", _binary_impl("pow"), elementwise_rule("pow"), saves_input
                 saves_output=True, aliasing="fresh")
 
 
-def pow(a: Any, b: Any) -> Any:
+def pow(a: TensorLike, b: TensorLike) -> Tensor:
     return pow_p.bind(a, b)
 
 
@@ -250,7 +255,7 @@ def _pow_at_zero_base(b: Any, out: Any) -> Any:
 defjvp(pow_p, _pow_jvp_base, _pow_jvp_exponent)
 
 
-def _extremum(name: str, pick: Any) -> Any:
+def _extremum(name: str, pick: Callable[[Any, Any], Any]) -> Primitive:
     prim = declare(name, _binary_impl(name), elementwise_rule(name), saves_inputs=True,
                    aliasing="fresh")
 
@@ -274,20 +279,20 @@ defvjp(minimum_p, lambda be, g, n: be.minimum_backward(g, *n.inputs, needed=_nee
 
 
 @tensor_method(maximum_p)
-def maximum(a: Any, b: Any) -> Any:
+def maximum(a: TensorLike, b: TensorLike) -> Tensor:
     return maximum_p.bind(a, b)
 
 
 @tensor_method(minimum_p)
-def minimum(a: Any, b: Any) -> Any:
+def minimum(a: TensorLike, b: TensorLike) -> Tensor:
     return minimum_p.bind(a, b)
 
 
 # ---------------------------------------------------------------- comparisons (no gradient)
 
 
-def _comparison(name: str) -> Any:
-    def rule(a: Any, b: Any) -> tuple:
+def _comparison(name: str) -> Primitive:
+    def rule(a: Any, b: Any) -> tuple[Shape, str]:
         result_dtype(name, a, b)
         return broadcast_shapes(name, a, b), "bool"
 
@@ -303,33 +308,33 @@ equal_p = _comparison("equal")
 not_equal_p = _comparison("not_equal")
 
 
-def less(a: Any, b: Any) -> Any:
+def less(a: TensorLike, b: TensorLike) -> Tensor:
     return less_p.bind(a, b)
 
 
-def less_equal(a: Any, b: Any) -> Any:
+def less_equal(a: TensorLike, b: TensorLike) -> Tensor:
     return less_equal_p.bind(a, b)
 
 
-def greater(a: Any, b: Any) -> Any:
+def greater(a: TensorLike, b: TensorLike) -> Tensor:
     return greater_p.bind(a, b)
 
 
-def greater_equal(a: Any, b: Any) -> Any:
+def greater_equal(a: TensorLike, b: TensorLike) -> Tensor:
     return greater_equal_p.bind(a, b)
 
 
-def equal(a: Any, b: Any) -> Any:
+def equal(a: TensorLike, b: TensorLike) -> Tensor:
     return equal_p.bind(a, b)
 
 
-def not_equal(a: Any, b: Any) -> Any:
+def not_equal(a: TensorLike, b: TensorLike) -> Tensor:
     return not_equal_p.bind(a, b)
 
 # ---------------------------------------------------------------- unary
 
 
-def _unary(name: str, fusion: Fusion | None = None, **saves: bool) -> Any:
+def _unary(name: str, fusion: Fusion | None = None, **saves: bool) -> Primitive:
     return declare(name, lambda backend, x: getattr(backend, name)(x), _same, **saves,
                    aliasing="fresh", fusion=fusion)
 
@@ -337,9 +342,14 @@ def _unary(name: str, fusion: Fusion | None = None, **saves: bool) -> Any:
 neg_p = _unary("neg", Fusion("-{0}"))
 
 
-@tensor_method(neg_p)
-def neg(x: Any) -> Any:
+def neg(x: TensorLike) -> Tensor:
     return neg_p.bind1(x)
+
+
+# Made a method after its def, not by a decorator, as are exp, sigmoid, sin and cos: rules
+# above their defs call them, and mypy cannot type a decorated function used before its
+# def in an import cycle (ops and tensor are one, for type checkers).
+tensor_method(neg_p)(neg)
 
 
 deflinear(neg_p, lambda ct, x: (neg(ct),))
@@ -348,7 +358,7 @@ sign_p = declare("sign", lambda backend, x: backend.sign(x), _same, differentiab
                  aliasing="fresh")
 
 
-def sign(x: Any) -> Any:
+def sign(x: TensorLike) -> Tensor:
     """-1, 0 or 1 elementwise; its derivative is zero almost everywhere, so it records nothing."""
     return sign_p.bind(x)
 
@@ -434,7 +444,7 @@ def _gelu_derivative(x: Any, approximate: str) -> Any:
     return add(cdf, mul(x, pdf))
 
 
-def _gelu_shape(x: Any, approximate: str) -> tuple:
+def _gelu_shape(x: Any, approximate: str) -> tuple[Shape, Any]:
     check_gelu_mode("gelu", [x], approximate)
     return _same(x)
 
@@ -446,64 +456,68 @@ defvjp(gelu_p, lambda be, g, n: (be.gelu_backward(g, n.inputs[0], n.params["appr
 backward_kernel(gelu_p, "gelu_backward", symmetric=True)
 
 
-@tensor_method(exp_p)
-def exp(x: Any) -> Any:
+def exp(x: TensorLike) -> Tensor:
     return exp_p.bind1(x)
 
 
+tensor_method(exp_p)(exp)
+
+
 @tensor_method(log_p)
-def log(x: Any) -> Any:
+def log(x: TensorLike) -> Tensor:
     return log_p.bind1(x)
 
 
 @tensor_method(sqrt_p)
-def sqrt(x: Any) -> Any:
+def sqrt(x: TensorLike) -> Tensor:
     return sqrt_p.bind1(x)
 
 
 @tensor_method(abs_p)
-def abs(x: Any) -> Any:
+def abs(x: TensorLike) -> Tensor:
     return abs_p.bind1(x)
 
 
 @tensor_method(relu_p)
-def relu(x: Any) -> Any:
+def relu(x: TensorLike) -> Tensor:
     return relu_p.bind1(x)
 
 
-@tensor_method(sigmoid_p)
-def sigmoid(x: Any) -> Any:
+def sigmoid(x: TensorLike) -> Tensor:
     return sigmoid_p.bind1(x)
 
 
+tensor_method(sigmoid_p)(sigmoid)
+
+
 @tensor_method(tanh_p)
-def tanh(x: Any) -> Any:
+def tanh(x: TensorLike) -> Tensor:
     return tanh_p.bind1(x)
 
 
 @tensor_method(silu_p)
-def silu(x: Any) -> Any:
+def silu(x: TensorLike) -> Tensor:
     return silu_p.bind1(x)
 
 
 @tensor_method(softplus_p)
-def softplus(x: Any) -> Any:
+def softplus(x: TensorLike) -> Tensor:
     return softplus_p.bind1(x)
 
 
-def erf(x: Any) -> Any:
+def erf(x: TensorLike) -> Tensor:
     return erf_p.bind1(x)
 
 
 @tensor_method(gelu_p)
-def gelu(x: Any, approximate: str = "none") -> Any:
+def gelu(x: TensorLike, approximate: str = "none") -> Tensor:
     return gelu_p.bind(x, approximate=approximate)
 
 
 # ---------------------------------------------------------------- selection and casts
 
 
-def _where_shape(a: Any, b: Any, cond: Any) -> tuple:
+def _where_shape(a: Any, b: Any, cond: Any) -> tuple[Shape, Any]:
     return broadcast_shapes("where", cond, a, b), result_dtype("where", a, b)
 
 
@@ -522,7 +536,7 @@ where_p = declare("where", _where_impl, _where_shape, aliasing="fresh")
 where_p.masks_keep_shape = True  # the condition selects; the operands give the shape
 
 
-def where(cond: Any, a: Any, b: Any) -> Any:
+def where(cond: TensorLike, a: TensorLike, b: TensorLike) -> Tensor:
     cond = getattr(cond, "_data", cond)
     if isinstance(cond, (list, tuple)):
         cond = np.asarray(cond)
@@ -533,7 +547,8 @@ def where(cond: Any, a: Any, b: Any) -> Any:
     return where_p.bind(a, b, cond=cond)
 
 
-def _where_jvp(tangents: tuple, output: Any, inputs: tuple, cond: Any) -> Any:
+def _where_jvp(tangents: tuple[Any, ...], output: Any, inputs: tuple[Any, ...],
+               cond: Any) -> Any:
     ta, tb = tangents
     ta = 0.0 if type(ta) is Zero else ta
     tb = 0.0 if type(tb) is Zero else tb
@@ -551,7 +566,7 @@ deflinear(
 )
 
 
-def _clip_shape(x: Any, lo: Any, hi: Any) -> tuple:
+def _clip_shape(x: Any, lo: float | None, hi: float | None) -> tuple[Shape, Any]:
     return _same(x)
 
 
@@ -559,7 +574,7 @@ clip_p = declare("clip", lambda backend, x, lo, hi: backend.clip(x, lo, hi), _cl
                  saves_inputs=True, aliasing="fresh")
 
 
-def _clip_mask(x: Any, lo: Any, hi: Any) -> Any:
+def _clip_mask(x: Any, lo: float | None, hi: float | None) -> Any:
     inside = None
     if lo is not None:
         inside = greater_equal(x, lo)
@@ -574,11 +589,11 @@ defjvp(clip_p, lambda t, out, x, lo, hi: t if lo is None and hi is None
 
 
 @tensor_method(clip_p)
-def clip(x: Any, lo: Any = None, hi: Any = None) -> Any:
+def clip(x: TensorLike, lo: float | None = None, hi: float | None = None) -> Tensor:
     return clip_p.bind(x, lo=lo, hi=hi)
 
 
-def _astype_shape(x: Any, dtype: Any, source: Any) -> tuple:
+def _astype_shape(x: Any, dtype: Any, source: Any) -> tuple[Shape, Any]:
     return shape_of(x), dtype
 
 
@@ -588,9 +603,11 @@ astype_p = declare("astype", lambda backend, x, dtype, source: backend.astype(x,
 deflinear(astype_p, lambda ct, x, dtype, source: (astype(ct, source),))
 
 
-def astype(x: Any, dtype: Any) -> Any:
+def astype(x: TensorLike, dtype: DTypeLike) -> Tensor:
+    """x converted to `dtype`; x itself when it has that dtype already. The gradient is
+    cast back to x's dtype."""
     source = dtype_of(x)
-    if source == dtype:
+    if source == dtype and is_tensor(x):
         return x
     return astype_p.bind(x, dtype=dtype, source=source)
 
@@ -604,16 +621,20 @@ defjvp(sin_p, lambda t, out, x: mul(t, cos(x)))
 defjvp(cos_p, lambda t, out, x: neg(mul(t, sin(x))))
 
 
-@tensor_method(sin_p)
-def sin(x: Any) -> Any:
+def sin(x: TensorLike) -> Tensor:
     """Sine, elementwise (radians)."""
     return sin_p.bind1(x)
 
 
-@tensor_method(cos_p)
-def cos(x: Any) -> Any:
+tensor_method(sin_p)(sin)
+
+
+def cos(x: TensorLike) -> Tensor:
     """Cosine, elementwise (radians)."""
     return cos_p.bind1(x)
+
+
+tensor_method(cos_p)(cos)
 
 
 # ---------------------------------------------------------------- samples for `pullback check`
@@ -622,14 +643,14 @@ def cos(x: Any) -> Any:
 _compared = inputs(distinct(3, 4), constant([0.0, 0.05, -0.1, 7.0]))
 
 
-def _clip_sample(rng: np.random.Generator) -> tuple:
+def _clip_sample(rng: np.random.Generator) -> tuple[np.ndarray]:
     """Inside and outside [-0.5, 0.5], and at least 0.1 from either bound."""
     x = rng.uniform(-1.5, 1.5, (3, 5))
     near = np.abs(np.abs(x) - 0.5) < 0.1
     return (np.where(near, x * 0.5, x),)
 
 
-def _other_float(x: Any) -> Any:
+def _other_float(x: np.ndarray) -> type[np.floating[Any]]:
     return np.float32 if x.dtype == np.float64 else np.float64
 
 

@@ -8,22 +8,46 @@ a broadcast operand's shape always goes through `sum_to_shape`.
 from __future__ import annotations
 
 import operator
-from typing import Any
+from collections.abc import Iterable, Sequence
+from types import EllipsisType
+from typing import TYPE_CHECKING, Any, TypeGuard, Union
 
 import numpy as np
 
 from ..ad import ALL_ARGS, LinearVar, Zero, add_tangents, defjvp, defjvp_full, deflinear, defvjp
 from ..errors import KernelError, index_error
 from .checks import declare_check, inputs, normal
+from .hints import ArrayLike, Shape, TensorLike
 from .registry import broadcast_shapes, declare, dtype_of, shape_of
+
+if TYPE_CHECKING:
+    from ..tensor import Tensor
 
 #: The ops `import pullback as pb` offers as `pb.<name>` (and `pullback.ops` too).
 __all__ = ["broadcast_to", "concatenate", "reshape", "stack", "transpose"]
 
+# One entry of an index, as NumPy takes it: an int, a slice, `...`, None (a new axis), or
+# an integer or bool array (a tensor, an array, a list) picking elements.
+IndexItem = Union[int, slice, EllipsisType, None, "Tensor", ArrayLike]
+# What `x[index]` (`getitem`) takes: one entry or a tuple of them.
+Index = IndexItem | tuple[IndexItem, ...]
+
+# The values an op is handed that are not tensors (nor tracers or linear variables, which
+# act as tensors inside transforms and plans).
+_PLAIN = (np.ndarray, np.generic, list, tuple, int, float, complex)
+
+
+def is_tensor(x: object) -> TypeGuard[Tensor]:
+    """Whether x is a tensor, or a value acting as one inside a transform or a plan,
+    rather than a plain array, list or number. An op that would change nothing gives a
+    tensor back itself; a plain operand still goes through the primitive, so that the
+    result is what the evaluator makes of it (a tensor, eagerly), as for any other call."""
+    return not isinstance(x, _PLAIN)
+
 # ---------------------------------------------------------------- reshape / transpose
 
 
-def _reshape_shape(x: Any, shape: tuple) -> tuple:
+def _reshape_shape(x: Any, shape: Shape) -> tuple[Shape, Any]:
     size = 1
     for d in shape_of(x):
         size *= d
@@ -42,31 +66,32 @@ deflinear(reshape_p, lambda ct, x, shape: (reshape(ct, x.shape),))
 defvjp(reshape_p, lambda be, g, n: (be.reshape(g, n.in_shapes[0]),))
 
 
-def reshape(x: Any, *shape: Any) -> Any:
+def reshape(x: TensorLike, *shape: int | Sequence[int]) -> Tensor:
     """Reshape to `shape` (a tuple or separate ints; one entry may be -1)."""
+    given: Sequence[Any] = shape
     if len(shape) == 1 and hasattr(shape[0], "__len__"):  # one sequence of dims
-        shape = tuple(shape[0])
+        given = tuple(shape[0])  # type: ignore[arg-type]  # a sized sequence, as checked
     try:
-        shape = tuple(operator.index(d) for d in shape)
+        dims = tuple(operator.index(d) for d in given)
     except TypeError:
-        raise KernelError("reshape", (x,), f"the shape must be ints, got {shape}") from None
-    if -1 in shape:
+        raise KernelError("reshape", (x,), f"the shape must be ints, got {given}") from None
+    if -1 in dims:
         known = 1
-        for d in shape:
+        for d in dims:
             if d != -1:
                 known *= d
         size = 1
         for d in shape_of(x):
             size *= d
-        if shape.count(-1) > 1 or known == 0 or size % known:
-            raise KernelError("reshape", (x,), f"cannot reshape {size} elements into {shape}")
-        shape = tuple(size // known if d == -1 else d for d in shape)
-    if shape == shape_of(x):
+        if dims.count(-1) > 1 or known == 0 or size % known:
+            raise KernelError("reshape", (x,), f"cannot reshape {size} elements into {dims}")
+        dims = tuple(size // known if d == -1 else d for d in dims)
+    if dims == shape_of(x) and is_tensor(x):
         return x
-    return reshape_p.bind(x, shape=shape)
+    return reshape_p.bind(x, shape=dims)
 
 
-def _transpose_shape(x: Any, axes: tuple) -> tuple:
+def _transpose_shape(x: Any, axes: Shape) -> tuple[Shape, Any]:
     shape = shape_of(x)
     if sorted(axes) != list(range(len(shape))):
         raise KernelError(
@@ -79,7 +104,7 @@ transpose_p = declare("transpose", lambda backend, x, axes: backend.transpose(x,
                       _transpose_shape, aliasing="view")
 
 
-def _inverse(axes: tuple) -> tuple:
+def _inverse(axes: Sequence[int]) -> Shape:
     inverse = [0] * len(axes)
     for i, a in enumerate(axes):
         inverse[a] = i
@@ -90,19 +115,19 @@ deflinear(transpose_p, lambda ct, x, axes: (transpose_p.bind(ct, axes=_inverse(a
 defvjp(transpose_p, lambda be, g, n: (be.transpose(g, _inverse(n.params["axes"])),))
 
 
-def transpose(x: Any, axes: Any = None) -> Any:
+def transpose(x: TensorLike, axes: Sequence[int] | None = None) -> Tensor:
     """Permute axes; with no `axes`, reverse them (as NumPy)."""
     ndim = len(shape_of(x))
     if axes is None:
-        axes = tuple(reversed(range(ndim)))
+        order = tuple(reversed(range(ndim)))
     else:
-        axes = tuple(a % ndim if isinstance(a, int) and -ndim <= a < ndim else a for a in axes)
-    if axes == tuple(range(ndim)):
+        order = tuple(a % ndim if isinstance(a, int) and -ndim <= a < ndim else a for a in axes)
+    if order == tuple(range(ndim)) and is_tensor(x):
         return x
-    return transpose_p.bind(x, axes=axes)
+    return transpose_p.bind(x, axes=order)
 
 
-def swap_last(x: Any) -> Any:
+def swap_last(x: TensorLike) -> Tensor:
     """Swap the last two axes (a matrix transpose over any batch)."""
     ndim = len(shape_of(x))
     return transpose(x, tuple(range(ndim - 2)) + (ndim - 1, ndim - 2))
@@ -111,7 +136,7 @@ def swap_last(x: Any) -> Any:
 # ---------------------------------------------------------------- broadcasting
 
 
-def _broadcast_shape(x: Any, shape: tuple) -> tuple:
+def _broadcast_shape(x: Any, shape: Shape) -> tuple[Shape, Any]:
     target = _Shape(shape)
     if broadcast_shapes("broadcast_to", x, target) != shape:
         raise KernelError("broadcast_to", (x, target), "cannot broadcast to the second shape")
@@ -121,7 +146,7 @@ def _broadcast_shape(x: Any, shape: tuple) -> tuple:
 class _Shape:
     """A bare shape standing in for an operand in shape rules and error messages."""
 
-    def __init__(self, shape: tuple):
+    def __init__(self, shape: Sequence[int]):
         self.shape = tuple(shape)
         self.dtype = "shape"
 
@@ -131,16 +156,18 @@ broadcast_to_p = declare("broadcast_to", lambda backend, x, shape: backend.broad
 deflinear(broadcast_to_p, lambda ct, x, shape: (sum_to_shape(ct, x.shape),))
 
 
-def broadcast_to(x: Any, shape: Any) -> Any:
-    shape = tuple(shape)
-    if type(x) is Zero:
-        return Zero(shape, x.dtype)
-    if shape_of(x) == shape:
+def broadcast_to(x: TensorLike, shape: Sequence[int]) -> Tensor:
+    """x repeated along new leading axes and its size-1 axes to `shape`, as
+    np.broadcast_to; its gradient is summed back (`sum_to_shape`)."""
+    target = tuple(shape)
+    if type(x) is Zero:  # a symbolic zero tangent stays one (forward mode)
+        return Zero(target, x.dtype)  # type: ignore[return-value]  # acts as a tensor
+    if shape_of(x) == target and is_tensor(x):
         return x
-    return broadcast_to_p.bind(x, shape=shape)
+    return broadcast_to_p.bind(x, shape=target)
 
 
-def _sum_to_shape_rule(x: Any, shape: tuple) -> tuple:
+def _sum_to_shape_rule(x: Any, shape: Shape) -> tuple[Shape, Any]:
     if broadcast_shapes("sum_to_shape", x, _Shape(shape)) != shape_of(x):
         raise KernelError(
             "sum_to_shape", (x, _Shape(shape)), "the first does not broadcast from the second"
@@ -153,25 +180,25 @@ sum_to_shape_p = declare("sum_to_shape", lambda backend, x, shape: backend.sum_t
 deflinear(sum_to_shape_p, lambda ct, x, shape: (broadcast_to(ct, x.shape),))
 
 
-def sum_to_shape(x: Any, shape: Any) -> Any:
+def sum_to_shape(x: TensorLike, shape: Sequence[int]) -> Tensor:
     """Sum a broadcast value back to `shape`: the transpose of broadcast_to."""
-    shape = tuple(shape)
-    if shape_of(x) == shape:
+    target = tuple(shape)
+    if shape_of(x) == target and is_tensor(x):
         return x
-    return sum_to_shape_p.bind(x, shape=shape)
+    return sum_to_shape_p.bind(x, shape=target)
 
 
 # ---------------------------------------------------------------- indexing
 
 
-def normalize_index(index: Any) -> Any:
+def normalize_index(index: Index) -> Any:
     """Tensors in an index become arrays (indices are never differentiated)."""
     if isinstance(index, tuple):
         return tuple(getattr(i, "_data", i) for i in index)
     return getattr(index, "_data", index)
 
 
-def _index_shape(x: Any, index: Any) -> tuple:
+def _index_shape(x: Any, index: Any) -> tuple[Shape, Any]:
     import numpy as np  # shape arithmetic only: NumPy's indexing rules are the spec
 
     try:
@@ -185,11 +212,13 @@ getitem_p = declare("getitem", lambda backend, x, index: backend.getitem(x, inde
 deflinear(getitem_p, lambda ct, x, index: (scatter_add(ct, index, x.shape),))
 
 
-def getitem(x: Any, index: Any) -> Any:
+def getitem(x: TensorLike, index: Index) -> Tensor:
+    """`x[index]`, with NumPy's indexing rules (basic and advanced); differentiable in x,
+    its transpose `scatter_add`."""
     return getitem_p.bind(x, index=normalize_index(index))
 
 
-def _scatter_shape(values: Any, index: Any, shape: tuple) -> tuple:
+def _scatter_shape(values: Any, index: Any, shape: Shape) -> tuple[Shape, Any]:
     expected, _ = _index_shape(_Shape(shape), index)
     if broadcast_shapes("scatter_add", values, _Shape(expected)) != expected:
         raise KernelError("scatter_add", (values, _Shape(expected)), "values do not fit the index")
@@ -206,7 +235,7 @@ deflinear(scatter_add_p, lambda ct, values, index, shape: (
     sum_to_shape(getitem_p.bind(ct, index=index), values.shape),))
 
 
-def scatter_add(values: Any, index: Any, shape: Any) -> Any:
+def scatter_add(values: TensorLike, index: Index, shape: Sequence[int]) -> Tensor:
     """Zeros of `shape` with `values` added at `index`: the transpose of getitem."""
     return scatter_add_p.bind(values, index=normalize_index(index), shape=tuple(shape))
 
@@ -214,7 +243,7 @@ def scatter_add(values: Any, index: Any, shape: Any) -> Any:
 # ---------------------------------------------------------------- joining
 
 
-def _concat_shape(*xs: Any, axis: int) -> tuple:
+def _concat_shape(*xs: Any, axis: int) -> tuple[Shape, Any]:
     shapes = [shape_of(x) for x in xs]
     first = shapes[0]
     for s in shapes[1:]:
@@ -239,13 +268,15 @@ def _concat_impl(backend: Any, *xs: Any, axis: int) -> Any:
 concatenate_p = declare("concatenate", _concat_impl, _concat_shape, aliasing="fresh")
 
 
-def _concat_jvp(tangents: tuple, output: Any, inputs: tuple, axis: int) -> Any:
+def _concat_jvp(tangents: tuple[Any, ...], output: Any, inputs: tuple[Any, ...],
+                axis: int) -> Any:
     if not any(type(t) is Zero for t in tangents):
         return concatenate_p.bind(*tangents, axis=axis)
     # Place each nonzero tangent in its slice of the output: no zeros are built.
     out_shape = list(tangents[0].shape)
     out_shape[axis] = sum(t.shape[axis] for t in tangents)
-    result, start = None, 0
+    result: Any = None
+    start = 0
     for t in tangents:
         stop = start + t.shape[axis]
         if type(t) is not Zero:
@@ -256,7 +287,7 @@ def _concat_jvp(tangents: tuple, output: Any, inputs: tuple, axis: int) -> Any:
     return result
 
 
-def _concat_transpose(ct: Any, *xs: Any, axis: int) -> tuple:
+def _concat_transpose(ct: Any, *xs: Any, axis: int) -> tuple[Any, ...]:
     cts = []
     start = 0
     for x in xs:
@@ -274,41 +305,46 @@ defjvp_full(concatenate_p, _concat_jvp)
 deflinear(concatenate_p, _concat_transpose, linear_args=ALL_ARGS)
 
 
-def concatenate(xs: Any, axis: int = 0) -> Any:
-    xs = tuple(xs)
-    if not xs:
+def concatenate(xs: Iterable[TensorLike], axis: int = 0) -> Tensor:
+    """The operands joined along `axis`, an existing axis (as np.concatenate); their
+    shapes agree elsewhere, and their dtypes too."""
+    operands = tuple(xs)
+    if not operands:
         raise KernelError("concatenate", (), "needs at least one operand")
-    ndim = len(shape_of(xs[0]))
+    ndim = len(shape_of(operands[0]))
     if not -ndim <= axis < ndim:
-        raise KernelError("concatenate", xs, f"axis {axis} is out of range for {ndim} dimensions")
-    if len(xs) == 1:
-        return xs[0]
-    return concatenate_p.bind(*xs, axis=axis % ndim)
+        raise KernelError("concatenate", operands,
+                          f"axis {axis} is out of range for {ndim} dimensions")
+    if len(operands) == 1 and is_tensor(operands[0]):
+        return operands[0]
+    return concatenate_p.bind(*operands, axis=axis % ndim)
 
 
-def stack(xs: Any, axis: int = 0) -> Any:
-    xs = tuple(xs)
-    if not xs:
+def stack(xs: Iterable[TensorLike], axis: int = 0) -> Tensor:
+    """The operands, of one shape and dtype, joined along a new axis `axis` (as
+    np.stack)."""
+    operands = tuple(xs)
+    if not operands:
         raise KernelError("stack", (), "needs at least one operand")
-    shape = shape_of(xs[0])
-    if any(shape_of(x) != shape for x in xs):
-        raise KernelError("stack", xs, "all operands must have the same shape")
-    if len({str(dtype_of(x)) for x in xs}) > 1:
-        raise KernelError("stack", xs, "operands have different dtypes; cast with astype")
+    shape = shape_of(operands[0])
+    if any(shape_of(x) != shape for x in operands):
+        raise KernelError("stack", operands, "all operands must have the same shape")
+    if len({str(dtype_of(x)) for x in operands}) > 1:
+        raise KernelError("stack", operands, "operands have different dtypes; cast with astype")
     if not -len(shape) - 1 <= axis <= len(shape):
         raise KernelError(
-            "stack", xs, f"axis {axis} is out of range for {len(shape) + 1} dimensions"
+            "stack", operands, f"axis {axis} is out of range for {len(shape) + 1} dimensions"
         )
     axis %= len(shape) + 1
     expanded = shape[:axis] + (1,) + shape[axis:]
-    return concatenate_p.bind(*(reshape_p.bind(x, shape=expanded) for x in xs), axis=axis) \
-        if len(xs) > 1 else reshape_p.bind(xs[0], shape=expanded)
+    return concatenate_p.bind(*(reshape_p.bind(x, shape=expanded) for x in operands), axis=axis) \
+        if len(operands) > 1 else reshape_p.bind(operands[0], shape=expanded)
 
 
 # ---------------------------------------------------------------- padding
 
 
-def _pad_shape(x: Any, padding: tuple, value: float) -> tuple:
+def _pad_shape(x: Any, padding: tuple[int, int], value: float) -> tuple[Shape, Any]:
     shape = shape_of(x)
     if len(shape) < 2:
         raise KernelError("pad2d", (x,), "needs at least two dimensions")
@@ -320,7 +356,7 @@ pad2d_p = declare("pad2d", lambda backend, x, padding, value: backend.pad2d(x, p
                   _pad_shape, aliasing="fresh")
 
 
-def _pad_transpose(ct: Any, x: Any, padding: tuple, value: float) -> tuple:
+def _pad_transpose(ct: Any, x: Any, padding: tuple[int, int], value: float) -> tuple[Any]:
     ph, pw = padding
     h, w = shape_of(x)[-2:]
     return (getitem_p.bind(ct, index=(Ellipsis, slice(ph, ph + h), slice(pw, pw + w))),)
@@ -331,7 +367,9 @@ deflinear(pad2d_p, _pad_transpose)
 defjvp(pad2d_p, lambda t, out, x, padding, value: pad2d_p.bind(t, padding=padding, value=0.0))
 
 
-def pad2d(x: Any, padding: tuple, value: float = 0.0) -> Any:
+def pad2d(x: TensorLike, padding: Sequence[int], value: float = 0.0) -> Tensor:
+    """x with `padding` = (rows, columns) of `value` added on each side of its last two
+    dimensions."""
     return pad2d_p.bind(x, padding=tuple(padding), value=value)
 
 
@@ -343,7 +381,7 @@ identity_p = declare("identity", lambda backend, x: x, lambda x: (shape_of(x), d
 deflinear(identity_p, lambda ct, x: (ct,))
 
 
-def identity(x: Any) -> Any:
+def identity(x: TensorLike) -> Tensor:
     """x itself, as a new recorded node: marks where a nested transform's input begins."""
     return identity_p.bind(x)
 
