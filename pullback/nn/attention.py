@@ -15,14 +15,20 @@ import math
 from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 from .. import ops
+from ..ops.hints import DTypeLike
 from ..tensor import Tensor, zeros
 from ..tensor.creation import default_generator
 from .layers import Dense, check_sizes, uniform
 from .module import Module, Parameter
 
 NEG_INF = -math.inf
+
+# A mask as PyTorch's layer takes it: bool (True: not allowed) or float (added), a tensor
+# or an array.
+Mask = Tensor | NDArray[Any]
 
 
 class MultiheadAttention(Module):
@@ -32,7 +38,7 @@ class MultiheadAttention(Module):
     PyTorch does (Xavier-uniform in-projection, zero biases)."""
 
     def __init__(self, embed_dim: int, num_heads: int, dropout: float = 0.0, bias: bool = True,
-                 batch_first: bool = True, dtype: Any = np.float32):
+                 batch_first: bool = True, dtype: DTypeLike = np.float32) -> None:
         super().__init__()
         check_sizes("MultiheadAttention", embed_dim=embed_dim, num_heads=num_heads)
         if num_heads == 0 or embed_dim % num_heads:
@@ -52,9 +58,9 @@ class MultiheadAttention(Module):
         if bias:
             self.out_proj.bias = Parameter(zeros(embed_dim, dtype=dtype))
 
-    def forward(self, query: Any, key: Any, value: Any, attn_mask: Any = None,
+    def forward(self, query: Tensor, key: Tensor, value: Tensor, attn_mask: Mask | None = None,
                 is_causal: bool = False, need_weights: bool = False, *,
-                key_padding_mask: Any = None, average_attn_weights: bool = True
+                key_padding_mask: Mask | None = None, average_attn_weights: bool = True
                 ) -> tuple[Tensor, Tensor | None]:
         """(output, weights or None) for (N, L, E) query and (N, S, E) key and value
         ((L, N, E) and (S, N, E) when batch_first is False; (L, E) and (S, E) unbatched).
@@ -73,7 +79,7 @@ class MultiheadAttention(Module):
         bias, causal = self._bias(attn_mask, key_padding_mask, is_causal, need_weights,
                                   n, length, keys, query.dtype)
         p = self.dropout if self.training else 0.0
-        weights = None
+        weights: Tensor | None = None
         if need_weights:
             weights = self._weights(q, k, bias, causal, p)
             out = ops.matmul(weights, v)
@@ -89,7 +95,8 @@ class MultiheadAttention(Module):
             out = ops.transpose(out, (1, 0, 2))
         return out, weights
 
-    def _project(self, query: Any, key: Any, value: Any) -> tuple:
+    def _project(self, query: Tensor, key: Tensor, value: Tensor
+                 ) -> tuple[Tensor, Tensor, Tensor]:
         """query, key and value through their thirds of the in-projection: three
         matmuls, self-attention too. One (N, T, 3E) product cut in three costs more
         than it saves: copies of the thirds forward, and backward three (N, T, 3E)
@@ -99,22 +106,24 @@ class MultiheadAttention(Module):
         for i, x in enumerate((query, key, value)):
             y = ops.matmul(x, ops.transpose(w[i * e:(i + 1) * e]))
             projected.append(y if b is None else ops.add(y, b[i * e:(i + 1) * e]))
-        return tuple(projected)
+        q, k, v = projected
+        return q, k, v
 
-    def _heads(self, x: Any) -> Any:
+    def _heads(self, x: Tensor) -> Tensor:
         """(N, T, E) -> (N, heads, T, head_dim)."""
         n, t, _ = x.shape
         return ops.transpose(ops.reshape(x, (n, t, self.num_heads, self.head_dim)), (0, 2, 1, 3))
 
-    def _bias(self, attn_mask: Any, key_padding_mask: Any, is_causal: bool, need_weights: bool,
-              n: int, length: int, keys: int, dtype: Any) -> tuple[Any, bool]:
+    def _bias(self, attn_mask: Mask | None, key_padding_mask: Mask | None, is_causal: bool,
+              need_weights: bool, n: int, length: int, keys: int, dtype: DTypeLike
+              ) -> tuple[Mask | None, bool]:
         """The masks as one additive bias broadcasting to (N, heads, L, S), and whether
         the causal mask is left to the fused op instead."""
         if is_causal and key_padding_mask is None and not need_weights:
             return None, True  # PyTorch too takes the hint over the mask here
         if is_causal and attn_mask is None:
             attn_mask = np.triu(np.ones((length, keys), dtype=bool), 1)
-        bias = None
+        bias: Mask | None = None
         if attn_mask is not None:
             bias = _as_bias(attn_mask, dtype, "attn_mask")
             if len(bias.shape) == 3:  # (N * heads, L, S)
@@ -125,7 +134,8 @@ class MultiheadAttention(Module):
             bias = padding if bias is None else ops.add(bias, padding)
         return bias, False
 
-    def _weights(self, q: Any, k: Any, bias: Any, causal: bool, p: float) -> Any:
+    def _weights(self, q: Tensor, k: Tensor, bias: Mask | None, causal: bool, p: float
+                 ) -> Tensor:
         """softmax(q k^T / sqrt(head_dim) + bias), dropped out in training, explicitly."""
         scores = ops.matmul(ops.mul(q, 1.0 / math.sqrt(self.head_dim)), ops.swap_last(k))
         if bias is not None:
@@ -140,7 +150,7 @@ class MultiheadAttention(Module):
                 f"bias={self.in_proj_bias is not None}, batch_first={self.batch_first}")
 
 
-def _as_bias(mask: Any, dtype: Any, name: str) -> Any:
+def _as_bias(mask: Mask, dtype: DTypeLike, name: str) -> Mask:
     """A PyTorch-convention mask (bool True: not allowed; float: added) as a float bias."""
     mask_dtype = str(getattr(mask, "dtype", ""))
     if mask_dtype == "bool":

@@ -14,7 +14,9 @@ import math
 from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
+from ..ops.hints import Shape
 from ..tensor import Tensor, no_grad
 from ..tensor.creation import default_generator
 
@@ -38,7 +40,7 @@ _LINEAR = ("linear", "conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_tra
 _MIN_MASS = 1e-4
 
 
-def _shape(op: str, tensor: Any) -> tuple[int, ...]:
+def _shape(op: str, tensor: object) -> Shape:
     """The shape of the tensor to fill, or a TypeError naming the initializer."""
     if not isinstance(tensor, Tensor):
         raise TypeError(f"nn.init.{op}: expected a pullback Tensor, got {type(tensor).__name__}")
@@ -48,7 +50,7 @@ def _shape(op: str, tensor: Any) -> tuple[int, ...]:
     return tuple(tensor.shape)
 
 
-def _write(tensor: Tensor, values: Any) -> Tensor:
+def _write(tensor: Tensor, values: NDArray[Any] | float) -> Tensor:
     """`values` written into `tensor` without recording; returns `tensor`."""
     with no_grad():
         tensor.copy_(values)
@@ -82,7 +84,7 @@ def calculate_gain(nonlinearity: str, param: float | None = None) -> float:
     raise ValueError(f"calculate_gain: unsupported nonlinearity {nonlinearity!r}")
 
 
-def _fans(op: str, tensor: Any) -> tuple[int, int]:
+def _fans(op: str, tensor: object) -> tuple[int, int]:
     shape = _shape(op, tensor)
     if len(shape) < 2:
         raise ValueError(f"nn.init.{op}: fan in and fan out need a tensor of 2 or more "
@@ -91,7 +93,7 @@ def _fans(op: str, tensor: Any) -> tuple[int, int]:
     return shape[1] * receptive, shape[0] * receptive
 
 
-def _fan(op: str, tensor: Any, mode: str) -> int:
+def _fan(op: str, tensor: object, mode: str) -> int:
     fan_in, fan_out = _fans(op, tensor)
     if mode not in ("fan_in", "fan_out"):
         raise ValueError(f"nn.init.{op}: mode must be 'fan_in' or 'fan_out', not {mode!r}")

@@ -22,8 +22,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 from .. import ops
+from ..ops.hints import DTypeLike
 from ..tensor import Tensor, from_numpy, no_grad
 from .attention import MultiheadAttention
 from .layers import Dense
@@ -44,7 +46,7 @@ class LayerCache:
 
     @classmethod
     def empty(cls, batch: int, heads: int, capacity: int, head_dim: int,
-              dtype: Any) -> LayerCache:
+              dtype: DTypeLike) -> LayerCache:
         data = np.zeros((batch, capacity, 3, heads, head_dim), dtype)
         return cls(from_numpy(data.reshape(batch, capacity, 3 * heads * head_dim)),
                    from_numpy(data[:, :, 0].transpose(0, 2, 1, 3)),
@@ -62,7 +64,7 @@ class KVCache:
     piece; only the new rows' are read.)"""
 
     def __init__(self, layers: int, batch: int, heads: int, capacity: int, head_dim: int,
-                 dtype: Any = np.float32):
+                 dtype: DTypeLike = np.float32) -> None:
         self.capacity = capacity
         self.length = 0
         self.layers = [LayerCache.empty(batch, heads, capacity, head_dim, dtype)
@@ -70,7 +72,7 @@ class KVCache:
         # Row p: 0 for the positions p may attend to (0..p), -inf for the others.
         seen = np.tril(np.ones((capacity, capacity), dtype=bool))
         self.causal_mask = np.where(seen, 0.0, -np.inf).astype(dtype)
-        self._transposed: dict[int, tuple[Tensor, np.ndarray, Tensor]] = {}
+        self._transposed: dict[int, tuple[Tensor, NDArray[Any], Tensor]] = {}
 
     def clear(self) -> None:
         """Forget every position. The buffers are zeroed, not dropped: attention weighs
@@ -93,7 +95,7 @@ class KVCache:
         return known[2]
 
 
-def encoder_layer_step(layer: TransformerEncoderLayer, x: Any, cache: KVCache,
+def encoder_layer_step(layer: TransformerEncoderLayer, x: Tensor, cache: KVCache,
                        index: int) -> Tensor:
     """`layer` on (batch, T, E) `x`, the rows of positions cache.length.. attending to the
     cached positions before them and causally among themselves; their keys and values
@@ -111,7 +113,7 @@ def encoder_layer_step(layer: TransformerEncoderLayer, x: Any, cache: KVCache,
         return layer.norm2(ops.add(x, _feed_forward(layer, x, cache)))
 
 
-def attention_step(attn: MultiheadAttention, x: Any, cache: KVCache, index: int) -> Tensor:
+def attention_step(attn: MultiheadAttention, x: Tensor, cache: KVCache, index: int) -> Tensor:
     """Self-attention of (batch, T, E) `x` (positions cache.length..) over the cached
     keys and values and its own (causally), as `attn(x, x, x, is_causal=True)` gives for
     those rows when run over every position; their projections go into layer `index`."""
@@ -136,12 +138,12 @@ def attention_step(attn: MultiheadAttention, x: Any, cache: KVCache, index: int)
     return dense_step(attn.out_proj, ops.reshape(out, (n, t, e)), cache)
 
 
-def dense_step(dense: Dense, x: Any, cache: KVCache) -> Tensor:
+def dense_step(dense: Dense, x: Tensor, cache: KVCache) -> Tensor:
     """`dense(x)`, its weight transposed once per cache (`KVCache.transposed`)."""
     y = ops.matmul(x, cache.transposed(dense.weight))
     return y if dense.bias is None else ops.add(y, dense.bias)
 
 
-def _feed_forward(layer: TransformerEncoderLayer, x: Any, cache: KVCache) -> Any:
+def _feed_forward(layer: TransformerEncoderLayer, x: Tensor, cache: KVCache) -> Tensor:
     return dense_step(layer.linear2, layer.activation(dense_step(layer.linear1, x, cache)),
                       cache)

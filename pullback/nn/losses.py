@@ -14,41 +14,43 @@ import math
 from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 from .. import ops
 from ..errors import KernelError
+from ..ops.hints import Shape, TensorLike
 from ..tensor import Tensor
 
 REDUCTIONS = ("mean", "sum", "none")
 
 
-def _reduction(loss: str, reduction: Any) -> None:
+def _reduction(loss: str, reduction: object) -> None:
     if reduction not in REDUCTIONS:
         raise ValueError(f"{loss}: reduction must be 'mean', 'sum' or 'none', not "
                          f"{reduction!r}")
 
 
-def _array(x: Any) -> Any:
+def _array(x: object) -> NDArray[Any]:
     """What the checks read of an operand: its array (a tensor's own, not copied)."""
     data = getattr(x, "_data", x)
     return data if isinstance(data, np.ndarray) else np.asarray(data)
 
 
-def _float_input(loss: str, x: Any, other: Any) -> np.dtype:
+def _float_input(loss: str, x: TensorLike, other: TensorLike) -> np.dtype[Any]:
     dtype = _array(x).dtype
     if dtype.kind != "f":
         raise KernelError(loss, (x, other), "the input must be floating")
     return dtype
 
 
-def _mean(values: Any, count: Any) -> Any:
+def _mean(values: Tensor, count: int | Tensor) -> Tensor:
     """sum(values) / count; an empty mean is NaN (0 / 0), as PyTorch gives it, not an error."""
     if isinstance(count, int):
         return ops.mul(ops.sum(values), 1.0 / count if count else math.nan)
     return ops.div(ops.sum(values), count)
 
 
-def _reduce(values: Any, reduction: str, count: Any = None) -> Any:
+def _reduce(values: Tensor, reduction: str, count: int | Tensor | None = None) -> Tensor:
     if reduction == "none":
         return values
     if reduction == "sum":
@@ -59,7 +61,7 @@ def _reduce(values: Any, reduction: str, count: Any = None) -> Any:
 # ---------------------------------------------------------------- classification
 
 
-def _class_layout(loss: str, x: Any, target: Any) -> tuple[int, tuple]:
+def _class_layout(loss: str, x: Tensor, target: TensorLike) -> tuple[int, Shape]:
     """The class count and the label shape that input (N, C, d1, ...) or (C,) needs."""
     shape = tuple(x.shape)
     if not shape:
@@ -67,7 +69,7 @@ def _class_layout(loss: str, x: Any, target: Any) -> tuple[int, tuple]:
     return (shape[1], shape[:1] + shape[2:]) if len(shape) > 1 else (shape[0], ())
 
 
-def _check_labels(loss: str, x: Any, target: Any, ignore_index: int) -> int:
+def _check_labels(loss: str, x: Tensor, target: TensorLike, ignore_index: int) -> int:
     """The class count, once the labels are checked: integers of the shape x needs, each
     in [0, C) or ignore_index; else a KernelError."""
     classes, label_shape = _class_layout(loss, x, target)
@@ -86,18 +88,18 @@ def _check_labels(loss: str, x: Any, target: Any, ignore_index: int) -> int:
     return classes
 
 
-def _classes_last(x: Any) -> Any:
+def _classes_last(x: Tensor) -> Tensor:
     """(N, C, d1, ...) as (N, d1, ..., C) (a view), (N, C) and (C,) as they are."""
     ndim = len(x.shape)
     return x if ndim <= 2 else ops.transpose(x, (0, *range(2, ndim), 1))
 
 
-def _counted(target: Any, ignore_index: int) -> Any:
+def _counted(target: TensorLike, ignore_index: int) -> Tensor:
     """A bool tensor: which labels count (are not ignore_index)."""
     return ops.not_equal(target, ignore_index)
 
 
-def cross_entropy(logits: Any, target: Any, ignore_index: int = -100,
+def cross_entropy(logits: Tensor, target: TensorLike, ignore_index: int = -100,
                   label_smoothing: float = 0.0, reduction: str = "mean") -> Tensor:
     """torch.nn.functional.cross_entropy: logits (N, C, d1, ...) or (C,), and either
     integer class labels (N, d1, ...) (those equal to `ignore_index` left out, the mean
@@ -130,7 +132,8 @@ def cross_entropy(logits: Any, target: Any, ignore_index: int = -100,
     return ops.reshape(loss, ()) if unbatched and reduction == "none" else loss
 
 
-def _cross_entropy_probabilities(logits: Any, target: Any, dtype: np.dtype,
+def _cross_entropy_probabilities(logits: Tensor, target: Tensor | NDArray[Any],
+                                 dtype: np.dtype[Any],
                                  label_smoothing: float, reduction: str) -> Tensor:
     shape = tuple(logits.shape)
     if tuple(target.shape) != shape:
@@ -149,7 +152,7 @@ def _cross_entropy_probabilities(logits: Any, target: Any, dtype: np.dtype,
     return _reduce(per_row, reduction)
 
 
-def nll_loss(input: Any, target: Any, ignore_index: int = -100,
+def nll_loss(input: Tensor, target: TensorLike, ignore_index: int = -100,
              reduction: str = "mean") -> Tensor:
     """torch.nn.functional.nll_loss: -input[n, label, d1, ...] for log-probabilities
     (N, C, d1, ...) or (C,) and integer labels (N, d1, ...), those equal to
@@ -169,8 +172,9 @@ def nll_loss(input: Any, target: Any, ignore_index: int = -100,
     return _reduce(per_row, reduction, ops.sum(ops.astype(counted, dtype)))
 
 
-def binary_cross_entropy_with_logits(input: Any, target: Any, weight: Any = None,
-                                     reduction: str = "mean", pos_weight: Any = None) -> Tensor:
+def binary_cross_entropy_with_logits(input: TensorLike, target: TensorLike,
+                                     weight: TensorLike | None = None, reduction: str = "mean",
+                                     pos_weight: TensorLike | None = None) -> Tensor:
     """torch.nn.functional.binary_cross_entropy_with_logits: -[p y log sigmoid(x) +
     (1 - y) log(1 - sigmoid(x))] per element, p the `pos_weight` (broadcast along the
     last axis, one per class) and `weight` rescaling each element; softplus keeps it
@@ -196,7 +200,7 @@ def binary_cross_entropy_with_logits(input: Any, target: Any, weight: Any = None
 # ---------------------------------------------------------------- regression
 
 
-def _same_floats(loss: str, input: Any, target: Any) -> None:
+def _same_floats(loss: str, input: TensorLike, target: TensorLike) -> None:
     """input and target: floating, of one shape and one dtype; else a KernelError."""
     if tuple(np.shape(input)) != tuple(np.shape(target)):
         raise KernelError(loss, (input, target), "input and target must have the same shape")
@@ -206,7 +210,7 @@ def _same_floats(loss: str, input: Any, target: Any) -> None:
                           "dtype")
 
 
-def _broadcasts(loss: str, input: Any, extra: Any, name: str) -> None:
+def _broadcasts(loss: str, input: TensorLike, extra: TensorLike, name: str) -> None:
     try:
         shape = np.broadcast_shapes(tuple(np.shape(input)), tuple(np.shape(extra)))
     except ValueError:
@@ -216,7 +220,7 @@ def _broadcasts(loss: str, input: Any, extra: Any, name: str) -> None:
                           "and have its dtype")
 
 
-def mse_loss(pred: Any, target: Any, reduction: str = "mean") -> Tensor:
+def mse_loss(pred: TensorLike, target: TensorLike, reduction: str = "mean") -> Tensor:
     """torch.nn.functional.mse_loss: (pred - target) ** 2, shapes and dtypes equal."""
     _reduction("mse_loss", reduction)
     _same_floats("mse_loss", pred, target)
@@ -224,14 +228,14 @@ def mse_loss(pred: Any, target: Any, reduction: str = "mean") -> Tensor:
     return _reduce(ops.mul(diff, diff), reduction)
 
 
-def l1_loss(input: Any, target: Any, reduction: str = "mean") -> Tensor:
+def l1_loss(input: TensorLike, target: TensorLike, reduction: str = "mean") -> Tensor:
     """torch.nn.functional.l1_loss: |input - target|."""
     _reduction("l1_loss", reduction)
     _same_floats("l1_loss", input, target)
     return _reduce(ops.abs(ops.sub(input, target)), reduction)
 
 
-def _piecewise(input: Any, target: Any, bound: float, slope: float) -> Tensor:
+def _piecewise(input: TensorLike, target: TensorLike, bound: float, slope: float) -> Tensor:
     """0.5 d**2 / (bound / slope) where |d| < bound, else slope (|d| - 0.5 bound)."""
     diff = ops.sub(input, target)
     size = ops.abs(diff)
@@ -240,7 +244,7 @@ def _piecewise(input: Any, target: Any, bound: float, slope: float) -> Tensor:
     return ops.where(ops.less(size, bound), quadratic, linear)
 
 
-def smooth_l1_loss(input: Any, target: Any, reduction: str = "mean",
+def smooth_l1_loss(input: TensorLike, target: TensorLike, reduction: str = "mean",
                    beta: float = 1.0) -> Tensor:
     """torch.nn.functional.smooth_l1_loss: 0.5 d**2 / beta where |d| < beta, else
     |d| - 0.5 beta (l1_loss when beta is 0)."""
@@ -253,7 +257,8 @@ def smooth_l1_loss(input: Any, target: Any, reduction: str = "mean",
     return _reduce(_piecewise(input, target, float(beta), 1.0), reduction)
 
 
-def huber_loss(input: Any, target: Any, reduction: str = "mean", delta: float = 1.0) -> Tensor:
+def huber_loss(input: TensorLike, target: TensorLike, reduction: str = "mean",
+               delta: float = 1.0) -> Tensor:
     """torch.nn.functional.huber_loss: 0.5 d**2 where |d| < delta, else
     delta (|d| - 0.5 delta)."""
     _reduction("huber_loss", reduction)

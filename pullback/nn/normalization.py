@@ -9,11 +9,10 @@ differentiation, as PyTorch updates them; eval mode normalizes with them.
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
 from .. import ops
+from ..ops.hints import DTypeLike, TensorLike
 from ..tensor import Tensor, ones, tensor, zeros
 from .layers import check_sizes
 from .module import Module, Parameter
@@ -24,10 +23,14 @@ class _BatchNorm(Module):
 
     #: The numbers of dimensions an input may have.
     input_dims: tuple[int, ...] = ()
+    # Buffers (register_buffer) when tracking running statistics, else None.
+    running_mean: Tensor | None
+    running_var: Tensor | None
+    num_batches_tracked: Tensor | None
 
     def __init__(self, num_features: int, eps: float = 1e-5, momentum: float | None = 0.1,
                  affine: bool = True, track_running_stats: bool = True,
-                 dtype: Any = np.float32):
+                 dtype: DTypeLike = np.float32) -> None:
         super().__init__()
         name = type(self).__name__
         check_sizes(name, num_features=num_features)
@@ -45,7 +48,7 @@ class _BatchNorm(Module):
         else:
             self.running_mean = self.running_var = self.num_batches_tracked = None
 
-    def forward(self, x: Any) -> Tensor:
+    def forward(self, x: TensorLike) -> Tensor:
         ndim = len(getattr(x, "shape", ()))
         if ndim not in self.input_dims:
             wanted = " or ".join(f"{d}-D" for d in self.input_dims)
@@ -53,20 +56,23 @@ class _BatchNorm(Module):
                              f"with C = {self.num_features}, got shape "
                              f"{tuple(getattr(x, 'shape', ()))}")
         updates = self.training and self.track_running_stats
-        factor = 0.0
+        counter = self.num_batches_tracked
+        factor: float | Tensor = 0.0
         if updates:
-            factor = self.momentum
-            if factor is None:
+            assert counter is not None and self.running_mean is not None  # tracking keeps them
+            if self.momentum is not None:
+                factor = self.momentum
+            else:
                 # The cumulative average, each batch weighing 1 / batches seen: a tensor
                 # computed from the counter, so that a plan computes it at every call.
-                seen = self.num_batches_tracked + 1
+                seen = counter + 1
                 factor = (1.0 / seen).astype(self.running_mean.dtype)
         # Batch statistics in training, and in eval too when none are kept (as PyTorch).
         batch_stats = self.training or not self.track_running_stats
         y = ops.batch_norm(x, self.running_mean, self.running_var, self.weight, self.bias,
                            training=batch_stats, momentum=factor, eps=self.eps)
-        if updates:
-            self.num_batches_tracked.add_(1)
+        if updates and counter is not None:
+            counter.add_(1)
         return y
 
     def extra_repr(self) -> str:

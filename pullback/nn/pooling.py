@@ -3,9 +3,8 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from .. import ops
+from ..ops.hints import TensorLike
 from ..tensor import Tensor
 from .module import Module
 
@@ -14,11 +13,13 @@ class AvgPool2d(Module):
     """Mean over each window of (N, C, H, W), padding counted as zeros, as PyTorch's
     AvgPool2d (count_include_pad=True); `stride` defaults to `kernel_size`."""
 
-    def __init__(self, kernel_size: Any, stride: Any = None, padding: Any = 0):
+    def __init__(self, kernel_size: int | tuple[int, int],
+                 stride: int | tuple[int, int] | None = None,
+                 padding: int | tuple[int, int] = 0) -> None:
         super().__init__()
         self.kernel_size, self.stride, self.padding = kernel_size, stride, padding
 
-    def forward(self, x: Any) -> Tensor:
+    def forward(self, x: TensorLike) -> Tensor:
         return ops.avg_pool2d(x, self.kernel_size, self.stride, self.padding)
 
     def extra_repr(self) -> str:
@@ -33,7 +34,7 @@ class AdaptiveAvgPool2d(Module):
     an AvgPool2d with kernel and stride H / out_h, W / out_w. A None entry keeps that
     axis's size."""
 
-    def __init__(self, output_size: Any):
+    def __init__(self, output_size: int | tuple[int | None, int | None] | None) -> None:
         super().__init__()
         sizes = (output_size, output_size) if output_size is None or isinstance(
             output_size, int) else tuple(output_size)
@@ -44,7 +45,7 @@ class AdaptiveAvgPool2d(Module):
         self.output_size = output_size
         self._sizes = sizes
 
-    def forward(self, x: Any) -> Tensor:
+    def forward(self, x: TensorLike) -> Tensor:
         shape = tuple(getattr(x, "shape", ()))
         if len(shape) != 4:
             raise ValueError(f"AdaptiveAvgPool2d: expected a 4-D input (N, C, H, W), got "

@@ -13,9 +13,11 @@ import math
 from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 from .. import ops
 from ..errors import KernelError
+from ..ops.hints import DTypeLike, TensorLike
 from ..tensor import Tensor
 from .layers import check_sizes, uniform
 from .module import Module
@@ -25,9 +27,12 @@ class _Recurrent(Module):
     """What LSTM and GRU share: parameters per layer, input and state checks, layout."""
 
     gates: int  # gate blocks per weight: 4 (LSTM) or 3 (GRU)
+    # Layer 0's input weight; every layer's parameters are set by name (`_layer` reads them).
+    weight_ih_l0: Tensor
 
     def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1,
-                 bias: bool = True, batch_first: bool = True, dtype: Any = np.float32):
+                 bias: bool = True, batch_first: bool = True, dtype: DTypeLike = np.float32
+                 ) -> None:
         super().__init__()
         name = type(self).__name__
         check_sizes(name, input_size=input_size, hidden_size=hidden_size, num_layers=num_layers)
@@ -46,12 +51,12 @@ class _Recurrent(Module):
                 setattr(self, f"bias_ih_l{layer}", uniform((rows,), bound, dtype))
                 setattr(self, f"bias_hh_l{layer}", uniform((rows,), bound, dtype))
 
-    def _layer(self, layer: int) -> tuple:
+    def _layer(self, layer: int) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
         get = getattr
         return (get(self, f"weight_ih_l{layer}"), get(self, f"weight_hh_l{layer}"),
                 get(self, f"bias_ih_l{layer}", None), get(self, f"bias_hh_l{layer}", None))
 
-    def _time_major(self, x: Any) -> tuple[Any, bool]:
+    def _time_major(self, x: TensorLike) -> tuple[Tensor | NDArray[Any], bool]:
         """x as (T, N, input_size) and whether it came unbatched, or a KernelError."""
         name = type(self).__name__
         x = x if isinstance(x, Tensor) else np.asarray(x)
@@ -72,7 +77,8 @@ class _Recurrent(Module):
             return ops.reshape(x, (shape[0], 1, shape[1])), True
         return (ops.transpose(x, (1, 0, 2)) if self.batch_first else x), False
 
-    def _states(self, x: Any, given: Any, unbatched: bool, what: str) -> list:
+    def _states(self, x: Tensor | NDArray[Any], given: Tensor | None, unbatched: bool,
+                what: str) -> list[TensorLike]:
         """Per layer, the initial state (N, H): from `given` (num_layers, N, H), or
         (num_layers, H) for an unbatched input, or zeros."""
         n, h = x.shape[1], self.hidden_size
@@ -87,18 +93,18 @@ class _Recurrent(Module):
             given = ops.reshape(given, (self.num_layers, 1, h))
         return [ops.getitem(given, layer) for layer in range(self.num_layers)]
 
-    def _output(self, out: Any, unbatched: bool) -> Any:
+    def _output(self, out: Tensor, unbatched: bool) -> Tensor:
         if unbatched:
             return ops.reshape(out, (out.shape[0], out.shape[2]))
         return ops.transpose(out, (1, 0, 2)) if self.batch_first else out
 
-    def _final(self, states: list, unbatched: bool) -> Any:
+    def _final(self, states: list[Tensor], unbatched: bool) -> Tensor:
         stacked = ops.stack(states, 0)
         return ops.reshape(stacked, (self.num_layers, self.hidden_size)) if unbatched \
             else stacked
 
     @staticmethod
-    def _project(x: Any, w_ih: Any, bias: Any) -> Any:
+    def _project(x: TensorLike, w_ih: Tensor, bias: Tensor | None) -> Tensor:
         # Every step's input projection in one matmul.
         xp = ops.matmul(x, ops.swap_last(w_ih))
         return xp if bias is None else ops.add(xp, bias)
@@ -120,21 +126,24 @@ class LSTM(_Recurrent):
 
     gates = 4
 
-    def forward(self, input: Any, hx: Any = None) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+    def forward(self, input: TensorLike, hx: tuple[Tensor, Tensor] | None = None
+                ) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+        x: Tensor | NDArray[Any]
         x, unbatched = self._time_major(input)
         if hx is not None and (not isinstance(hx, (tuple, list)) or len(hx) != 2):
             raise TypeError("LSTM: hx must be a pair (h_0, c_0)")
         h0s = self._states(x, None if hx is None else hx[0], unbatched, "h_0")
         c0s = self._states(x, None if hx is None else hx[1], unbatched, "c_0")
-        hs, cs = [], []
+        hs: list[Tensor] = []
+        cs: list[Tensor] = []
         for layer in range(self.num_layers):
             w_ih, w_hh, b_ih, b_hh = self._layer(layer)
-            bias = None if b_ih is None else ops.add(b_ih, b_hh)
+            bias = None if b_ih is None or b_hh is None else ops.add(b_ih, b_hh)
             y = ops.lstm_sequence(self._project(x, w_ih, bias), h0s[layer], c0s[layer], w_hh)
-            x = ops.getitem(y, 0)
+            x = out = ops.getitem(y, 0)  # the next layer's input; the last one's is the output
             hs.append(ops.getitem(y, (0, -1)))
             cs.append(ops.getitem(y, (1, -1)))
-        return self._output(x, unbatched), (self._final(hs, unbatched),
+        return self._output(out, unbatched), (self._final(hs, unbatched),
                                             self._final(cs, unbatched))
 
 
@@ -145,15 +154,17 @@ class GRU(_Recurrent):
 
     gates = 3
 
-    def forward(self, input: Any, hx: Any = None) -> tuple[Tensor, Tensor]:
+    def forward(self, input: TensorLike, hx: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        x: Tensor | NDArray[Any]
         x, unbatched = self._time_major(input)
         h0s = self._states(x, hx, unbatched, "hx")
-        hs = []
+        hs: list[Tensor] = []
         for layer in range(self.num_layers):
             w_ih, w_hh, b_ih, b_hh = self._layer(layer)
-            if b_hh is None:  # the recurrent bias sits inside r * (...): zeros stand in
-                b_hh = np.zeros((self.gates * self.hidden_size,), w_hh.dtype)
-            y = ops.gru_sequence(self._project(x, w_ih, b_ih), h0s[layer], w_hh, b_hh)
-            x = ops.getitem(y, 0)
+            # The recurrent bias sits inside r * (...): without biases, zeros stand in.
+            recurrent_bias: TensorLike = b_hh if b_hh is not None else np.zeros(
+                (self.gates * self.hidden_size,), w_hh.dtype)
+            y = ops.gru_sequence(self._project(x, w_ih, b_ih), h0s[layer], w_hh, recurrent_bias)
+            x = out = ops.getitem(y, 0)  # the next layer's input; the last one's is the output
             hs.append(ops.getitem(y, (0, -1)))
-        return self._output(x, unbatched), self._final(hs, unbatched)
+        return self._output(out, unbatched), self._final(hs, unbatched)

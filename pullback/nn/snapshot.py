@@ -16,23 +16,24 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 from ..ad import toposort
 from ..tensor import Tensor
 from ..tensor.protect import protect, unprotect
 
 
-def own_saved_parameters(output: Tensor | None, params: list[Tensor]) -> None:
+def own_saved_parameters(output: object, params: list[Tensor]) -> None:
     """Point every node below `output` that saved a parameter's array (or a view of
     one) at a copy of it taken now, moving the read-only mark to the copy."""
     node = output._node if isinstance(output, Tensor) else None
     if node is None or not params:
         return
     live = {id(p._data): p._data for p in params}
-    copies: dict[int, np.ndarray | None] = {}
-    remapped: dict[int, np.ndarray] = {}
+    copies: dict[int, NDArray[Any] | None] = {}
+    remapped: dict[int, NDArray[Any]] = {}
 
-    def own(value: Any, op: str) -> Any:
+    def own(value: object, op: str) -> object:
         if type(value) is not np.ndarray:
             return value
         done = remapped.get(id(value))
@@ -64,7 +65,8 @@ def own_saved_parameters(output: Tensor | None, params: list[Tensor]) -> None:
             n.output = own(n.output, name)
 
 
-def _copy_of(param: np.ndarray, copies: dict) -> np.ndarray | None:
+def _copy_of(param: NDArray[Any], copies: dict[int, NDArray[Any] | None]
+             ) -> NDArray[Any] | None:
     key = id(param)
     if key not in copies:
         copy = param.copy(order="K")

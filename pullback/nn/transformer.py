@@ -7,19 +7,19 @@ PyTorch state dict loads unchanged.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import numpy as np
 
 from .. import ops
+from ..ops.hints import DTypeLike
 from ..tensor import Tensor
 from .activations import Dropout
-from .attention import MultiheadAttention
+from .attention import Mask, MultiheadAttention
 from .layers import Dense, LayerNorm
 from .module import Module
 
 #: The activations named by string, as PyTorch's ("gelu" is the exact, erf form).
-ACTIVATIONS: dict[str, Callable[[Any], Any]] = {"relu": ops.relu, "gelu": ops.gelu}
+ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {"relu": ops.relu, "gelu": ops.gelu}
 
 
 class TransformerEncoderLayer(Module):
@@ -28,9 +28,9 @@ class TransformerEncoderLayer(Module):
     (`norm_first=True`). `activation` is "relu", "gelu" or a function of a tensor."""
 
     def __init__(self, d_model: int, nhead: int, dim_feedforward: int = 2048,
-                 dropout: float = 0.1, activation: str | Callable[[Any], Any] = "relu",
+                 dropout: float = 0.1, activation: str | Callable[[Tensor], Tensor] = "relu",
                  batch_first: bool = True, norm_first: bool = False,
-                 layer_norm_eps: float = 1e-5, dtype: Any = np.float32):
+                 layer_norm_eps: float = 1e-5, dtype: DTypeLike = np.float32) -> None:
         super().__init__()
         if isinstance(activation, str):
             if activation not in ACTIVATIONS:
@@ -52,8 +52,8 @@ class TransformerEncoderLayer(Module):
         self.activation = activation
         self.norm_first = norm_first
 
-    def forward(self, src: Any, src_mask: Any = None, is_causal: bool = False, *,
-                src_key_padding_mask: Any = None) -> Tensor:
+    def forward(self, src: Tensor, src_mask: Mask | None = None, is_causal: bool = False, *,
+                src_key_padding_mask: Mask | None = None) -> Tensor:
         """The layer on (N, T, E) `src` ((T, N, E) when batch_first is False); `src_mask`
         and `src_key_padding_mask` follow MultiheadAttention's conventions (True: not
         allowed), `is_causal` alone applies the causal mask."""
@@ -65,11 +65,12 @@ class TransformerEncoderLayer(Module):
         x = self.norm1(ops.add(x, self._attention(x, src_mask, is_causal, src_key_padding_mask)))
         return self.norm2(ops.add(x, self._feed_forward(x)))
 
-    def _attention(self, x: Any, mask: Any, is_causal: bool, padding: Any) -> Any:
+    def _attention(self, x: Tensor, mask: Mask | None, is_causal: bool, padding: Mask | None
+                   ) -> Tensor:
         out, _ = self.self_attn(x, x, x, mask, is_causal, key_padding_mask=padding)
         return self.dropout1(out)
 
-    def _feed_forward(self, x: Any) -> Any:
+    def _feed_forward(self, x: Tensor) -> Tensor:
         return self.dropout2(self.linear2(self.dropout(self.activation(self.linear1(x)))))
 
     def extra_repr(self) -> str:
