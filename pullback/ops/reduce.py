@@ -5,15 +5,17 @@ and argmin (integer results, no gradient)."""
 from __future__ import annotations
 
 import math
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..ad import defjvp, deflinear, defvjp
+from ..ad import Primitive, defjvp, deflinear, defvjp
 from ..errors import KernelError
 from .backward_defaults import backward_kernel
 from .checks import declare_check, distinct, inputs, nonzero, normal
 from .elementwise import astype, div, equal, exp, mul, sub, where
+from .hints import Axis, Shape, TensorLike
 from .registry import (
     declare,
     dtype_of,
@@ -23,21 +25,24 @@ from .registry import (
     shape_of,
     tensor_method,
 )
-from .shape import broadcast_to, reshape
+from .shape import broadcast_to, is_tensor, reshape
+
+if TYPE_CHECKING:
+    from ..tensor import Tensor
 
 #: The ops `import pullback as pb` offers as `pb.<name>` (and `pullback.ops` too).
 __all__ = ["argmax", "argmin", "cumsum", "log_softmax", "logsumexp", "max", "mean", "min",
            "prod", "softmax", "sum"]
 
 
-def _reduce_shape(op: str) -> Any:
-    def rule(x: Any, axes: tuple, keepdims: bool) -> tuple:
+def _reduce_shape(op: str) -> Callable[..., tuple[Shape, Any]]:
+    def rule(x: Any, axes: tuple[int, ...], keepdims: bool) -> tuple[Shape, Any]:
         return reduced_shape(shape_of(x), axes, keepdims), dtype_of(x)
 
     return rule
 
 
-def _expand(ct: Any, shape: tuple, axes: tuple, keepdims: bool) -> Any:
+def _expand(ct: Any, shape: Shape, axes: tuple[int, ...], keepdims: bool) -> Any:
     """Broadcast a reduced value back over the reduced axes of `shape`."""
     if not keepdims:
         ct = reshape(ct, reduced_shape(shape, axes, True))
@@ -55,14 +60,16 @@ defvjp(reduce_sum_p, lambda be, g, n: (
     be.reduce_sum_backward(g, n.in_shapes[0], n.params["axes"], n.params["keepdims"]),))
 
 
-def sum(x: Any, axis: Any = None, keepdims: bool = False) -> Any:
+def sum(x: TensorLike, axis: Axis = None, keepdims: bool = False) -> Tensor:
+    """The sum over `axis` (None: every axis); `keepdims` keeps the summed axes as size 1."""
     axes = normalize_axes("sum", x, axis)
-    if not axes and not keepdims and shape_of(x) != ():
+    if not axes and not keepdims and shape_of(x) != () and is_tensor(x):
         return x
     return reduce_sum_p.bind(x, axes=axes, keepdims=keepdims)
 
 
-def mean(x: Any, axis: Any = None, keepdims: bool = False) -> Any:
+def mean(x: TensorLike, axis: Axis = None, keepdims: bool = False) -> Tensor:
+    """The mean over `axis` (None: every axis); refused over an empty selection."""
     axes = normalize_axes("mean", x, axis)
     count = 1
     for a in axes:
@@ -72,7 +79,7 @@ def mean(x: Any, axis: Any = None, keepdims: bool = False) -> Any:
     return mul(sum(x, axes, keepdims), 1.0 / count)
 
 
-def _refuse_empty(op: str, x: Any, axes: tuple) -> tuple:
+def _refuse_empty(op: str, x: Any, axes: tuple[int, ...]) -> tuple[int, ...]:
     """`axes`, unless one of them is empty: a max or min of nothing is refused (as in
     PyTorch), here where the op is named, rather than by the backend."""
     if any(shape_of(x)[a] == 0 for a in axes):
@@ -80,8 +87,8 @@ def _refuse_empty(op: str, x: Any, axes: tuple) -> tuple:
     return axes
 
 
-def _extremum_shape(op: str) -> Any:
-    def rule(x: Any, axes: tuple, keepdims: bool) -> tuple:
+def _extremum_shape(op: str) -> Callable[..., tuple[Shape, Any]]:
+    def rule(x: Any, axes: tuple[int, ...], keepdims: bool) -> tuple[Shape, Any]:
         _refuse_empty(op, x, axes)
         return reduced_shape(shape_of(x), axes, keepdims), dtype_of(x)
 
@@ -98,14 +105,14 @@ reduce_max_p = declare(
 )
 
 
-def _extremum_jvp(t: Any, out: Any, x: Any, axes: tuple, keepdims: bool) -> Any:
+def _extremum_jvp(t: Any, out: Any, x: Any, axes: tuple[int, ...], keepdims: bool) -> Any:
     # Ties share the derivative equally, as torch.amax and torch.amin do.
     hits = astype(equal(x, _expand(out, shape_of(x), axes, keepdims)), dtype_of(x))
     share = div(hits, _expand(sum(hits, axes, keepdims), shape_of(x), axes, keepdims))
     return sum(mul(t, share), axes, keepdims)
 
 
-def _extremum_vjp(be: Any, g: Any, n: Any) -> tuple:
+def _extremum_vjp(be: Any, g: Any, n: Any) -> tuple[Any]:
     # The kernel sends upstream to the elements equal to the result, split among ties:
     # the same for a min as for a max.
     return (be.reduce_max_backward(g, n.inputs[0], n.output, n.params["axes"],
@@ -118,7 +125,9 @@ backward_kernel(reduce_max_p, "reduce_max_backward")
 
 
 @tensor_method(reduce_max_p)
-def max(x: Any, axis: Any = None, keepdims: bool = False) -> Any:
+def max(x: TensorLike, axis: Axis = None, keepdims: bool = False) -> Tensor:
+    """The largest values over `axis` (None: every axis), as torch.amax: ties share the
+    gradient equally."""
     axes = _refuse_empty("max", x, normalize_axes("max", x, axis))
     return reduce_max_p.bind(x, axes=axes, keepdims=keepdims)
 
@@ -136,7 +145,7 @@ defvjp(reduce_min_p, _extremum_vjp)
 
 
 @tensor_method(reduce_min_p)
-def min(x: Any, axis: Any = None, keepdims: bool = False) -> Any:
+def min(x: TensorLike, axis: Axis = None, keepdims: bool = False) -> Tensor:
     """The smallest values over `axis` (None: every axis), as torch.amin: ties share the
     gradient equally. `x.min(axis)` gives the values only, as `x.max(axis)` does (PyTorch's
     `x.min(dim)` also gives indices: `argmin` has them)."""
@@ -147,7 +156,7 @@ def min(x: Any, axis: Any = None, keepdims: bool = False) -> Any:
 # ---------------------------------------------------------------- prod
 
 
-def _prod_shape(x: Any, axes: tuple, keepdims: bool) -> tuple:
+def _prod_shape(x: Any, axes: tuple[int, ...], keepdims: bool) -> tuple[Shape, Any]:
     dtype = dtype_of(x)
     if dtype is not None and not is_float(dtype):  # bools and small ints widen, as NumPy
         dtype = np.prod(np.zeros(1, dtype)).dtype
@@ -163,7 +172,7 @@ reduce_prod_p = declare(
 )
 
 
-def _prod_of_others(x: Any, axes: tuple) -> Any:
+def _prod_of_others(x: Any, axes: tuple[int, ...]) -> Any:
     """Each element's derivative of the product over `axes`: the product of the other
     elements of its slice, without dividing by zero. A slice without zeros gives
     prod / x; with one zero, the zero's entry is the product of the rest and the others
@@ -183,7 +192,7 @@ defjvp(reduce_prod_p, lambda t, out, x, axes, keepdims: sum(
 
 
 @tensor_method(reduce_prod_p)
-def prod(x: Any, axis: Any = None, keepdims: bool = False) -> Any:
+def prod(x: TensorLike, axis: Axis = None, keepdims: bool = False) -> Tensor:
     """The product over `axis` (None: every axis); ints and bools multiply as int64."""
     return reduce_prod_p.bind(x, axes=normalize_axes("prod", x, axis), keepdims=keepdims)
 
@@ -191,8 +200,8 @@ def prod(x: Any, axis: Any = None, keepdims: bool = False) -> Any:
 # ---------------------------------------------------------------- argmax and argmin
 
 
-def _arg_shape(op: str) -> Any:
-    def rule(x: Any, axis: int | None, keepdims: bool) -> tuple:
+def _arg_shape(op: str) -> Callable[..., tuple[Shape, np.dtype[Any]]]:
+    def rule(x: Any, axis: int | None, keepdims: bool) -> tuple[Shape, np.dtype[Any]]:
         shape = shape_of(x)
         empty = any(d == 0 for d in shape) if axis is None else shape[axis] == 0
         if empty:
@@ -212,7 +221,7 @@ argmin_p = declare("argmin", lambda backend, x, axis, keepdims: backend.argmin(x
                    _arg_shape("argmin"), differentiable=False, aliasing="fresh")
 
 
-def _one_axis_or_none(op: str, x: Any, axis: Any, keepdims: bool) -> int | None:
+def _one_axis_or_none(op: str, x: Any, axis: int | None, keepdims: bool) -> int | None:
     """`axis` as a non-negative int, or None (every axis); refused where it is empty."""
     if axis is not None:
         if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)):
@@ -224,7 +233,7 @@ def _one_axis_or_none(op: str, x: Any, axis: Any, keepdims: bool) -> int | None:
 
 
 @tensor_method(argmax_p)
-def argmax(x: Any, axis: Any = None, keepdims: bool = False) -> Any:
+def argmax(x: TensorLike, axis: int | None = None, keepdims: bool = False) -> Tensor:
     """int64 index of the first largest value along `axis` (None: in the flattened
     tensor), as torch.argmax; no gradient."""
     return argmax_p.bind(x, axis=_one_axis_or_none("argmax", x, axis, keepdims),
@@ -232,15 +241,15 @@ def argmax(x: Any, axis: Any = None, keepdims: bool = False) -> Any:
 
 
 @tensor_method(argmin_p)
-def argmin(x: Any, axis: Any = None, keepdims: bool = False) -> Any:
+def argmin(x: TensorLike, axis: int | None = None, keepdims: bool = False) -> Tensor:
     """int64 index of the first smallest value along `axis` (None: in the flattened
     tensor), as torch.argmin; no gradient."""
     return argmin_p.bind(x, axis=_one_axis_or_none("argmin", x, axis, keepdims),
                          keepdims=keepdims)
 
 
-def _row_shape(op: str) -> Any:
-    def rule(x: Any, axis: int) -> tuple:
+def _row_shape(op: str) -> Callable[..., tuple[Shape, Any]]:
+    def rule(x: Any, axis: int) -> tuple[Shape, Any]:
         return shape_of(x), dtype_of(x)
 
     return rule
@@ -259,7 +268,7 @@ defvjp(log_softmax_p, lambda be, g, n: (be.log_softmax_backward(g, n.output, n.p
 backward_kernel(log_softmax_p, "log_softmax_backward")
 
 
-def _along_one_axis(prim: Any, x: Any, axis: int) -> Any:
+def _along_one_axis(prim: Primitive, x: TensorLike, axis: int) -> Tensor:
     """`prim` along one axis; a 0-d operand is taken as a one-element row (PyTorch's
     softmax of a 0-d tensor is 1), so its derivatives need no 0-d case of their own."""
     axes = normalize_axes(prim.name, x, axis)
@@ -269,25 +278,27 @@ def _along_one_axis(prim: Any, x: Any, axis: int) -> Any:
 
 
 @tensor_method(softmax_p)
-def softmax(x: Any, axis: int = -1) -> Any:
+def softmax(x: TensorLike, axis: int = -1) -> Tensor:
+    """e**x normalized to sum to 1 along `axis`."""
     return _along_one_axis(softmax_p, x, axis)
 
 
 @tensor_method(log_softmax_p)
-def log_softmax(x: Any, axis: int = -1) -> Any:
+def log_softmax(x: TensorLike, axis: int = -1) -> Tensor:
+    """log(softmax(x, axis)), computed without overflow."""
     return _along_one_axis(log_softmax_p, x, axis)
 
 
 # ---------------------------------------------------------------- logsumexp and cumsum
 
 
-def _logsumexp_shape(x: Any, axes: tuple, keepdims: bool) -> tuple:
+def _logsumexp_shape(x: Any, axes: tuple[int, ...], keepdims: bool) -> tuple[Shape, Any]:
     if not is_float(dtype_of(x)):
         raise KernelError("logsumexp", (x,), "expected a floating dtype")
     return reduced_shape(shape_of(x), axes, keepdims), dtype_of(x)
 
 
-def _logsumexp_impl(backend: Any, x: Any, axes: tuple, keepdims: bool) -> Any:
+def _logsumexp_impl(backend: Any, x: Any, axes: tuple[int, ...], keepdims: bool) -> Any:
     """log(sum(e**(x - m))) + m, m the max over the axes: every term is at most 1, so
     nothing overflows, and the largest is exact. Composed from the backend's ops (six
     passes, as NumPy would take) rather than one more op every backend must carry."""
@@ -311,12 +322,12 @@ defjvp(logsumexp_p, lambda t, out, x, axes, keepdims: sum(
 
 
 @tensor_method(logsumexp_p)
-def logsumexp(x: Any, axis: Any = None, keepdims: bool = False) -> Any:
+def logsumexp(x: TensorLike, axis: Axis = None, keepdims: bool = False) -> Tensor:
     """log(sum(exp(x))) over `axis` (None: every axis), without overflow."""
     return logsumexp_p.bind(x, axes=normalize_axes("logsumexp", x, axis), keepdims=keepdims)
 
 
-def _cumsum_shape(x: Any, axis: int, reverse: bool) -> tuple:
+def _cumsum_shape(x: Any, axis: int, reverse: bool) -> tuple[Shape, Any]:
     dtype = dtype_of(x)
     if dtype is not None and not is_float(dtype):  # bools and small ints widen, as NumPy
         dtype = np.cumsum(np.zeros(1, dtype)).dtype
@@ -332,7 +343,7 @@ deflinear(cumsum_p, lambda ct, x, axis, reverse: (
 
 
 @tensor_method(cumsum_p)
-def cumsum(x: Any, axis: int) -> Any:
+def cumsum(x: TensorLike, axis: int) -> Tensor:
     """Running sums along `axis`, as torch.cumsum(x, dim)."""
     if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)):
         raise KernelError("cumsum", (x,), f"axis must be an int, not {axis!r}")
