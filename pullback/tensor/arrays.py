@@ -5,9 +5,14 @@ float32, arrays keep their dtype, unsupported dtypes are refused). Knows nothing
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from numpy.typing import NDArray
+
+    from ..ops.hints import ArrayLike, DTypeLike
 
 float32 = np.dtype(np.float32)
 float64 = np.dtype(np.float64)
@@ -18,19 +23,19 @@ bool_ = np.dtype(np.bool_)
 _SUPPORTED = "float32, float64, int32, int64, bool (and other NumPy integer dtypes)"
 
 
-def resolve_dtype(dtype: Any, op: str = "tensor") -> np.dtype | None:
+def resolve_dtype(dtype: DTypeLike | None, op: str = "tensor") -> np.dtype[Any] | None:
     """`dtype` as a NumPy dtype (None stays None), refused when no op computes with it."""
     if dtype is None:
         return None
     try:
-        resolved = np.dtype(dtype)
+        resolved: np.dtype[Any] = np.dtype(dtype)
     except TypeError:
         raise TypeError(f"{op}: unknown dtype {dtype!r}; supported: {_SUPPORTED}") from None
     check_dtype(resolved, op, "dtype")
     return resolved
 
 
-def check_dtype(dtype: np.dtype, op: str, what: str) -> None:
+def check_dtype(dtype: np.dtype[Any], op: str, what: str) -> None:
     """Refuse what no op computes with: complex, object, string, datetime, structured
     data, and floats other than float32 and float64 (float16, longdouble)."""
     if dtype.kind in "iub" or dtype in (float32, float64):
@@ -38,8 +43,8 @@ def check_dtype(dtype: np.dtype, op: str, what: str) -> None:
     raise TypeError(f"{op}: {what} {dtype} is not supported; supported: {_SUPPORTED}")
 
 
-def as_array(data: Any, dtype: Any = None, *, copy: bool = False, op: str = "tensor"
-             ) -> np.ndarray:
+def as_array(data: ArrayLike, dtype: DTypeLike | None = None, *, copy: bool = False,
+             op: str = "tensor") -> NDArray[Any]:
     """Data as an array: Python floats to float32, arrays keep their dtype; every source
     passes the same dtype check. `copy` makes sure the result shares no memory with
     `data`. A tensor is unwrapped by the caller (this module knows no `Tensor`)."""
@@ -66,7 +71,7 @@ def as_array(data: Any, dtype: Any = None, *, copy: bool = False, op: str = "ten
     return array.copy() if copy and not fresh else array
 
 
-def cast(array: np.ndarray, dtype: np.dtype, op: str) -> np.ndarray:
+def cast(array: NDArray[Any], dtype: np.dtype[Any], op: str) -> NDArray[Any]:
     """`array.astype(dtype)`, refusing integer results that would wrap around."""
     if dtype.kind in "iu" and array.size and not np.can_cast(array.dtype, dtype):
         info = np.iinfo(dtype)

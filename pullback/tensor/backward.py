@@ -8,9 +8,9 @@ linearization), or the core's linearize-then-transpose.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -18,7 +18,10 @@ from ..ad import (
     BackwardExecutor,
     DerivativeError,
     GraphReleasedError,
+    Leaf,
     LinearGraph,
+    Node,
+    Primitive,
     backward_pass,
     leaves_above,
     linearize_node,
@@ -31,6 +34,9 @@ from ..backend.current import get_backend
 from . import hooks
 from .eager import Tensor, wrap
 from .state import grad_mode
+
+if TYPE_CHECKING:
+    from ..ops.hints import TensorLike
 
 # Whether eager backward may use backends' fused kernels; off, every node goes through
 # the primitive's rules (transpose of its JVP), which is what checks compare against.
@@ -59,13 +65,14 @@ class EagerExecutor(BackwardExecutor):
         self.fused = _FUSED[0] and not create_graph and isinstance(self.backend, BackwardOps)
         self.memo: dict[int, Any] | None = {} if memoize else None
 
-    def execute_forward(self, prim: Any, args: tuple, params: dict) -> Any:
+    def execute_forward(self, prim: Primitive, args: tuple[Any, ...], params: dict[str, Any]
+                        ) -> Any:
         with grad_mode(self.create_graph):
             out = prim.bind(*args, **params)
         # Recorded for create_graph; otherwise an array, as the rules see saved values.
         return out if self.create_graph or type(out) is not Tensor else out._data
 
-    def saved_operands(self, node: Any) -> tuple[Any, Any]:
+    def saved_operands(self, node: Node) -> tuple[Any, Any]:
         if node.released:
             raise GraphReleasedError(
                 f"backward: the saved values of {node.primitive.name} were freed by an earlier "
@@ -83,7 +90,9 @@ class EagerExecutor(BackwardExecutor):
         output = wrap(node.output, node) if node.output is not None else None
         return inputs, output
 
-    def linearize_recorded_graph(self, node: Any) -> Any:
+    def linearize_recorded_graph(self, node: Node) -> Node | LinearGraph:
+        """The node itself where its backward is one step (a fused kernel, a transpose
+        rule), else its linearization (memoized when asked)."""
         prim = node.primitive
         if (self.fused and prim.vjp is not None) or transposes_directly(node):
             if node.released:
@@ -91,7 +100,8 @@ class EagerExecutor(BackwardExecutor):
             return node
         memo = self.memo
         if memo is not None and id(node) in memo:
-            return memo[id(node)]
+            graph: LinearGraph = memo[id(node)]
+            return graph
         inputs, output = self.saved_operands(node)
         with grad_mode(self.create_graph):
             graph = linearize_node(node, inputs, output)
@@ -99,20 +109,22 @@ class EagerExecutor(BackwardExecutor):
             memo[id(node)] = graph
         return graph
 
-    def run_transposed_linear(self, linearization: Any, ct: Any) -> tuple:
-        if type(linearization) is LinearGraph:
+    def run_transposed_linear(self, linearization: Node | LinearGraph, ct: Any
+                              ) -> tuple[Any, ...]:
+        if isinstance(linearization, LinearGraph):
             with grad_mode(self.create_graph):
                 cts = transpose_linear(linearization, (ct,), self.add_operands)
             return self._unwrap(cts)
         node = linearization
         prim = node.primitive
         if self.fused and prim.vjp is not None:
-            return prim.vjp(self.backend, ct, node)
+            fused: tuple[Any, ...] = prim.vjp(self.backend, ct, node)
+            return fused
         inputs, _ = self.saved_operands(node)
         with grad_mode(self.create_graph):
             return self._unwrap(transpose_node(node, inputs, ct))
 
-    def _unwrap(self, cts: Any) -> tuple:
+    def _unwrap(self, cts: Sequence[Any]) -> tuple[Any, ...]:
         if self.create_graph:
             return tuple(cts)
         return tuple(c._data if type(c) is Tensor else c for c in cts)
@@ -125,7 +137,7 @@ class EagerExecutor(BackwardExecutor):
         with grad_mode(self.create_graph):
             return a + b
 
-    def derivative_error(self, node: Any, err: DerivativeError) -> Exception:
+    def derivative_error(self, node: Node, err: DerivativeError) -> Exception:
         return DerivativeError(
             f"backward: {err}, and it lies between {describe_leaves(node)} and the output; "
             "give the op a derivative rule, or keep it off the path to the loss "
@@ -133,7 +145,7 @@ class EagerExecutor(BackwardExecutor):
         )
 
 
-def describe_leaves(node: Any) -> str:
+def describe_leaves(node: Node) -> str:
     """Name the differentiation inputs a node depends on, for error messages."""
     names = []
     for leaf in leaves_above(node):
@@ -142,7 +154,7 @@ def describe_leaves(node: Any) -> str:
     return " and ".join(names[:3]) + (" and others" if len(names) > 3 else "") or "no input"
 
 
-def run_backward(output: Tensor, grad: Any, retain_graph: bool | None,
+def run_backward(output: Tensor, grad: TensorLike | None, retain_graph: bool | None,
                  create_graph: bool) -> None:
     """`Tensor.backward`: push `grad` from `output` to every leaf's `.grad`."""
     node = output._node
@@ -161,7 +173,7 @@ def run_backward(output: Tensor, grad: Any, retain_graph: bool | None,
     if hooks.active() and not create_graph:
         # Each leaf's gradient is handed over the moment it is final, so that the
         # gradient-ready hooks (an allreduce) overlap the rest of the backward.
-        def ready(leaf: Any, leaf_ct: Any) -> None:
+        def ready(leaf: Leaf, leaf_ct: Any) -> None:
             owner = leaf.owner() if leaf.owner is not None else None
             if owner is not None:
                 accumulate_grad(owner, leaf_ct, False)
@@ -176,7 +188,7 @@ def run_backward(output: Tensor, grad: Any, retain_graph: bool | None,
             accumulate_grad(owner, leaf_ct, create_graph)
 
 
-def owned(arrays: list, given: tuple = ()) -> list:
+def owned(arrays: list[Any], given: tuple[Any, ...] = ()) -> list[Any]:
     """Gradients handed to the caller, each with its own buffer: a cotangent may be
     passed through unchanged, so one array can reach two inputs, or be the caller's."""
     seen = {id(a) for a in given}
@@ -190,7 +202,9 @@ def owned(arrays: list, given: tuple = ()) -> list:
     return result
 
 
-def initial_cotangent(op: str, output: Tensor, grad: Any) -> Any:
+def initial_cotangent(op: str, output: Tensor, grad: TensorLike | None) -> Any:
+    """The cotangent a backward starts from: `grad` checked against the output (one for a
+    one-element output when None), as an array, or a tensor when `grad` is recorded."""
     if grad is None:
         if output.size != 1:
             raise RuntimeError(
@@ -226,7 +240,7 @@ def accumulate_grad(tensor: Tensor, ct: Any, create_graph: bool) -> None:
         tensor.grad = wrap(get_backend().add(tensor.grad._data, ct), None)
 
 
-def backward(self: Tensor, grad: Any = None, retain_graph: bool | None = None,
+def backward(self: Tensor, grad: TensorLike | None = None, retain_graph: bool | None = None,
              create_graph: bool = False) -> None:
     """Accumulate d(self)/d(leaf) into each leaf's `.grad` (as PyTorch does).
 
@@ -238,4 +252,4 @@ def backward(self: Tensor, grad: Any = None, retain_graph: bool | None = None,
     run_backward(self, grad, retain_graph, create_graph)
 
 
-Tensor.backward = backward  # see the end of eager.py
+Tensor.backward = backward  # type: ignore[method-assign]  # declared in eager.py for type checkers

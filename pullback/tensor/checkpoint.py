@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import functools
 import weakref
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, cast
 
 import numpy as np
 
@@ -37,21 +37,30 @@ from .eager import _FLOATS, Tensor, evaluate, saved_as_float
 from .protect import TensorNode, protect
 from .state import grad_enabled, grad_mode
 
+if TYPE_CHECKING:
+    from numpy.typing import NDArray
+
+    from ..ops.hints import Shape
+
+_P = ParamSpec("_P")
+# What a checkpointed function returns: a tensor, or a tuple (or list) of tensors.
+_Out = TypeVar("_Out", bound="Tensor | Sequence[Tensor]")
+
 
 def _impl(backend: Any, *operands: Any, region: Region, index: int) -> Any:
-    def apply(prim: Primitive, args: tuple, params: dict) -> Any:
-        return prim.impl(backend, *args, **params)
+    def apply(prim: Primitive, args: tuple[Any, ...], params: dict[str, Any]) -> Any:
+        return prim.impl(backend, *args, **params)  # type: ignore[misc]  # every primitive has an impl
 
     return run_region(region, operands, apply)[index]
 
 
-def _shape_rule(*operands: Any, region: Region, index: int) -> tuple:
+def _shape_rule(*operands: Any, region: Region, index: int) -> tuple[Shape, np.dtype[Any]]:
     eqn = region.equations[region.outputs[index] - region.n_operands]
     return eqn.out_shape, eqn.dtype
 
 
-def _replay_jvp(tangents: tuple, output: Any, inputs: tuple, *, region: Region,
-                index: int) -> Any:
+def _replay_jvp(tangents: tuple[Any, ...], output: Any, inputs: tuple[Any, ...], *,
+                region: Region, index: int) -> Any:
     # Recorded (create_graph) when the rules run recorded: grad of grad replays on
     # tensors connected to the outer graph.
     executor = EagerExecutor(create_graph=grad_enabled())
@@ -70,7 +79,7 @@ checkpoint_p.abstract_eval = _shape_rule
 defjvp_full(checkpoint_p, _replay_jvp)
 
 
-def checkpoint(fn: Callable) -> Callable:
+def checkpoint(fn: Callable[_P, _Out]) -> Callable[_P, _Out]:
     """A function like `fn` whose forward is recomputed during backward instead of
     saving its activations, in eager mode, under the transforms and in plans.
 
@@ -84,7 +93,7 @@ def checkpoint(fn: Callable) -> Callable:
         raise TypeError(f"checkpoint: expected a function, got {type(fn).__name__}")
 
     @functools.wraps(fn)
-    def checkpointed(*args: Any, **kwargs: Any) -> Any:
+    def checkpointed(*args: _P.args, **kwargs: _P.kwargs) -> _Out:
         evaluator = current_evaluator()
         if evaluator is evaluate and not grad_enabled():
             return fn(*args, **kwargs)  # nothing records, so nothing would be saved
@@ -96,7 +105,7 @@ def checkpoint(fn: Callable) -> Callable:
         finally:
             set_evaluator(previous)
         single = isinstance(out, Tensor)
-        outs = (out,) if single else out
+        outs: Any = (out,) if single else out  # checked here
         if not isinstance(outs, (tuple, list)) or not all(isinstance(o, Tensor) for o in outs):
             raise TypeError("checkpoint: the function must return a tensor or a tuple of "
                             f"tensors, not {type(out).__name__}")
@@ -113,12 +122,14 @@ def checkpoint(fn: Callable) -> Callable:
                     results[i] = checkpoint_p.bind(*capture.operands, region=region,
                                                    index=index)
                     index += 1
-        return results[0] if single else type(out)(results)
+        if single:
+            return cast("_Out", results[0])
+        return type(out)(results)  # type: ignore[call-arg]  # a tuple or a list
 
     return checkpointed
 
 
-def _record(region: Region, operands: list, outputs: list[Tensor]) -> None:
+def _record(region: Region, operands: list[Any], outputs: list[Tensor]) -> None:
     """Record one node per output of the region, each saving the operands only."""
     parents = tuple(o._node if type(o) is Tensor else None for o in operands)
     if all(p is None for p in parents):
@@ -149,13 +160,14 @@ class _Capture:
         self._operand_slot: dict[int, int] = {}  # id(operand) -> its slot
         # id(tensor or array) -> (weak reference, provisional slot) of produced values
         self._produced: dict[int, tuple[Any, int]] = {}
-        self._equations: list[tuple] = []
+        self._equations: list[tuple[Any, ...]] = []  # RegionEquation's fields
         self._param_slots: list[Slot] = []
 
     # Slots are provisional while the function runs: operand j is j, the result of
     # equation k is -(k + 1); `region` numbers them operands first.
 
-    def __call__(self, prim: Primitive, args: tuple, params: dict) -> Tensor:
+    def __call__(self, prim: Primitive, args: tuple[Any, ...], params: dict[str, Any]
+                 ) -> Tensor:
         slots = tuple(self._slot(a) for a in args)
         consts = tuple(a if s is None else None for a, s in zip(args, slots))
         noted = {k: self._param(v) for k, v in params.items()}
@@ -165,7 +177,8 @@ class _Capture:
         rule_inputs = None
         if prim.saves_inputs and not prim.exact_inputs and any(
                 getattr(a, "dtype", dtype).kind in "iub" for a in args):
-            def rule_inputs(values: tuple, dtype: Any = dtype) -> tuple:
+            def rule_inputs(values: tuple[Any, ...], dtype: np.dtype[Any] = dtype
+                            ) -> tuple[Any, ...]:
                 return saved_as_float(values, dtype)  # as the eager evaluator saves them
         self._equations.append((prim, slots, consts, noted, in_shapes, out.shape, dtype,
                                 prim.differentiable and dtype in _FLOATS, rule_inputs))
@@ -177,6 +190,9 @@ class _Capture:
     def _slot(self, arg: Any) -> int | None:
         if not isinstance(arg, (Tensor, np.ndarray)):
             return None  # a number, None, an object of the core's: a constant
+        return self._value_slot(arg)
+
+    def _value_slot(self, arg: Tensor | NDArray[Any]) -> int:
         seen = self._produced.get(id(arg))
         if seen is not None and seen[0]() is arg:
             return seen[1]
@@ -191,7 +207,7 @@ class _Capture:
         self.operands.append(arg)
         return slot
 
-    def _detached(self, alias: Any, source: int) -> int:
+    def _detached(self, alias: Tensor | NDArray[Any], source: int) -> int:
         """An equation reading `source` without its gradient, standing for `alias`."""
         dtype, shape = alias.dtype, alias.shape
         self._equations.append((stop_gradient_p, (source,), (None,), {}, (shape,), shape,
@@ -202,7 +218,7 @@ class _Capture:
 
     def _param(self, value: Any) -> Any:
         if isinstance(value, (Tensor, np.ndarray)):
-            slot = Slot(self._slot(value))
+            slot = Slot(self._value_slot(value))
             self._param_slots.append(slot)
             return slot
         if isinstance(value, (tuple, list)):
@@ -211,25 +227,27 @@ class _Capture:
                 return type(value)(items)
         return value
 
-    def region(self, outs: Any) -> tuple[Region, list[bool]]:
+    def region(self, outs: Sequence[Tensor]) -> tuple[Region, list[bool]]:
         """The region, and for each output whether the region computes it (an output
         that is an operand or was made outside any op is returned as it is)."""
         n = len(self.operands)
 
-        def final(slot: int | None) -> int | None:
-            return slot if slot is None or slot >= 0 else n - slot - 1
+        def final(slot: int) -> int:
+            return slot if slot >= 0 else n - slot - 1
 
         for p in self._param_slots:
             p.index = final(p.index)
-        equations = [RegionEquation(prim, tuple(final(s) for s in slots), consts, params,
-                                    in_shapes, shape, dtype, differentiable, rule_inputs)
+        equations = [RegionEquation(prim, tuple(None if s is None else final(s) for s in slots),
+                                    consts, params, in_shapes, shape, dtype, differentiable,
+                                    rule_inputs)
                      for prim, slots, consts, params, in_shapes, shape, dtype, differentiable,
                      rule_inputs in self._equations]
-        outputs, produced = [], []
+        outputs: list[int] = []
+        produced: list[bool] = []
         for o in outs:
             seen = self._produced.get(id(o))
             made = seen is not None and seen[0]() is o
             produced.append(made)
-            if made:
+            if seen is not None and made:
                 outputs.append(final(seen[1]))
         return Region(n, equations, tuple(outputs)), produced

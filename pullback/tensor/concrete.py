@@ -11,24 +11,30 @@ or parameters). Code of pullback's own that needs the array reads `t._data`.
 from __future__ import annotations
 
 from collections.abc import Callable
-from contextvars import ContextVar
-from typing import Any
+from contextvars import ContextVar, Token
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .eager import Tensor
+
+# `check(tensor, operation)`: raises if the tensor's values may not be read now.
+ConcreteCheck = Callable[["Tensor", str], None]
 
 # The check of this thread's tracer, None when nothing is traced (one C call per read).
-CONCRETE_CHECK: ContextVar[Callable[[Any, str], None] | None] = ContextVar(
+CONCRETE_CHECK: ContextVar[ConcreteCheck | None] = ContextVar(
     "pullback_concrete_check", default=None)
 
 
-def set_concrete_check(check: Callable[[Any, str], None] | None) -> Any:
+def set_concrete_check(check: ConcreteCheck | None) -> Token[ConcreteCheck | None]:
     """Install `check(tensor, operation)` for this thread; returns a token for `reset`."""
     return CONCRETE_CHECK.set(check)
 
 
-def reset_concrete_check(token: Any) -> None:
+def reset_concrete_check(token: Token[ConcreteCheck | None]) -> None:
     CONCRETE_CHECK.reset(token)
 
 
-def check_concrete(tensor: Any, operation: str) -> None:
+def check_concrete(tensor: Tensor, operation: str) -> None:
     """Raise (through the installed check) if `tensor`'s values may not be read now."""
     check = CONCRETE_CHECK.get()
     if check is not None:

@@ -7,7 +7,8 @@ their dtype; integer and bool data stay so.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -15,8 +16,22 @@ from .arrays import as_array, bool_, cast, check_dtype, float32, int64, resolve_
 from .concrete import check_concrete
 from .eager import Tensor, wrap
 
+if TYPE_CHECKING:
+    from numpy.typing import NDArray
+    from typing_extensions import CapsuleType
 
-def tensor(data: Any, dtype: Any = None, requires_grad: bool = False) -> Tensor:
+    from ..ops.hints import DTypeLike, Shape, TensorLike
+
+
+class SupportsDLPack(Protocol):
+    """What `from_dlpack` reads: an array of another library (a PyTorch CPU tensor, a
+    NumPy array), which exports its memory through `__dlpack__`."""
+
+    def __dlpack__(self, /, *, stream: None = None) -> CapsuleType: ...
+
+
+def tensor(data: TensorLike, dtype: DTypeLike | None = None, requires_grad: bool = False
+           ) -> Tensor:
     """A tensor from nested lists, scalars, NumPy arrays or another tensor; it copies
     the data (as `torch.tensor` does), so later writes to `data` do not reach it."""
     if isinstance(data, Tensor):
@@ -25,7 +40,7 @@ def tensor(data: Any, dtype: Any = None, requires_grad: bool = False) -> Tensor:
     return _finish(as_array(data, dtype, copy=True), requires_grad)
 
 
-def from_numpy(array: np.ndarray) -> Tensor:
+def from_numpy(array: NDArray[Any]) -> Tensor:
     """A tensor sharing memory with the NumPy `array` (as `torch.from_numpy`): writes to
     either show in the other, and while a pending backward needs its values the array
     is read-only. The dtype rules of `tensor` apply."""
@@ -35,7 +50,7 @@ def from_numpy(array: np.ndarray) -> Tensor:
     return wrap(array, None)
 
 
-def from_dlpack(obj: Any) -> Tensor:
+def from_dlpack(obj: SupportsDLPack) -> Tensor:
     """A tensor sharing memory with another library's array (anything with `__dlpack__`:
     a PyTorch CPU tensor, a NumPy array); the dtype rules of `tensor` apply."""
     try:
@@ -46,46 +61,50 @@ def from_dlpack(obj: Any) -> Tensor:
     return wrap(array, None)
 
 
-def _finish(array: np.ndarray, requires_grad: bool) -> Tensor:
+def _finish(array: NDArray[Any], requires_grad: bool) -> Tensor:
     t = wrap(array, None)
     if requires_grad:
         t.requires_grad = True
     return t
 
 
-def _shape(shape: tuple, op: str) -> tuple:
+def _shape(shape: tuple[int | Sequence[int], ...], op: str) -> Shape:
     """A shape given as ints (`zeros(2, 3)`) or as one sequence (`zeros((2, 3))`)."""
+    dims: tuple[Any, ...] = shape  # checked below
     if len(shape) == 1 and isinstance(shape[0], (list, tuple)):
-        shape = tuple(shape[0])
+        dims = tuple(shape[0])
     if not all(isinstance(d, (int, np.integer)) and not isinstance(d, (bool, np.bool_))
-               and d >= 0 for d in shape):
+               and d >= 0 for d in dims):
         raise ValueError(f"{op}: expected a shape of non-negative ints, got "
-                         f"{tuple(shape)}")
-    return tuple(int(d) for d in shape)
+                         f"{tuple(dims)}")
+    return tuple(int(d) for d in dims)
 
 
-def zeros(*shape: Any, dtype: Any = None, requires_grad: bool = False) -> Tensor:
+def zeros(*shape: int | Sequence[int], dtype: DTypeLike | None = None,
+          requires_grad: bool = False) -> Tensor:
     return _finish(np.zeros(_shape(shape, "zeros"), resolve_dtype(dtype, "zeros") or float32),
                    requires_grad)
 
 
-def ones(*shape: Any, dtype: Any = None, requires_grad: bool = False) -> Tensor:
+def ones(*shape: int | Sequence[int], dtype: DTypeLike | None = None,
+         requires_grad: bool = False) -> Tensor:
     return _finish(np.ones(_shape(shape, "ones"), resolve_dtype(dtype, "ones") or float32),
                    requires_grad)
 
 
-def full(shape: Any, value: Any, dtype: Any = None, requires_grad: bool = False) -> Tensor:
+def full(shape: int | Sequence[int], value: bool | int | float | Tensor,
+         dtype: DTypeLike | None = None, requires_grad: bool = False) -> Tensor:
     """A tensor of `shape` filled with the number `value`; a float fills float32, an int
     int64 and a bool bool unless `dtype` says otherwise (as in PyTorch)."""
     shape = _shape(tuple(shape) if isinstance(shape, (list, tuple)) else (shape,), "full")
     dtype = resolve_dtype(dtype, "full") or _fill_dtype(value)
-    value = value._data if isinstance(value, Tensor) else value
+    fill = value._data if isinstance(value, Tensor) else value
     if dtype.kind in "iu":
-        cast(np.asarray(value), dtype, "full")  # a fill that would wrap is refused
-    return _finish(np.full(shape, value, dtype), requires_grad)
+        cast(np.asarray(fill), dtype, "full")  # a fill that would wrap is refused
+    return _finish(np.full(shape, fill, dtype), requires_grad)
 
 
-def _fill_dtype(value: Any) -> np.dtype:
+def _fill_dtype(value: bool | int | float | Tensor | NDArray[Any]) -> np.dtype[Any]:
     if isinstance(value, (Tensor, np.ndarray)) and value.ndim == 0:
         check_dtype(value.dtype, "full", "a fill value of dtype")
         return value.dtype  # a 0-d tensor or array fills with its own dtype
@@ -99,22 +118,25 @@ def _fill_dtype(value: Any) -> np.dtype:
                     f"{type(value).__name__} {value!r}")
 
 
-def zeros_like(t: Any, dtype: Any = None, requires_grad: bool = False) -> Tensor:
+def zeros_like(t: TensorLike, dtype: DTypeLike | None = None, requires_grad: bool = False
+               ) -> Tensor:
     dtype = resolve_dtype(dtype, "zeros_like") or _dtype_of(t)
     return _finish(np.zeros(np.shape(t), dtype), requires_grad)
 
 
-def ones_like(t: Any, dtype: Any = None, requires_grad: bool = False) -> Tensor:
+def ones_like(t: TensorLike, dtype: DTypeLike | None = None, requires_grad: bool = False
+              ) -> Tensor:
     dtype = resolve_dtype(dtype, "ones_like") or _dtype_of(t)
     return _finish(np.ones(np.shape(t), dtype), requires_grad)
 
 
-def _dtype_of(t: Any) -> np.dtype:
-    return t.dtype if hasattr(t, "dtype") else float32
+def _dtype_of(t: TensorLike) -> np.dtype[Any]:
+    dtype: np.dtype[Any] = getattr(t, "dtype", float32)
+    return dtype
 
 
-def arange(start: Any, stop: Any = None, step: Any = 1, dtype: Any = None,
-           requires_grad: bool = False) -> Tensor:
+def arange(start: float, stop: float | None = None, step: float = 1,
+           dtype: DTypeLike | None = None, requires_grad: bool = False) -> Tensor:
     """As NumPy's arange; integer arguments give int64, any float gives float32."""
     if stop is None:
         start, stop = 0, start
@@ -150,23 +172,26 @@ def set_default_generator(rng: np.random.Generator) -> None:
     _global_rng[0] = rng
 
 
-def _rng(seed: Any) -> np.random.Generator:
+def _rng(seed: int | None) -> np.random.Generator:
     return _global_rng[0] if seed is None else np.random.default_rng(seed)
 
 
-def randn(*shape: Any, seed: Any = None, dtype: Any = None, requires_grad: bool = False) -> Tensor:
+def randn(*shape: int | Sequence[int], seed: int | None = None, dtype: DTypeLike | None = None,
+          requires_grad: bool = False) -> Tensor:
     """Standard normal samples; the same `seed` gives the same values."""
     dtype = resolve_dtype(dtype, "randn") or float32
     return _finish(_rng(seed).standard_normal(_shape(shape, "randn")).astype(dtype), requires_grad)
 
 
-def rand(*shape: Any, seed: Any = None, dtype: Any = None, requires_grad: bool = False) -> Tensor:
+def rand(*shape: int | Sequence[int], seed: int | None = None, dtype: DTypeLike | None = None,
+         requires_grad: bool = False) -> Tensor:
     """Uniform samples in [0, 1); the same `seed` gives the same values."""
     dtype = resolve_dtype(dtype, "rand") or float32
     return _finish(_rng(seed).random(_shape(shape, "rand")).astype(dtype), requires_grad)
 
 
-def randint(low: Any, high: Any, shape: Any, seed: Any = None, dtype: Any = None) -> Tensor:
+def randint(low: int, high: int, shape: int | Sequence[int], seed: int | None = None,
+            dtype: DTypeLike | None = None) -> Tensor:
     """Integers drawn uniformly from [low, high), int64 unless `dtype` says otherwise, as
     torch.randint; `shape` an int or a tuple. The same `seed` gives the same values."""
     bounds = (low, high)
@@ -181,7 +206,8 @@ def randint(low: Any, high: Any, shape: Any, seed: Any = None, dtype: Any = None
     return _finish(cast(values, dtype, "randint"), False)
 
 
-def multinomial(probs: Any, n: Any, seed: Any = None, replacement: bool = False) -> Tensor:
+def multinomial(probs: TensorLike, n: int, seed: int | None = None, replacement: bool = False
+                ) -> Tensor:
     """`n` category indices (int64) drawn from each row of `probs` (a vector, or a matrix
     of rows) with probabilities proportional to its entries, as torch.multinomial: without
     replacement (the default) a category is drawn at most once per row. The same `seed`

@@ -10,12 +10,13 @@ path short.
 from __future__ import annotations
 
 import weakref
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Literal, SupportsIndex
 
 import numpy as np
 
 from .. import ops
-from ..ad import Leaf, LinearVar, set_default_evaluator
+from ..ad import Leaf, LinearVar, Node, Primitive, set_default_evaluator
 from ..ad import core as _core
 from ..backend.current import ACTIVE as _ACTIVE_BACKEND
 from ..backend.current import get_backend
@@ -28,21 +29,30 @@ from .methods import ElementCount, TorchMethods
 from .protect import TensorNode, protect, saved_by, writeable_if_free
 from .state import grad_enabled
 
+if TYPE_CHECKING:
+    from numpy.typing import NDArray
+    from typing_extensions import CapsuleType
+
+    from ..backend import Backend
+    from ..ops.hints import Axis, DTypeLike, Shape, TensorLike
+    from ..ops.shape import Index
+
 _new = object.__new__
 _FLOATS = frozenset([np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.float16)])
 _GRAD_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
 
-def _rebuild_leaf(data: Any, requires_grad: bool, name: str | None, grad: Any) -> Tensor:
+def _rebuild_leaf(data: NDArray[Any], requires_grad: bool, name: str | None,
+                  grad: Tensor | None) -> Tensor:
     """A copied or unpickled leaf tensor (see `Tensor.__reduce_ex__`)."""
     t = Tensor(data, requires_grad=requires_grad)
-    if name is not None:
+    if name is not None and isinstance(t._node, Leaf):  # a name is saved for leaves only
         t._node.name = name
     t.grad = grad
     return t
 
 
-def wrap(data: Any, node: Any) -> Tensor:
+def wrap(data: NDArray[Any], node: Node | Leaf | None) -> Tensor:
     """A tensor around `data` (an array, neither copied nor checked): the output of the
     recorded `node`, or a constant when `node` is None. Every layer above builds its
     tensors from arrays it already owns this way."""
@@ -53,10 +63,12 @@ def wrap(data: Any, node: Any) -> Tensor:
     return t
 
 
-def evaluate(prim: Any, args: tuple, params: dict) -> Tensor:
+def evaluate(prim: Primitive, args: tuple[Any, ...], params: dict[str, Any]) -> Tensor:
     """Run `prim` on concrete operands (tensors, arrays, scalars); record if active."""
     backend = _active_backend() or get_backend()
     n_args = len(args)
+    arrays: tuple[Any, ...]
+    parents: tuple[Node | Leaf | None, ...]
     if n_args == 1:  # the common cases, without building lists
         a = args[0]
         if type(a) is Tensor:
@@ -66,7 +78,7 @@ def evaluate(prim: Any, args: tuple, params: dict) -> Tensor:
         else:
             x, parents, active = _plain_operand(prim, a, args), (None,), False
         arrays = (x,)
-        out = prim.impl(backend, x, **params) if params else prim.impl(backend, x)
+        out = prim.impl(backend, x, **params) if params else prim.impl(backend, x)  # type: ignore[misc]  # every primitive has an impl
     elif n_args == 2:
         a, b = args
         if type(a) is Tensor:
@@ -79,13 +91,13 @@ def evaluate(prim: Any, args: tuple, params: dict) -> Tensor:
             y, pb_ = _plain_operand(prim, b, args), None
         arrays, parents = (x, y), (pa, pb_)
         active = pa is not None or pb_ is not None
-        out = prim.impl(backend, x, y, **params) if params else prim.impl(backend, x, y)
+        out = prim.impl(backend, x, y, **params) if params else prim.impl(backend, x, y)  # type: ignore[misc]  # every primitive has an impl
     else:
         arrays = tuple([a._data if type(a) is Tensor else _plain_operand(prim, a, args)
                         for a in args])
         parents = tuple([a._node if type(a) is Tensor else None for a in args])
         active = any(p is not None for p in parents)
-        out = prim.impl(backend, *arrays, **params)
+        out = prim.impl(backend, *arrays, **params)  # type: ignore[misc]  # every primitive has an impl
     result = _new(Tensor)
     result._data = out
     result.grad = None
@@ -129,7 +141,7 @@ def evaluate(prim: Any, args: tuple, params: dict) -> Tensor:
     return result
 
 
-def _plain_operand(prim: Any, value: Any, args: tuple) -> Any:
+def _plain_operand(prim: Primitive, value: Any, args: tuple[Any, ...]) -> Any:
     """An operand that is not a tensor: an array or a number. Data a user passed by
     mistake is refused here, naming the op, before a backend meets it (None.dtype, a
     list silently made float64, an object array's None read as NaN). None passes where
@@ -156,7 +168,7 @@ def _kind(value: Any) -> str:
         type(value).__name__
 
 
-def saved_as_float(arrays: tuple, dtype: np.dtype) -> tuple:
+def saved_as_float(arrays: tuple[Any, ...], dtype: np.dtype[Any]) -> tuple[Any, ...]:
     """Integer operands saved as the result's float dtype, so that backward kernels
     (g * other) give gradients in their input's dtype."""
     return tuple(
@@ -167,16 +179,21 @@ def saved_as_float(arrays: tuple, dtype: np.dtype) -> tuple:
 set_default_evaluator(evaluate)
 
 
-_NO_PARAMS: dict = {}  # shared by parameterless ops; nothing writes into it
+_Casting = Literal["no", "equiv", "safe", "same_kind", "unsafe"]  # np.can_cast's rules
+
+_NO_PARAMS: dict[str, Any] = {}  # shared by parameterless ops; nothing writes into it
 # This thread's evaluator (eager's `evaluate`, every thread's default, or a tracer's) and
 # its `use_backend` backend, read through bound methods: one C call each on the hot path.
-_evaluator_now = _core.EVALUATOR.get
-_active_backend = _ACTIVE_BACKEND.get
+_Evaluator = Callable[[Primitive, tuple[Any, ...], dict[str, Any]], Any]
+_evaluator_now: Callable[[_Evaluator], _Evaluator] = _core.EVALUATOR.get
+_active_backend: Callable[[], Backend | None] = _ACTIVE_BACKEND.get
 
 
-def _binary_operator(prim: Any, reflected: bool) -> Any:
+def _binary_operator(prim: Primitive, reflected: bool) -> Callable[[Any, TensorLike], Tensor]:
     """`self (op) other` straight to the installed evaluator (the eager one, or a
-    tracer's) when no operand is a linear variable: `bind` without its argument scan."""
+    tracer's) when no operand is a linear variable: `bind` without its argument scan.
+    (`self` is a tensor or a linear variable; what the evaluator returns acts as a
+    tensor.)"""
     if reflected:
         def operator(self: Any, other: Any) -> Any:
             if type(self) is LinearVar or type(other) is LinearVar:
@@ -191,7 +208,11 @@ def _binary_operator(prim: Any, reflected: bool) -> Any:
 
 
 class _Operators(TorchMethods):
-    """Operators and methods shared by `Tensor` and the linear variables of transforms."""
+    """Operators and methods shared by `Tensor` and the linear variables of transforms.
+
+    `self` is annotated `Any` in these methods: it is a `Tensor` or a `LinearVar` (which
+    gets the methods copied), an operand the ops accept, which the mixin itself is not.
+    """
 
     __slots__ = ()
     __array_priority__ = 1000  # ndarray (op) Tensor defers to us
@@ -205,50 +226,50 @@ class _Operators(TorchMethods):
     __truediv__ = _binary_operator(div_p, False)
     __rtruediv__ = _binary_operator(div_p, True)
 
-    def __pow__(self, other: Any) -> Any:
+    def __pow__(self: Any, other: TensorLike) -> Tensor:
         return ops.pow(self, other)
 
-    def __rpow__(self, other: Any) -> Any:
+    def __rpow__(self: Any, other: TensorLike) -> Tensor:
         return ops.pow(other, self)
 
-    def __matmul__(self, other: Any) -> Any:
+    def __matmul__(self: Any, other: TensorLike) -> Tensor:
         return ops.matmul(self, other)
 
-    def __rmatmul__(self, other: Any) -> Any:
+    def __rmatmul__(self: Any, other: TensorLike) -> Tensor:
         return ops.matmul(other, self)
 
-    def __neg__(self) -> Any:
+    def __neg__(self: Any) -> Tensor:
         return ops.neg(self)
 
-    def __pos__(self) -> Any:
-        return self
+    def __pos__(self: Any) -> Tensor:
+        return self  # type: ignore[no-any-return]  # a tensor (or a linear variable)
 
-    def __getitem__(self, index: Any) -> Any:
+    def __getitem__(self: Any, index: Index) -> Tensor:
         return ops.getitem(self, index)
 
     @property
-    def T(self) -> Any:
+    def T(self: Any) -> Tensor:
         return ops.transpose(self)
 
-    def sum(self, axis: Any = None, keepdims: bool = False) -> Any:
+    def sum(self: Any, axis: Axis = None, keepdims: bool = False) -> Tensor:
         return ops.sum(self, axis, keepdims)
 
-    def mean(self, axis: Any = None, keepdims: bool = False) -> Any:
+    def mean(self: Any, axis: Axis = None, keepdims: bool = False) -> Tensor:
         return ops.mean(self, axis, keepdims)
 
-    def reshape(self, *shape: Any) -> Any:
+    def reshape(self: Any, *shape: int | Sequence[int]) -> Tensor:
         return ops.reshape(self, *shape)
 
-    def transpose(self, axes: Any = None) -> Any:
+    def transpose(self: Any, axes: Sequence[int] | None = None) -> Tensor:
         return ops.transpose(self, axes)
 
-    def broadcast_to(self, shape: Any) -> Any:
+    def broadcast_to(self: Any, shape: Sequence[int]) -> Tensor:
         return ops.broadcast_to(self, shape)
 
-    def astype(self, dtype: Any) -> Any:
+    def astype(self: Any, dtype: DTypeLike) -> Tensor:
         return ops.astype(self, np.dtype(dtype))
 
-    def matmul(self, other: Any) -> Any:
+    def matmul(self: Any, other: TensorLike) -> Tensor:
         return ops.matmul(self, other)
 
     if TYPE_CHECKING:
@@ -302,8 +323,12 @@ class Tensor(_Operators):
     """
 
     __slots__ = ("__weakref__", "_data", "_node", "grad")
+    _data: NDArray[Any]  # the values (read-only while a pending backward needs them)
+    _node: Node | Leaf | None  # what recorded it; None: it requires no grad
+    grad: Tensor | None  # a leaf's accumulated gradient
 
-    def __init__(self, data: Any, dtype: Any = None, requires_grad: bool = False):
+    def __init__(self, data: TensorLike, dtype: DTypeLike | None = None,
+                 requires_grad: bool = False) -> None:
         self._data = as_array(data._data if isinstance(data, Tensor) else data, dtype)
         self._node = None
         self.grad = None
@@ -313,11 +338,11 @@ class Tensor(_Operators):
     # ------------------------------------------------------------ attributes
 
     @property
-    def shape(self) -> tuple:
+    def shape(self) -> Shape:
         return self._data.shape
 
     @property
-    def dtype(self) -> np.dtype:
+    def dtype(self) -> np.dtype[Any]:
         return self._data.dtype
 
     @property
@@ -335,7 +360,7 @@ class Tensor(_Operators):
             raise TypeError("len() of a 0-d tensor")
         return len(self._data)
 
-    def __iter__(self) -> Any:
+    def __iter__(self) -> Iterator[Tensor]:
         """The tensor's rows along its first axis, as `q, k, v = t` unpacks them."""
         if not self._data.ndim:
             raise TypeError("iteration over a 0-d tensor")
@@ -374,7 +399,7 @@ class Tensor(_Operators):
 
     # ------------------------------------------------------------ conversions
 
-    def numpy(self) -> np.ndarray:
+    def numpy(self) -> NDArray[Any]:
         """The data as a NumPy array, sharing memory with the tensor (read-only while
         a pending backward needs it)."""
         check_concrete(self, "t.numpy()")
@@ -383,13 +408,13 @@ class Tensor(_Operators):
             writeable_if_free(data)
         return data
 
-    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+    def __array__(self, dtype: DTypeLike | None = None, copy: bool | None = None) -> NDArray[Any]:
         check_concrete(self, "np.asarray(t)")
         if dtype is not None and dtype != self._data.dtype:
             return self._data.astype(dtype)
         return self._data.copy() if copy else self._data
 
-    def __dlpack__(self, *args: Any, **kwargs: Any) -> Any:
+    def __dlpack__(self, *args: Any, **kwargs: Any) -> CapsuleType:
         """DLPack export, sharing memory (how `torch.from_dlpack(t)` reads a tensor); an
         array a pending backward needs is not exported: the importer could write into it
         (NumPy marks it read-only, which PyTorch's import does not keep)."""
@@ -404,22 +429,25 @@ class Tensor(_Operators):
                     "backward first, or share a copy (t.detach().clone())")
         return data.__dlpack__(*args, **kwargs)
 
-    def __dlpack_device__(self) -> tuple:
+    def __dlpack_device__(self) -> tuple[int, int]:
         return self._data.__dlpack_device__()
 
-    def item(self) -> Any:
+    def item(self) -> int | float | bool:
         check_concrete(self, "t.item()")
         return self._item("item")
 
-    def _item(self, operation: str) -> Any:
+    def _item(self, operation: str) -> int | float | bool:
         if self._data.size != 1:
             raise ValueError(f"{operation}: only a one-element tensor has an item; shape is "
                              f"{self.shape}")
-        return self._data.item()
+        value: int | float | bool = self._data.item()
+        return value
 
-    def tolist(self) -> Any:
+    def tolist(self) -> list[Any] | int | float | bool:
+        """The values as nested lists of Python numbers (a number for a 0-d tensor)."""
         check_concrete(self, "t.tolist()")
-        return self._data.tolist()
+        values: list[Any] | int | float | bool = self._data.tolist()
+        return values
 
     def __float__(self) -> float:
         check_concrete(self, "float(t)")
@@ -450,14 +478,14 @@ class Tensor(_Operators):
     # A leaf's node refers back to its tensor through a weak reference, which copy and
     # pickle would share or refuse: a deep copy of a module would send its gradients to
     # the original's parameters. A copy gets its own leaf (and its parameter name).
-    def __reduce_ex__(self, protocol: Any) -> tuple:
+    def __reduce_ex__(self, protocol: SupportsIndex) -> tuple[Any, ...]:
         if self._node is not None and self._node.primitive is not None:
             raise RuntimeError(
                 f"copy/pickle: only leaf tensors can be copied or pickled; this one (shape "
                 f"{self.shape}, dtype {self.dtype}) was computed by "
                 f"{self._node.primitive.name}: copy t.detach() instead"
             )
-        name = self._node.name if self._node is not None else None
+        name = self._node.name if isinstance(self._node, Leaf) else None
         return _rebuild_leaf, (self._data, self._node is not None, name, self.grad)
 
     def __repr__(self) -> str:
@@ -470,27 +498,27 @@ class Tensor(_Operators):
 
     # ------------------------------------------------------------ comparisons (no gradient)
 
-    def __lt__(self, other: Any) -> Tensor:
+    def __lt__(self, other: TensorLike) -> Tensor:
         return ops.less(self, other)
 
-    def __le__(self, other: Any) -> Tensor:
+    def __le__(self, other: TensorLike) -> Tensor:
         return ops.less_equal(self, other)
 
-    def __gt__(self, other: Any) -> Tensor:
+    def __gt__(self, other: TensorLike) -> Tensor:
         return ops.greater(self, other)
 
-    def __ge__(self, other: Any) -> Tensor:
+    def __ge__(self, other: TensorLike) -> Tensor:
         return ops.greater_equal(self, other)
 
-    def __eq__(self, other: Any) -> Tensor:  # type: ignore[override]
+    def __eq__(self, other: TensorLike) -> Tensor:  # type: ignore[override]  # elementwise, as NumPy's
         return ops.equal(self, other)
 
-    def __ne__(self, other: Any) -> Tensor:  # type: ignore[override]
+    def __ne__(self, other: TensorLike) -> Tensor:  # type: ignore[override]  # elementwise, as NumPy's
         return ops.not_equal(self, other)
 
     # ------------------------------------------------------------ writes
 
-    def __setitem__(self, index: Any, value: Any) -> None:
+    def __setitem__(self, index: Index, value: TensorLike) -> None:
         """Write in place; not recorded, so not allowed on a tensor that requires grad
         while recording, nor on one whose values a pending backward needs."""
         if self._node is not None and grad_enabled():
@@ -518,34 +546,35 @@ class Tensor(_Operators):
 
     # ------------------------------------------------------------ in place (PyTorch's rules)
 
-    def __iadd__(self, other: Any) -> Tensor:
+    def __iadd__(self, other: TensorLike) -> Tensor:
         return self._arithmetic_in_place("add_", add_p, other)
 
-    def __isub__(self, other: Any) -> Tensor:
+    def __isub__(self, other: TensorLike) -> Tensor:
         return self._arithmetic_in_place("sub_", sub_p, other)
 
-    def __imul__(self, other: Any) -> Tensor:
+    def __imul__(self, other: TensorLike) -> Tensor:
         return self._arithmetic_in_place("mul_", mul_p, other)
 
-    def __itruediv__(self, other: Any) -> Tensor:
+    def __itruediv__(self, other: TensorLike) -> Tensor:
         return self._arithmetic_in_place("div_", div_p, other)
 
-    def add_(self, other: Any, alpha: Any = 1) -> Tensor:
+    def add_(self, other: TensorLike, alpha: float = 1) -> Tensor:
         """self += alpha * other, in place."""
         return self._arithmetic_in_place("add_", add_p, other, alpha)
 
-    def sub_(self, other: Any, alpha: Any = 1) -> Tensor:
+    def sub_(self, other: TensorLike, alpha: float = 1) -> Tensor:
         """self -= alpha * other, in place."""
         return self._arithmetic_in_place("sub_", sub_p, other, alpha)
 
-    def mul_(self, other: Any) -> Tensor:
+    def mul_(self, other: TensorLike) -> Tensor:
         return self._arithmetic_in_place("mul_", mul_p, other)
 
-    def div_(self, other: Any) -> Tensor:
+    def div_(self, other: TensorLike) -> Tensor:
         return self._arithmetic_in_place("div_", div_p, other)
 
-    def _arithmetic_in_place(self, op: str, prim: Any, other: Any, alpha: Any = 1) -> Tensor:
-        def compute() -> Any:
+    def _arithmetic_in_place(self, op: str, prim: Primitive, other: TensorLike,
+                             alpha: float = 1) -> Tensor:
+        def compute() -> Any:  # a tensor, or the value a tracer computes
             operand = other
             dtype = getattr(other, "dtype", None)
             if dtype is not None and not isinstance(other, np.generic) and dtype != self.dtype \
@@ -559,7 +588,7 @@ class Tensor(_Operators):
 
         return self._in_place(op, compute, other)
 
-    def fill_(self, value: Any) -> Tensor:
+    def fill_(self, value: float | np.number[Any] | np.bool_ | Tensor) -> Tensor:
         """Every element set to the number (or 0-d tensor) `value`, in place."""
         if not isinstance(value, (bool, int, float, np.number, np.bool_)) and not (
                 type(value) is Tensor and value.ndim == 0):
@@ -571,14 +600,14 @@ class Tensor(_Operators):
     def zero_(self) -> Tensor:
         return self.fill_(0)
 
-    def copy_(self, src: Any) -> Tensor:
+    def copy_(self, src: TensorLike) -> Tensor:
         """`src`'s values (broadcast to this shape, cast to this dtype) written in place;
         while recording, gradients flow to `src` as PyTorch's copy_ sends them."""
         if not isinstance(src, (Tensor, np.ndarray, bool, int, float, np.number, np.bool_)):
             raise TypeError(f"copy_: expected a tensor or an array, got {type(src).__name__}")
         return self._in_place("copy_", lambda: self._overwritten(src), src, "unsafe", True)
 
-    def _overwritten(self, value: Any) -> Any:
+    def _overwritten(self, value: TensorLike) -> Tensor | NDArray[Any]:
         """This tensor's values replaced by `value`: a recorded `where` when gradients
         flow (to `value`, none to the old values), plain data otherwise."""
         active = type(value) is Tensor and value._node is not None
@@ -594,8 +623,8 @@ class Tensor(_Operators):
             raise KernelError("copy_", (self._data, data),
                               f"cannot broadcast the source to {self.shape}") from None
 
-    def _in_place(self, op: str, compute: Any, other: Any, casting: str = "same_kind",
-                  replaces: bool = False) -> Tensor:
+    def _in_place(self, op: str, compute: Callable[[], Any], other: TensorLike,
+                  casting: _Casting = "same_kind", replaces: bool = False) -> Tensor:
         """Write `compute()` into this tensor, as PyTorch's in-place ops do: allowed under
         no_grad or on a tensor that does not require grad; on a leaf that requires grad
         only under no_grad; on a recorded result it is recorded (the tensor takes the
@@ -615,7 +644,8 @@ class Tensor(_Operators):
             if write is None:
                 raise RuntimeError(f"{op}: in-place ops cannot be traced or compiled; write "
                                    "x = x + y instead")
-            return write(self, op, other if replaces else compute())
+            written: Tensor = write(self, op, other if replaces else compute())
+            return written
         self._check_writeable(op)
         try:
             result = compute()
@@ -646,3 +676,6 @@ class Tensor(_Operators):
 
     # `backward` is attached by backward.py, beside the engine it runs: that module
     # imports this one, so the method cannot be defined here without an import cycle.
+    if TYPE_CHECKING:
+        def backward(self, grad: TensorLike | None = None, retain_graph: bool | None = None,
+                     create_graph: bool = False) -> None: ...

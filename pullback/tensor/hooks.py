@@ -13,9 +13,13 @@ and every eager backward that is not itself recorded (`create_graph=True` calls 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
-GradientHook = Callable[[Any], None]
+if TYPE_CHECKING:
+    from .eager import Tensor
+
+# `hook(param)`: called with the parameter whose `.grad` is final.
+GradientHook = Callable[["Tensor"], None]
 
 _hooks: list[GradientHook] = []
 
@@ -23,7 +27,7 @@ _hooks: list[GradientHook] = []
 class HookHandle:
     """What `on_gradient_ready` returns: `remove()` unregisters the hook (once is enough)."""
 
-    def __init__(self, hook: GradientHook):
+    def __init__(self, hook: GradientHook) -> None:
         self._hook = hook
 
     def remove(self) -> None:
@@ -44,7 +48,7 @@ def active() -> bool:
     return bool(_hooks)
 
 
-def gradient_ready(param: Any) -> None:
+def gradient_ready(param: Tensor) -> None:
     """Tell every hook that `param.grad` is final for this backward."""
     for hook in list(_hooks):
         hook(param)

@@ -9,96 +9,106 @@ Arguments keep pullback's names (`axis`, `keepdims`) where an op has them; PyTor
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, overload
 
 import numpy as np
 
 from .. import ops
 
+if TYPE_CHECKING:
+    from ..ops.hints import Axis, Shape, TensorLike
+    from .eager import Tensor
+
 
 class TorchMethods:
-    """The composed methods; `Tensor` and `LinearVar` inherit or copy them."""
+    """The composed methods; `Tensor` and `LinearVar` inherit or copy them (so `self` is
+    annotated `Any`: a tensor or a linear variable, which the ops accept)."""
 
     __slots__ = ()
 
     # ------------------------------------------------------------ shapes
 
-    def view(self, *shape: Any) -> Any:
+    def view(self: Any, *shape: int | Sequence[int]) -> Tensor:
         """The same values in `shape` (one entry may be -1), as `reshape`."""
         return ops.reshape(self, *shape)
 
-    def permute(self, *axes: Any) -> Any:
+    def permute(self: Any, *axes: int | Sequence[int]) -> Tensor:
         return ops.permute(self, *axes)
 
-    def unsqueeze(self, axis: int) -> Any:
+    def unsqueeze(self: Any, axis: int) -> Tensor:
         return ops.unsqueeze(self, axis)
 
-    def squeeze(self, axis: Any = None) -> Any:
+    def squeeze(self: Any, axis: Axis = None) -> Tensor:
         return ops.squeeze(self, axis)
 
-    def flatten(self, start_axis: int = 0, end_axis: int = -1) -> Any:
+    def flatten(self: Any, start_axis: int = 0, end_axis: int = -1) -> Tensor:
         return ops.flatten(self, start_axis, end_axis)
 
-    def split(self, sections: Any, axis: int = 0) -> tuple:
+    def split(self: Any, sections: int | Sequence[int], axis: int = 0) -> tuple[Tensor, ...]:
         return ops.split(self, sections, axis)
 
-    def chunk(self, chunks: int, axis: int = 0) -> tuple:
+    def chunk(self: Any, chunks: int, axis: int = 0) -> tuple[Tensor, ...]:
         return ops.chunk(self, chunks, axis)
 
-    def unbind(self, axis: int = 0) -> tuple:
+    def unbind(self: Any, axis: int = 0) -> tuple[Tensor, ...]:
         return ops.unbind(self, axis)
 
-    def tril(self, k: int = 0) -> Any:
+    def tril(self: Any, k: int = 0) -> Tensor:
         return ops.tril(self, k)
 
-    def triu(self, k: int = 0) -> Any:
+    def triu(self: Any, k: int = 0) -> Tensor:
         return ops.triu(self, k)
 
-    def masked_fill(self, mask: Any, value: Any) -> Any:
+    def masked_fill(self: Any, mask: TensorLike, value: TensorLike) -> Tensor:
         return ops.masked_fill(self, mask, value)
 
     # ------------------------------------------------------------ reductions
 
-    def var(self, axis: Any = None, keepdims: bool = False, *, correction: float = 1) -> Any:
+    def var(self: Any, axis: Axis = None, keepdims: bool = False, *,
+            correction: float = 1) -> Tensor:
         return ops.var(self, axis, keepdims, correction=correction)
 
-    def std(self, axis: Any = None, keepdims: bool = False, *, correction: float = 1) -> Any:
+    def std(self: Any, axis: Axis = None, keepdims: bool = False, *,
+            correction: float = 1) -> Tensor:
         return ops.std(self, axis, keepdims, correction=correction)
 
-    def norm(self, p: Any = 2, axis: Any = None, keepdims: bool = False) -> Any:
+    def norm(self: Any, p: float | str = 2, axis: Axis = None, keepdims: bool = False
+             ) -> Tensor:
         return ops.norm(self, p, axis, keepdims)
 
-    def any(self, axis: Any = None, keepdims: bool = False) -> Any:
+    def any(self: Any, axis: Axis = None, keepdims: bool = False) -> Tensor:
         return ops.any(self, axis, keepdims)
 
-    def all(self, axis: Any = None, keepdims: bool = False) -> Any:
+    def all(self: Any, axis: Axis = None, keepdims: bool = False) -> Tensor:
         return ops.all(self, axis, keepdims)
 
-    def sort(self, axis: int = -1, descending: bool = False) -> tuple:
+    def sort(self: Any, axis: int = -1, descending: bool = False) -> tuple[Tensor, Tensor]:
         return ops.sort(self, axis, descending)
 
-    def topk(self, k: int, axis: int = -1, largest: bool = True, sorted: bool = True) -> tuple:
+    def topk(self: Any, k: int, axis: int = -1, largest: bool = True, sorted: bool = True
+             ) -> tuple[Tensor, Tensor]:
         return ops.topk(self, k, axis, largest, sorted)
 
     # ------------------------------------------------------------ dtype conversions
 
-    def float(self) -> Any:
+    def float(self: Any) -> Tensor:
         """As float32 (PyTorch's `x.float()`)."""
         return ops.astype(self, np.dtype(np.float32))
 
-    def double(self) -> Any:
+    def double(self: Any) -> Tensor:
         """As float64."""
         return ops.astype(self, np.dtype(np.float64))
 
-    def long(self) -> Any:
+    def long(self: Any) -> Tensor:
         """As int64."""
         return ops.astype(self, np.dtype(np.int64))
 
-    def int(self) -> Any:
+    def int(self: Any) -> Tensor:
         """As int32."""
         return ops.astype(self, np.dtype(np.int32))
 
-    def bool(self) -> Any:
+    def bool(self: Any) -> Tensor:
         """As bool (nonzero is True)."""
         return ops.astype(self, np.dtype(np.bool_))
 
@@ -107,7 +117,9 @@ class ElementCount(int):
     """`Tensor.size`: the element count, as NumPy's `a.size`, that can also be called as
     PyTorch's `x.size()` (the shape) and `x.size(axis)` (one dimension's length)."""
 
-    def __new__(cls, shape: tuple) -> ElementCount:
+    shape: Shape
+
+    def __new__(cls, shape: Shape) -> ElementCount:
         count = 1
         for d in shape:
             count *= d
@@ -115,7 +127,13 @@ class ElementCount(int):
         self.shape = shape
         return self
 
-    def __call__(self, axis: Any = None) -> Any:
+    @overload
+    def __call__(self, axis: None = None) -> Shape: ...
+
+    @overload
+    def __call__(self, axis: int | np.integer[Any]) -> int: ...
+
+    def __call__(self, axis: int | np.integer[Any] | None = None) -> Shape | int:
         if axis is None:
             return self.shape
         ndim = len(self.shape)

@@ -8,17 +8,20 @@ node that saved it is released or freed.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..ad import Node
 
+if TYPE_CHECKING:
+    from numpy.typing import NDArray
+
 # id(array) -> [count, name of the first op that saved it]
-_protected: dict[int, list] = {}
+_protected: dict[int, list[Any]] = {}
 
 
-def protect(array: np.ndarray, op: str) -> None:
+def protect(array: NDArray[Any], op: str) -> None:
     """Make `array`, and the array it views if any, read-only on behalf of `op`."""
     base = array.base
     if base is not None and type(base) is np.ndarray:
@@ -26,7 +29,7 @@ def protect(array: np.ndarray, op: str) -> None:
     _protect_one(array, op)
 
 
-def _protect_one(array: np.ndarray, op: str) -> None:
+def _protect_one(array: NDArray[Any], op: str) -> None:
     # Runs for every saved array of every recorded op: kept to a few dict operations.
     key = id(array)
     entry = _protected.get(key)
@@ -38,14 +41,14 @@ def _protect_one(array: np.ndarray, op: str) -> None:
     # else: read-only already (a broadcast view, a user's frozen array): not ours to lift
 
 
-def unprotect(array: Any) -> None:
+def unprotect(array: NDArray[Any]) -> None:
     base = array.base
     if base is not None and type(base) is np.ndarray:
         _unprotect_one(base)  # first: a view can be writeable only if its base is
     _unprotect_one(array)
 
 
-def _unprotect_one(array: Any) -> None:
+def _unprotect_one(array: NDArray[Any]) -> None:
     key = id(array)
     entry = _protected.get(key)
     if entry is None:
@@ -60,7 +63,7 @@ def _unprotect_one(array: Any) -> None:
         return  # its base is still saved by another node: read-only until that one is done
 
 
-def writeable_if_free(array: np.ndarray) -> bool:
+def writeable_if_free(array: NDArray[Any]) -> bool:
     """Whether `array` may be written, lifting a stale read-only flag: a view made
     while its base was saved inherits the flag and keeps it after the base is freed."""
     if array.flags.writeable:
@@ -77,7 +80,7 @@ def writeable_if_free(array: np.ndarray) -> bool:
     return True
 
 
-def saved_by(array: Any) -> str | None:
+def saved_by(array: object) -> str | None:
     """The op whose pending backward keeps `array` read-only, if any."""
     entry = _protected.get(id(array))
     if entry is None and isinstance(array, np.ndarray) and array.base is not None:

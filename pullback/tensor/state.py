@@ -13,7 +13,10 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from functools import wraps
-from typing import Any
+from typing import ParamSpec, TypeVar
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
 
 GRAD_ENABLED: ContextVar[bool] = ContextVar("pullback_grad_enabled", default=True)
 # Hot code calls this bound method directly: one call, no attribute lookup.
@@ -42,12 +45,12 @@ class no_grad:
         self._previous = GRAD_ENABLED.get()
         GRAD_ENABLED.set(False)
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         GRAD_ENABLED.set(self._previous)
 
-    def __call__(self, fn: Callable) -> Callable:
+    def __call__(self, fn: Callable[_P, _R]) -> Callable[_P, _R]:
         @wraps(fn)
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
+        def wrapper(*args: _P.args, **kwargs: _P.kwargs) -> _R:
             with grad_mode(False):
                 return fn(*args, **kwargs)
 
@@ -61,9 +64,9 @@ class enable_grad(no_grad):
         self._previous = GRAD_ENABLED.get()
         GRAD_ENABLED.set(True)
 
-    def __call__(self, fn: Callable) -> Callable:
+    def __call__(self, fn: Callable[_P, _R]) -> Callable[_P, _R]:
         @wraps(fn)
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
+        def wrapper(*args: _P.args, **kwargs: _P.kwargs) -> _R:
             with grad_mode(True):
                 return fn(*args, **kwargs)
 
