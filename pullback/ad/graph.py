@@ -130,7 +130,7 @@ def leaves_above(node: Any) -> list:
     return [n for n in reversed(toposort([node])) if n.primitive is None]
 
 
-def linearize_node(node: Node, inputs: tuple, output: Any) -> LinearGraph:
+def linearize_node(node: Node, inputs: tuple | None, output: Any) -> LinearGraph:
     """Trace a recorded node's JVP rule into a linear graph.
 
     The graph has one input per operand (None for an inactive operand, which
@@ -143,17 +143,16 @@ def linearize_node(node: Node, inputs: tuple, output: Any) -> LinearGraph:
             "pass retain_graph=True to the first backward to go through the graph twice"
         )
     graph = LinearGraph()
-    tangents = []
+    tangents: list[Zero | LinearVar] = []
     for parent, shape in zip(node.parents, node.in_shapes):
         if parent is None:
             graph.inputs.append(None)  # one slot per operand; an inactive one gets no ct
             tangents.append(Zero(shape, node.dtype))
         else:
             tangents.append(graph.new_input(shape, node.dtype))
-    tangents = tuple(tangents)
     if inputs is None:
         inputs = (None,) * len(tangents)
-    out = jvp_of(prim, tangents, output, inputs, node.params)
+    out = jvp_of(prim, tuple(tangents), output, inputs, node.params)
     graph.outputs = [out if out is not None else Zero(node.out_shape, node.dtype)]
     return graph
 
@@ -173,13 +172,15 @@ def transpose_node(node: Node, inputs: tuple | None, ct: Any) -> list:
     inactive), from its transpose rule alone: a linear primitive is its own
     linearization, so no JVP is traced. `inputs` are its saved operands."""
     prim = node.primitive
+    transpose = prim.transpose
+    assert transpose is not None  # the caller asked `transposes_directly` first
     n = len(node.parents)
     if inputs is None:
         inputs = (None,) * n
     if prim.bilinear:
         # Bilinear: transpose in each active operand with the other held constant.
         return [
-            None if parent is None else prim.transpose(ct, *(
+            None if parent is None else transpose(ct, *(
                 LinearVar(None, node.in_shapes[i], node.dtype) if i == index else inputs[i]
                 for i in range(n)), **node.params)[index]
             for index, parent in enumerate(node.parents)
@@ -193,7 +194,7 @@ def transpose_node(node: Node, inputs: tuple | None, ct: Any) -> list:
         for i in range(n)
     )
     return [c if p is not None else None
-            for c, p in zip(prim.transpose(ct, *args, **node.params), node.parents)]
+            for c, p in zip(transpose(ct, *args, **node.params), node.parents)]
 
 
 def linearize_graph(

@@ -42,7 +42,8 @@ class LinearGraph:
     """A linear function of `inputs`, as a list of equations."""
 
     def __init__(self) -> None:
-        self.inputs: list[LinearVar] = []
+        # One per operand; None for an inactive one, which gets no cotangent.
+        self.inputs: list[LinearVar | None] = []
         self.equations: list[Equation] = []
         self.outputs: list[Any] = []
 
@@ -75,6 +76,7 @@ class LinearGraph:
                         f"{prim.name} of a tangent and a constant (argument {i}) is affine, "
                         "not linear"
                     )
+        assert prim.abstract_eval is not None, f"{prim.name} was declared without a shape rule"
         shape, dtype = prim.abstract_eval(*args, **params)
         out = LinearVar(self, shape, dtype)
         self.equations.append(Equation(prim, args, params, out))
@@ -107,11 +109,13 @@ def transpose_linear(
         ct = env.pop(eq.out, None)
         if ct is None:
             continue
-        in_cts = eq.primitive.transpose(ct, *eq.args, **eq.params)
+        transpose = eq.primitive.transpose
+        assert transpose is not None  # `record` takes only primitives that have one
+        in_cts = transpose(ct, *eq.args, **eq.params)
         for arg, in_ct in zip(eq.args, in_cts):
             if type(arg) is LinearVar and in_ct is not None and type(in_ct) is not Zero:
                 _accumulate(env, arg, in_ct, add)
-    return tuple(env.get(var) for var in graph.inputs)
+    return tuple(None if var is None else env.get(var) for var in graph.inputs)
 
 
 def _accumulate(env: dict, var: LinearVar, ct: Any, add: Callable[[Any, Any], Any]) -> None:
@@ -123,7 +127,8 @@ def evaluate_linear(graph: LinearGraph, tangents: Sequence[Any]) -> list:
     """Run a linear graph forwards on concrete tangents (None or Zero: a zero input)."""
     env: dict[LinearVar, Any] = {}
     for var, tangent in zip(graph.inputs, tangents):
-        env[var] = tangent if tangent is not None else Zero(var.shape, var.dtype)
+        if var is not None:  # an inactive operand's slot, which no equation reads
+            env[var] = tangent if tangent is not None else Zero(var.shape, var.dtype)
     for eq in graph.equations:
         args = tuple(env[a] if type(a) is LinearVar else a for a in eq.args)
         env[eq.out] = _apply_with_zeros(eq, args)
@@ -140,7 +145,9 @@ def _apply_with_zeros(eq: Equation, args: tuple) -> Any:
     if all(zeros[i] for i in linear):
         return Zero(out.shape, out.dtype)
     # Jointly linear (add, concatenate): the rule sees the zeros and handles them.
-    return eq.primitive.jvp_full(
+    jvp_full = eq.primitive.jvp_full
+    assert jvp_full is not None, f"{eq.primitive.name}: jointly linear without a jvp_full rule"
+    return jvp_full(
         tuple(args[i] if i in linear else None for i in range(len(args))),
         None,
         tuple(None if i in linear else args[i] for i in range(len(args))),

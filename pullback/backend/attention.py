@@ -20,11 +20,11 @@ from __future__ import annotations
 
 import math
 from itertools import pairwise
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from pullback.backend.base import Array
+from pullback.backend.base import Array, Mixin
 from pullback.kernels import rows as compiled_rows
 from pullback.kernels.core import SUPPORTED_DTYPES
 
@@ -50,9 +50,13 @@ def empty_attention(q: Any, k: Any) -> bool:
     return q.shape[-2] == 0 or k.shape[-2] == 0
 
 
-class AttentionOps:
+class AttentionOps(Mixin):
     """softmax(q k^T * scale + bias) (* keep) v over (..., L, E), (..., S, E) and
     (..., S, Ev) operands whose batch dimensions broadcast, and its gradients."""
+
+    if TYPE_CHECKING:  # BackwardOps' kernel, which the backward runs on backends with one
+        def softmax_backward(self, upstream: Array, forward_output: Array, axis: int
+                             ) -> Array: ...
 
     def attention(self, q: Array, k: Array, v: Array, bias: Array | None,
                   keep: Array | None, scale: float, causal: bool) -> Array:
@@ -76,9 +80,12 @@ class AttentionOps:
                            causal: bool, bias_grad: bool) -> tuple:
         """(dq, dk, dv, dbias or None): the scores' gradient is softmax's backward of dp,
         p * (dp - rowsum(p * dp)), dp being upstream v^T (times the dropout mask)."""
+        # The bias whose gradient is asked for: bias_grad is asked only with a bias.
+        graded = bias if bias_grad else None
+        assert graded is not None or not bias_grad, "attention_backward: bias_grad, no bias"
         if empty_attention(q, k):
             return tuple(self.zeros(x.shape, x.dtype) for x in (q, k, v)) + \
-                ((self.zeros(bias.shape, bias.dtype) if bias_grad else None),)
+                ((self.zeros(graded.shape, graded.dtype) if graded is not None else None),)
         blocks = _Blocks(self, q, k, bias, causal)
         scaled_q = self.mul(q, scale)
         dq_parts, dbias_parts, dk_parts, dv_parts = [], [], [], []
@@ -93,8 +100,8 @@ class AttentionOps:
             if keep is not None:
                 dp = self.mul(dp, blocks.rows(keep, start, stop, seen))
             ds = self.softmax_backward(dp, p, -1)  # BackwardOps': a vjp runs on such backends
-            if bias_grad:
-                dbias_parts.append(self.sum_to_shape(ds, _block_shape(bias, ds.ndim, start,
+            if graded is not None:
+                dbias_parts.append(self.sum_to_shape(ds, _block_shape(graded, ds.ndim, start,
                                                                       stop)))
             dq_parts.append(self.matmul(ds, k_seen))
             dk_parts.append(self.matmul(_swap(self, ds), blocks.rows(scaled_q, start, stop)))
@@ -102,11 +109,11 @@ class AttentionOps:
         dq = self.mul(dq_parts[0] if len(dq_parts) == 1 else self.concatenate(dq_parts, -2),
                       scale)
         dbias = None
-        if bias_grad:
-            along_rows = bias.shape[-2] != 1 and len(dbias_parts) > 1
+        if graded is not None:
+            along_rows = graded.shape[-2] != 1 and len(dbias_parts) > 1
             dbias = self.concatenate(dbias_parts, -2) if along_rows else _total(self,
                                                                                dbias_parts)
-            dbias = self.reshape(dbias, bias.shape)
+            dbias = self.reshape(dbias, graded.shape)
         return (self.sum_to_shape(dq, q.shape), self.sum_to_shape(dk, k.shape),
                 self.sum_to_shape(dv, v.shape), dbias)
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from pullback.backend.base import Array, Pair, Shape, check_gelu_mode
+from pullback.backend.base import Array, Mixin, Pair, Shape, check_gelu_mode
 from pullback.errors import KernelError
 
 Needed = tuple[bool, bool]
@@ -86,7 +86,7 @@ def _broadcast(sa: Shape, sb: Shape) -> Shape | None:
     return tuple(x if y == 1 else y for x, y in zip(sa, sb))
 
 
-class BackwardOps:
+class BackwardOps(Mixin):
     """Backward kernels. `upstream` is the cotangent at the op's output; `forward_input`
     and `forward_output` are the saved forward values. Binary kernels return
     `(grad_lhs, grad_rhs)` reduced to each operand's shape, None where `needed` is False.
@@ -238,7 +238,7 @@ class BackwardOps:
     ) -> Grads:
         # Ties split the gradient 0.5/0.5, as PyTorch's maximum and minimum do.
         tie = self.mul(self.astype(self.equal(lhs, rhs), upstream.dtype), 0.5)
-        grads = []
+        grads: list[Array | None] = []
         for wanted, wins, shape in ((needed[0], lhs_wins, _shape(lhs)),
                                     (needed[1], rhs_wins, _shape(rhs))):
             if not wanted:

@@ -6,7 +6,7 @@ Each method here only raises `KernelError` naming the op; a concrete backend
 
 from __future__ import annotations
 
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from pullback.errors import KernelError
 
@@ -338,3 +338,13 @@ class Backend:
     def to_numpy(self, x: Array) -> Any:
         """x as a NumPy array (the array itself on the NumPy backends)."""
         self._unimplemented("to_numpy")
+
+
+# The base of this layer's mixins (`BackwardOps`, `FusedOps`, ...), whose defaults call
+# the forward ops of the backend they are mixed into: `Backend` for type checkers, so
+# that those calls are checked; nothing at run time (`object`), so that a mixin adds no
+# base class to the backends that use it.
+if TYPE_CHECKING:
+    Mixin = Backend
+else:
+    Mixin = object

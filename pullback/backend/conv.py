@@ -38,7 +38,11 @@ class Windows(NamedTuple):
                                 self.out_hw, windows)
 
 
-def pair(op: str, operands: Sequence[Any], name: str, value: Any, least: int) -> Pair:
+# What a KernelError names: the operands of the op that failed.
+Operands = list[Any] | tuple[Any, ...]
+
+
+def pair(op: str, operands: Operands, name: str, value: Any, least: int) -> Pair:
     """value as an (int, int) pair, each at least `least`, or a KernelError for op."""
     try:
         first, second = (int(v) for v in value)
@@ -52,7 +56,7 @@ def pair(op: str, operands: Sequence[Any], name: str, value: Any, least: int) ->
 
 def check_windows(
     op: str, x: np.ndarray, kernel: Any, stride: Any, padding: Any,
-    operands: Sequence[Any] | None = None, dilation: Any = (1, 1),
+    operands: Operands | None = None, dilation: Any = (1, 1),
 ) -> Windows:
     """Validate a window op on x (N, C, H, W)."""
     operands = [x] if operands is None else operands
@@ -75,7 +79,7 @@ def check_windows(
     return Windows(kernel, stride, padding, dilation, out_hw)
 
 
-def check_float(op: str, operands: Sequence[Any]) -> None:
+def check_float(op: str, operands: Operands) -> None:
     for array in operands:
         if array.dtype.kind != "f":
             raise KernelError(op, operands, "expected a floating dtype")
@@ -140,7 +144,7 @@ def check_conv(
     return check_windows(op, x, w.shape[2:], stride, padding, operands, dilation)
 
 
-def check_groups(op: str, operands: Sequence[Any], channels: int, weight_shape: Sequence[int],
+def check_groups(op: str, operands: Operands, channels: int, weight_shape: Sequence[int],
                  groups: Any) -> int:
     """groups as an int dividing both channel counts, with weight (O, C/groups, kh, kw)."""
     if isinstance(groups, bool) or not isinstance(groups, (int, np.integer)) or groups < 1:

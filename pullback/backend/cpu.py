@@ -482,7 +482,8 @@ class CpuBackend(BackwardOps, FusedOps, CpuRecurrentOps, CpuGatherOps, CpuAttent
         if lo is None and hi is None:
             return x.copy()
         try:
-            return np.clip(x, lo, hi, out=...)
+            # out=... (a fresh array, even 0-d) is NumPy's, though not in its stubs' clip.
+            return np.clip(x, lo, hi, out=...)  # type: ignore[call-overload]
         except (ValueError, TypeError) as exc:
             raise KernelError("clip", [x], f"cannot clip to [{lo}, {hi}]: {exc}") from None
 
@@ -809,7 +810,7 @@ class CpuBackend(BackwardOps, FusedOps, CpuRecurrentOps, CpuGatherOps, CpuAttent
         win = conv.check_conv(x, w, stride, padding, dilation, groups)
         shape = (x.shape[0], w.shape[0], *win.out_hw)
         given = [a for a in (x, w, bias, scale, shift, residual) if a is not None]
-        vectors = []
+        vectors: list[np.ndarray | None] = []
         for name, v in (("bias", bias), ("scale", scale), ("shift", shift)):
             if v is not None and (v.shape != shape[1:2] or v.dtype != x.dtype):
                 raise KernelError("conv2d", given, f"{name} must be a ({shape[1]},) {x.dtype} "
@@ -824,7 +825,7 @@ class CpuBackend(BackwardOps, FusedOps, CpuRecurrentOps, CpuGatherOps, CpuAttent
         covered = [0]  # samples the epilogue has run on
 
         def epilogue(rows: np.ndarray, start: int, stop: int) -> None:
-            conv_epilogue.apply(rows, *vectors,
+            conv_epilogue.apply(rows, vectors[0], vectors[1], vectors[2],
                                 None if residual is None else residual[start:stop], relu)
             covered[0] += stop - start
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from pullback.backend.base import Array
+from pullback.backend.base import Array, Mixin
 from pullback.errors import KernelError
 
 
@@ -45,7 +45,7 @@ def check_rows(op: str, x: Any) -> None:
         raise KernelError(op, [x], "expected at least one dimension")
 
 
-class FusedOps:
+class FusedOps(Mixin):
     """Fused ops: cross-entropy, layer norm, batch norm, with backward; a convolution
     with its epilogue (forward only)."""
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from pullback.backend.base import Array, Shape
+from pullback.backend.base import Array, Mixin, Shape
 from pullback.errors import KernelIndexError
 from pullback.kernels import gather as compiled
 from pullback.kernels.base import SUPPORTED_DTYPES
@@ -42,7 +42,7 @@ def _with_axis(shape: tuple, axis: int, size: int) -> Shape:
     return shape[:axis] + (size,) + shape[axis + 1:]
 
 
-class GatherOps:
+class GatherOps(Mixin):
     """Gathers along one axis and their transposes, written in a backend's forward ops."""
 
     def take(self, x: Array, indices: Array, axis: int) -> Array:

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from pullback.backend.backward_ops import from_rule
-from pullback.backend.base import Array
+from pullback.backend.base import Array, Mixin
 from pullback.errors import KernelError
 from pullback.kernels import recurrent as kernels
 
@@ -82,7 +82,7 @@ def _check_upstream(op: str, upstream: Any, y: Any) -> None:
                           "state array")
 
 
-class RecurrentOps:
+class RecurrentOps(Mixin):
     """Whole-sequence LSTM and GRU, forward and backward; defaults in forward ops."""
 
     def lstm_sequence(self, xp: Array, h0: Array, c0: Array, w_hh: Array) -> Array:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import numpy as np
 
@@ -30,6 +30,15 @@ class Kernel:
 
     # Whether the body is inlined into its loops in Numba's IR (see jit.load_drivers).
     inline_body = False
+
+    if TYPE_CHECKING:  # what each kind of kernel (ElementwiseKernel, RowKernel) defines
+        nin: int  # the number of inputs
+
+        def __call__(self, *args: Any, out: Any = None) -> Any: ...
+
+        def serial(self, *args: Any, out: Any = None) -> Any: ...
+
+        def parallel(self, *args: Any, out: Any = None) -> Any: ...
 
     def __init__(self, fn: Callable, backward: Kernel | None):
         if backward is not None and not isinstance(backward, Kernel):
@@ -57,12 +66,15 @@ class Kernel:
         return sorted({(dtype.name, key[0] if key else "rows", "parallel" if parallel else "serial")
                        for dtype, key, parallel in self._drivers})
 
-    def _source(self, key: tuple) -> str:
+    def _abstract(self) -> NoReturn:
         raise TypeError(f"{type(self).__name__} is the abstract base of kernels: declare one "
                         "with @kernel (an ElementwiseKernel or a RowKernel)")
 
+    def _source(self, key: tuple) -> str:
+        self._abstract()
+
     def _signature(self, dtype: np.dtype, key: tuple) -> tuple:
-        return self._source(key)  # raises the same clear error
+        self._abstract()
 
     def _driver(self, dtype: np.dtype, key: tuple, parallel: bool) -> Any:
         found = self._drivers.get((dtype, key, parallel))

@@ -34,7 +34,7 @@ def geometry(kernel: Sequence[int], stride: Sequence[int], padding: Sequence[int
     and the block of the first window (s_n s_c s_i s_j base). `windows` is the window
     array as (N, C, kh, kw, OH, OW), any view of a C-contiguous buffer whose last two
     axes are contiguous (N first or C first); pooling needs none."""
-    strides = (0,) * 4
+    strides: tuple[int, ...] = (0,) * 4
     if windows is not None:
         block = windows.itemsize * out_hw[0] * out_hw[1]
         strides = tuple(s // block for s in windows.strides[:4])
@@ -497,8 +497,9 @@ def tile_bodies(kh: int, kw: int, zero: Any) -> dict[str, Callable]:
                             dst[base + U(i * w_ + j) + t * U(kw)] = share
         return grad
 
-    bodies = {"max_forward": max_forward, "max_backward": max_backward,
-              "avg_forward": avg_forward, "avg_backward": avg_backward}
+    bodies: dict[str, Callable[..., Any]] = {
+        "max_forward": max_forward, "max_backward": max_backward,
+        "avg_forward": avg_forward, "avg_backward": avg_backward}
     for body in bodies.values():
         # A name per size and dtype: Numba names a compiled function (and the
         # environment holding its constants) after its qualified name, so closures of

@@ -21,7 +21,7 @@ this layer imports nothing above it.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Literal, overload
 
 import numpy as np
 
@@ -57,8 +57,33 @@ class PairedKernel(ElementwiseKernel):
         return ElementwiseKernel.__call__(self, *args, out=out)
 
 
-def kernel(fn: Callable | None = None, *, backward: Kernel | None = None, rows: bool = False,
-           inputs: Sequence[str] | None = None, outputs: Any = None) -> Any:
+@overload
+def kernel(fn: Callable[..., Any], *, backward: Kernel | None = None,
+           rows: Literal[False] = False, inputs: None = None,
+           outputs: int | None = None) -> ElementwiseKernel: ...
+
+
+@overload
+def kernel(fn: Callable[..., Any], *, backward: Kernel | None = None, rows: Literal[True],
+           inputs: Sequence[str] | None = None,
+           outputs: Sequence[str] | None = None) -> RowKernel: ...
+
+
+@overload
+def kernel(fn: None = None, *, backward: Kernel | None = None, rows: Literal[False] = False,
+           inputs: None = None, outputs: int | None = None
+           ) -> Callable[[Callable[..., Any]], ElementwiseKernel]: ...
+
+
+@overload
+def kernel(fn: None = None, *, backward: Kernel | None = None, rows: Literal[True],
+           inputs: Sequence[str] | None = None, outputs: Sequence[str] | None = None
+           ) -> Callable[[Callable[..., Any]], RowKernel]: ...
+
+
+def kernel(fn: Callable[..., Any] | None = None, *, backward: Kernel | None = None,
+           rows: bool = False, inputs: Sequence[str] | None = None,
+           outputs: Any = None) -> Kernel | Callable[[Callable[..., Any]], Kernel]:
     """Declare a kernel: `@kernel`, `@kernel(backward=k)`, `@kernel(outputs=2)` for an
     elementwise body returning two values, `@kernel(rows=True)` for a row body
     `f(x_row, out_row)` (kinds as RowKernel says). Returns the callable kernel:

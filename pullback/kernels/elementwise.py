@@ -8,8 +8,8 @@ scalars, broadcasting, strides, out=, errors) takes the general path.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, Literal
 
 import numpy as np
 
@@ -124,6 +124,7 @@ class ElementwiseKernel(Kernel):
         for a in args:
             if type(a) is not np.ndarray or a.shape != shape or a.dtype is not dtype or a is out:
                 return None
+        order: Literal["C", "F"]
         if all(a.flags.c_contiguous for a in args) and out.flags.c_contiguous:
             order = "C"
         elif all(a.flags.f_contiguous for a in args) and out.flags.f_contiguous:
@@ -159,7 +160,7 @@ class ElementwiseKernel(Kernel):
         driver(*[a.ravel() for a in args], result.ravel())
         return result
 
-    def launcher(self, args: tuple, out: np.ndarray | None = None) -> Callable | None:
+    def launcher(self, args: Sequence[Any], out: np.ndarray | None = None) -> Callable | None:
         """The call prepared for arguments of these shapes and dtypes (writing into `out`,
         or into a fresh array when it is None): `launch(*args, out=out)` then only
         reshapes and runs the compiled loop, about 3 us where a call's own checks cost
@@ -188,6 +189,7 @@ class ElementwiseKernel(Kernel):
                 or (out is not None and (out.shape != shape or out.dtype != dtype
                                          or not out.flags.c_contiguous))):
             return None
+        key: tuple[Any, ...]
         if all(a.shape == shape and a.flags.c_contiguous for a in arrays):
             key, grid = ("flat", mask, flags), (size,)
             forms = [(size,) if mask >> i & 1 else None for i in range(self.nin)]
@@ -247,7 +249,7 @@ class ElementwiseKernel(Kernel):
 
         return launch
 
-    def _transposed_launcher(self, args: tuple, shape: tuple, out: np.ndarray | None
+    def _transposed_launcher(self, args: Sequence[Any], shape: tuple, out: np.ndarray | None
                              ) -> Callable | None:
         """The launcher of an all-Fortran-order call: the C-order launch on the operands'
         transposes (same elements, same loop), whose result transposed back is
@@ -285,11 +287,11 @@ class ElementwiseKernel(Kernel):
         outputs = [jit.array_type(dtype, ndim, order)] * alias.count(-1)
         return (*inputs, *outputs)
 
-    def _run(self, args: tuple, out: Any, parallel: bool | None) -> Any:
+    def _run(self, args: Sequence[Any], out: Any, parallel: bool | None) -> Any:
         if len(args) != self.nin:
             raise TypeError(f"{self.name} takes {self.nin} inputs, got {len(args)}")
         values = list(args)
-        arrays = []
+        arrays: list[np.ndarray] = []
         mask = flags = 0  # which arguments are arrays, which are bools
         flat = True  # same-shape C-contiguous arrays of one dtype: the flat loop
         for i, a in enumerate(args):
@@ -368,7 +370,7 @@ class ElementwiseKernel(Kernel):
                 raise KernelError(self.name, [*arrays, o], "out= is read-only")
         return outs
 
-    def _flat(self, values: list, outs: list, dtype: np.dtype, masks: tuple[int, int],
+    def _flat(self, values: list, outs: list, dtype: np.dtype, masks: tuple[Any, ...],
               parallel: bool) -> None:
         mask = masks[0]
         for i, v in enumerate(values):
@@ -383,13 +385,13 @@ class ElementwiseKernel(Kernel):
         driver(*values, *[o if o.ndim == 1 else o.ravel() for o in outs])
 
     def _grid(self, values: list, outs: list, shape: tuple, dtype: np.dtype,
-              masks: tuple[int, int], parallel: bool) -> None:
+              masks: tuple[int, ...], parallel: bool) -> None:
         # Broadcast views as (rows, last axis): zero strides are fine for Numba's 'A'
         # arrays; reshape copies only for strides it cannot merge.
         found = _contiguous_layout(values, masks[0], shape, dtype)
         if found is not None:
             layout, grid, kinds = found
-            key = (layout, *masks, kinds)
+            key: tuple[Any, ...] = (layout, *masks, kinds)
             for i, form in enumerate(_forms(kinds, grid)):
                 if form is not None:
                     values[i] = values[i].reshape(form)
@@ -407,7 +409,7 @@ class ElementwiseKernel(Kernel):
                 o[...] = t.reshape(shape)
 
 
-def _memory_order(a: np.ndarray, b: np.ndarray) -> str | None:
+def _memory_order(a: np.ndarray, b: np.ndarray) -> Literal["C", "F"] | None:
     """"C" or "F" when both arrays are contiguous in that order (ravel in it is then a
     view, element for element alike), else None."""
     if a.flags.c_contiguous and b.flags.c_contiguous:
@@ -460,7 +462,7 @@ def _forms(kinds: str, grid: tuple) -> list:
 def _padded_shapes(values: list, mask: int, shape: tuple, dtype: np.dtype) -> list | None:
     """Per input, its shape left-padded to `shape`'s length (None: not an array), or
     None when some array operand is strided or of another dtype (no contiguous loop)."""
-    padded = []
+    padded: list[tuple[int, ...] | None] = []
     for i, v in enumerate(values):
         if not mask >> i & 1:
             padded.append(None)

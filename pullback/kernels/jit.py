@@ -129,7 +129,7 @@ def fingerprint(fn: Callable) -> str:
             parts.append(_stamp(value))
         elif isinstance(value, (int, float, str, tuple)):
             parts.append(f"{name}={value!r}")
-        elif hasattr(value, "py_func"):  # a Numba dispatcher the body calls
+        elif value is not None and hasattr(value, "py_func"):  # a Numba dispatcher it calls
             parts.append(_stamp(value.py_func))
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:20]
 
@@ -154,7 +154,8 @@ def load_drivers(kernel_name: str, fn: Callable, dtype: np.dtype, source: str,
     safe = re.sub(r"\W", "_", kernel_name)
     module_name = f"_pullback_kernel_{safe}_{dtype.name}_{digest}"
     with _lock:
-        module = sys.modules.get(module_name)
+        # Any: a generated module's attributes (its loops, set below) are its source's.
+        module: Any = sys.modules.get(module_name)
         if module is not None:
             return module
         path = cache_dir() / f"{module_name}.py"
@@ -165,6 +166,8 @@ def load_drivers(kernel_name: str, fn: Callable, dtype: np.dtype, source: str,
             temp.write_text(text)
             os.replace(temp, path)
         spec = importlib.util.spec_from_file_location(module_name, path)
+        if spec is None or spec.loader is None:
+            raise ImportError(f"cannot load the generated kernel module {path}")
         module = importlib.util.module_from_spec(spec)
         # Numba rebuilds a cached function's environment by importing its module by name.
         sys.modules[module_name] = module

@@ -10,21 +10,32 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from llvmlite import ir
+from llvmlite import ir  # type: ignore[import-untyped]  # llvmlite ships no type information
 from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic, overload, register_jitable
 
 from pullback.kernels import scalar_math as sm
 
+if TYPE_CHECKING:
+    from numba.core.decorators import _JITOptions
+
 _F32 = np.float32
 # As every kernel: NumPy's float semantics (x / 0 is inf, not ZeroDivisionError), whose
 # branch-free divisions LLVM can vectorize; FMA contraction where the target has it.
-_JIT: dict = {"error_model": "numpy", "fastmath": {"contract"}}
+_JIT: _JITOptions = {"error_model": "numpy", "fastmath": {"contract"}}
 # Reductions may reorder their sums (flags stay on these instructions when inlined).
-_JIT_SUM: dict = {"error_model": "numpy", "fastmath": {"contract", "reassoc"}}
+_JIT_SUM: _JITOptions = {"error_model": "numpy", "fastmath": {"contract", "reassoc"}}
+
+
+def _intrinsic(defn: Callable[..., Any]) -> Callable[..., Any]:
+    """`numba.extending.intrinsic`, typed as jitted code calls the result: without the
+    typing context that Numba passes `defn` first (Numba's stub counts it as an argument
+    of the call)."""
+    return intrinsic(defn)
 
 
 def _f32_tuple(values: tuple[float, ...]) -> tuple[np.float32, ...]:
@@ -47,7 +58,7 @@ _EXP_LIMIT = 750.0  # beyond every finite result, and small enough for the bit t
 _EXP_LIMIT_F32 = _F32(104.0)
 
 
-@intrinsic
+@_intrinsic
 def _f64_from_bits(typingctx, bits):
     def codegen(context, builder, signature, args):
         return builder.bitcast(args[0], ir.DoubleType())
@@ -55,7 +66,7 @@ def _f64_from_bits(typingctx, bits):
     return types.float64(types.int64), codegen
 
 
-@intrinsic
+@_intrinsic
 def _f32_from_bits(typingctx, bits):
     def codegen(context, builder, signature, args):
         return builder.bitcast(args[0], ir.FloatType())
@@ -63,7 +74,7 @@ def _f32_from_bits(typingctx, bits):
     return types.float32(types.int32), codegen
 
 
-@intrinsic
+@_intrinsic
 def _fmax(typingctx, a, b):
     # llvm.maxnum, a NaN-skipping max: the loop vectorizer makes a vector reduction of
     # it, where a compare-and-select max would stay scalar (unless NaNs are ruled out).
@@ -289,7 +300,8 @@ def _row_sum_exp32(row, shift):
 
 
 def _float_rows(*rows: types.Type) -> bool:
-    return all(isinstance(r, types.Array) and r.ndim == 1 and r.dtype == rows[0].dtype
+    dtype = getattr(rows[0], "dtype", None)
+    return all(isinstance(r, types.Array) and r.ndim == 1 and r.dtype == dtype
                and isinstance(r.dtype, types.Float) for r in rows)
 
 

@@ -160,7 +160,7 @@ class RowKernel(Kernel):
                     buffers[slot] = outs[j].reshape(buffers[slot].shape)
         if rows:
             driver(rows, *values, *buffers)
-        results = [None] * len(self.outputs)
+        results: list[np.ndarray | None] = [None] * len(self.outputs)
         for slot, j in enumerate(self._order):
             kind, buffer = self.outputs[j], buffers[slot]
             if kind == "sum":
