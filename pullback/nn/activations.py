@@ -6,7 +6,7 @@ the primitives' rules and fused kernels.
 
 from __future__ import annotations
 
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 
@@ -16,8 +16,6 @@ from ..tensor import Tensor
 from ..tensor.creation import default_generator
 from .module import Module
 
-_X = TypeVar("_X")
-
 
 class Identity(Module):
     """Returns its input unchanged (a placeholder, as PyTorch's; arguments are ignored)."""
@@ -25,7 +23,9 @@ class Identity(Module):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__()
 
-    def forward(self, x: _X) -> _X:
+    # A Tensor, not a type variable: `Module.__call__` reads forward's signature, which a
+    # generic forward would leave unsolved.
+    def forward(self, x: Tensor) -> Tensor:
         return x
 
 

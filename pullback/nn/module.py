@@ -387,7 +387,7 @@ def _prefix_names(child: Module, name: str) -> None:
 class ModuleList(Module):
     """A list of modules registered as children "0", "1", ..."""
 
-    def __init__(self, modules: Iterable[Module] = ()):
+    def __init__(self, modules: Iterable[Module] = ()) -> None:
         super().__init__()
         for i, m in enumerate(modules):
             setattr(self, str(i), m)
