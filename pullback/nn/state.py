@@ -7,7 +7,6 @@ saves the fix-one-rerun-fix-the-next loop when a checkpoint and a model disagree
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 import numpy as np
 from numpy.typing import DTypeLike
@@ -27,7 +26,7 @@ def _describe(shape: tuple[int, ...] | None, dtype: np.dtype | None) -> str:
 
 def state_dict_mismatch(
     expected: Mapping[str, tuple[Sequence[int] | None, DTypeLike | None]],
-    got: Mapping[Any, Any],
+    got: Mapping[str, object],
     *,
     what: str = "state dict",
 ) -> str | None:
