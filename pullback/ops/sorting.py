@@ -4,20 +4,24 @@ scatter into the sorted positions and the indices stay an operand a plan reads a
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..errors import KernelError
 from .checks import declare_check, distinct, inputs
+from .hints import Shape, TensorLike
 from .registry import declare, normalize_axes, shape_of, tensor_method
 from .shape import getitem, reshape
+
+if TYPE_CHECKING:
+    from ..tensor import Tensor
 
 #: The ops `import pullback as pb` offers as `pb.<name>` (and `pullback.ops` too).
 __all__ = ["argsort", "sort", "topk"]
 
 
-def _argsort_shape(x: Any, axis: int, descending: bool) -> tuple:
+def _argsort_shape(x: Any, axis: int, descending: bool) -> tuple[Shape, np.dtype[Any]]:
     return shape_of(x), np.dtype(np.int64)
 
 
@@ -26,7 +30,7 @@ argsort_p = declare("argsort",
                     _argsort_shape, differentiable=False, aliasing="fresh")
 
 
-def _one_axis(op: str, x: Any, axis: Any) -> int | None:
+def _one_axis(op: str, x: TensorLike, axis: int) -> int | None:
     """`axis` as a non-negative int; None for a 0-d tensor (its axis 0 or -1 is itself)."""
     if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)):
         raise KernelError(op, (x,), f"axis must be an int, not {axis!r}")
@@ -34,17 +38,18 @@ def _one_axis(op: str, x: Any, axis: Any) -> int | None:
     return axes[0] if axes else None
 
 
-def _indices(x: Any, axis: int | None, descending: bool) -> Any:
+def _indices(x: TensorLike, axis: int | None, descending: bool) -> Tensor:
     if axis is None:  # a 0-d tensor sorts to itself, at index 0
         return reshape(argsort_p.bind(reshape(x, (1,)), axis=0, descending=descending), ())
     return argsort_p.bind(x, axis=axis, descending=descending)
 
 
-def _along(x: Any, indices: Any, axis: int | None) -> Any:
+def _along(x: TensorLike, indices: Tensor, axis: int | None) -> Tensor:
     """x[..., indices, ...] along `axis`, as take_along_axis: `indices` has x's shape except
-    along `axis`; the other axes are open ranges that broadcast against it."""
+    along `axis`; the other axes are open ranges that broadcast against it. A 0-d x (axis
+    None) is its own result (a tensor made of it where it is an array)."""
     if axis is None:
-        return x
+        return reshape(x, ())
     shape = shape_of(indices)
     index = tuple(indices if a == axis else
                   np.arange(shape[a]).reshape([-1 if b == a else 1 for b in range(len(shape))])
@@ -53,13 +58,13 @@ def _along(x: Any, indices: Any, axis: int | None) -> Any:
 
 
 @tensor_method(argsort_p)
-def argsort(x: Any, axis: int = -1, descending: bool = False) -> Any:
+def argsort(x: TensorLike, axis: int = -1, descending: bool = False) -> Tensor:
     """int64 indices that sort `x` along `axis`, as torch.argsort with stable=True (equal
     values keep their order); NaN sorts as the largest value. No gradient."""
     return _indices(x, _one_axis("argsort", x, axis), bool(descending))
 
 
-def sort(x: Any, axis: int = -1, descending: bool = False) -> tuple:
+def sort(x: TensorLike, axis: int = -1, descending: bool = False) -> tuple[Tensor, Tensor]:
     """(values, indices) sorted along `axis`, ascending unless `descending`, as
     torch.sort with stable=True; the values carry the gradient to where they came from."""
     a = _one_axis("sort", x, axis)
@@ -67,7 +72,8 @@ def sort(x: Any, axis: int = -1, descending: bool = False) -> tuple:
     return _along(x, indices, a), indices
 
 
-def topk(x: Any, k: int, axis: int = -1, largest: bool = True, sorted: bool = True) -> tuple:
+def topk(x: TensorLike, k: int, axis: int = -1, largest: bool = True,
+         sorted: bool = True) -> tuple[Tensor, Tensor]:
     """(values, indices) of the `k` largest (smallest unless `largest`) elements along
     `axis`, as torch.topk, in order; equal values come by index. The values carry the
     gradient to where they came from. `sorted` is accepted for PyTorch's sake: the

@@ -37,3 +37,12 @@ def test_an_array_operand_gives_a_tensor(name: str) -> None:
 def test_a_tensor_is_given_back_itself(name: str) -> None:
     x = pb.tensor(np.arange(6.0).reshape(2, 3), requires_grad=True)
     assert CALLS[name](x) is x
+
+
+@pytest.mark.parametrize("op", [pb.sort, lambda x: pb.topk(x, 1)], ids=["sort", "topk"])
+def test_sorting_a_0d_array_gives_tensors(op: Callable[[Any], Any]) -> None:
+    values, indices = op(np.array(3.0))
+    assert isinstance(values, pb.Tensor) and isinstance(indices, pb.Tensor)
+    assert values.item() == 3.0 and indices.item() == 0
+    x = pb.tensor(3.0, requires_grad=True)
+    assert op(x)[0] is x
