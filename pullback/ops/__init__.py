@@ -11,6 +11,11 @@ layers above call as `ops.<name>` (indexing, folds, the loss primitives) are
 re-exported by name below but are not `pb`'s.
 """
 
+# The literal `__all__` below names what the star imports bring.
+# ruff: noqa: F405
+
+from typing import TYPE_CHECKING
+
 from ..ad import set_tangent_add
 from . import (
     attention,
@@ -70,23 +75,107 @@ from .views import *  # noqa: F403
 
 set_tangent_add(add_p)
 
-# A sum of the modules' lists (not a comprehension) so that documentation tools reading
-# the source statically (griffe, behind mkdocstrings) see which names `pb` offers.
-__all__ = (
-    attention.__all__
-    + batchnorm.__all__
-    + contraction.__all__
-    + conv.__all__
-    + custom.__all__
-    + elementwise.__all__
-    + gather.__all__
-    + layer_norm_module.__all__
-    + linalg.__all__
-    + loss.__all__
-    + masks.__all__
-    + reduce.__all__
-    + shape.__all__
-    + sorting.__all__
-    + stats.__all__
-    + views.__all__
-)
+if TYPE_CHECKING:
+    # The same names spelled out for type checkers, which read only a literal `__all__`
+    # (without it `from .ops import *` would give `pb` none of them); a test
+    # (tests/ops/test_static_exports.py) keeps the two lists equal.
+    __all__ = [
+        "CustomOp",
+        "abs",
+        "add",
+        "all",
+        "any",
+        "argmax",
+        "argmin",
+        "argsort",
+        "avg_pool2d",
+        "batch_norm",
+        "broadcast_to",
+        "chunk",
+        "clip",
+        "concatenate",
+        "conv2d",
+        "cos",
+        "cumsum",
+        "div",
+        "einsum",
+        "equal",
+        "erf",
+        "exp",
+        "flatten",
+        "gelu",
+        "greater",
+        "greater_equal",
+        "layer_norm",
+        "less",
+        "less_equal",
+        "log",
+        "log_softmax",
+        "logsumexp",
+        "masked_fill",
+        "matmul",
+        "max",
+        "max_pool2d",
+        "maximum",
+        "mean",
+        "min",
+        "minimum",
+        "mul",
+        "neg",
+        "norm",
+        "not_equal",
+        "one_hot",
+        "permute",
+        "pow",
+        "prod",
+        "relu",
+        "reshape",
+        "scaled_dot_product_attention",
+        "sigmoid",
+        "sign",
+        "silu",
+        "sin",
+        "softmax",
+        "softplus",
+        "sort",
+        "split",
+        "sqrt",
+        "squeeze",
+        "stack",
+        "std",
+        "sub",
+        "sum",
+        "take",
+        "take_along_axis",
+        "tanh",
+        "topk",
+        "transpose",
+        "tril",
+        "triu",
+        "unbind",
+        "unsqueeze",
+        "var",
+        "where"
+    ]
+else:
+    # A sum of the modules' lists (not a comprehension) so that documentation tools
+    # reading the source statically (griffe, behind mkdocstrings) see which names `pb`
+    # offers.
+    __all__ = (
+        attention.__all__
+        + batchnorm.__all__
+        + contraction.__all__
+        + conv.__all__
+        + custom.__all__
+        + elementwise.__all__
+        + gather.__all__
+        + layer_norm_module.__all__
+        + linalg.__all__
+        + loss.__all__
+        + masks.__all__
+        + reduce.__all__
+        + shape.__all__
+        + sorting.__all__
+        + stats.__all__
+        + views.__all__
+    )
