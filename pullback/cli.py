@@ -13,17 +13,26 @@ import argparse
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import __version__
 from .check.runner import BACKENDS, format_table, run_checks, summary
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from .ad import Primitive
+    from .ops.checks import Spec
+
+    # What `main` adds subcommands to.
+    Commands = argparse._SubParsersAction[argparse.ArgumentParser]
 
 
 def main(
     argv: Sequence[str] | None = None,
     *,
-    primitives: Mapping[str, Any] | None = None,
-    specs: Mapping[str, Any] | None = None,
+    primitives: Mapping[str, Primitive] | None = None,
+    specs: Mapping[str, Spec] | None = None,
 ) -> int:
     """Run the command line; returns the exit status. `primitives` and `specs` replace
     the registry and the specs its primitives declare for `check` (for testing the
@@ -33,7 +42,8 @@ def main(
     if args.command is None:
         parser.print_help()
         return 2
-    return args.run(args, {"primitives": primitives, "specs": specs})
+    status: int = args.run(args, {"primitives": primitives, "specs": specs})
+    return status
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -49,7 +59,7 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _add_train(commands: Any) -> None:
+def _add_train(commands: Commands) -> None:
     from .gpt import MODEL as GPT_MODEL
     from .gpt import GPTConfig
     from .training import BACKENDS as TRAIN_BACKENDS
@@ -105,22 +115,23 @@ def _add_train(commands: Any) -> None:
 
 def _run_train(args: argparse.Namespace, injected: dict[str, Any]) -> int:
     from .gpt import MODEL as GPT_MODEL
-    from .gpt import GPTConfig, train_gpt
-    from .training import TrainConfig, train
+    from .gpt import GPTConfig, GPTResult, train_gpt
+    from .training import TrainConfig, TrainResult, train
 
-    make = GPTConfig if args.model == GPT_MODEL else TrainConfig
     chosen = {k: getattr(args, k) for k in ("epochs", "batch_size", "lr", "optimizer")
               if getattr(args, k) is not None}
     common = dict(model=args.model, seed=args.seed, backend=args.backend,
                   output=args.output, eager=args.eager, **chosen)
-    if make is GPTConfig:
+    config: GPTConfig | TrainConfig
+    if args.model == GPT_MODEL:
         config = GPTConfig(text=args.text, steps_per_epoch=args.steps_per_epoch,
                            context=args.context, width=args.width, heads=args.heads,
                            layers=args.layers, **common)
     else:
         config = TrainConfig(**common)
+    result: GPTResult | TrainResult
     try:
-        if make is GPTConfig:
+        if isinstance(config, GPTConfig):
             result = train_gpt(config, resume=args.resume, overwrite=args.overwrite,
                                progress=args.progress)
         else:
@@ -137,7 +148,7 @@ def _run_train(args: argparse.Namespace, injected: dict[str, Any]) -> int:
         return 2
     if not _primary():
         return 0
-    if make is GPTConfig:
+    if isinstance(result, GPTResult):
         print(f"sample:\n{result.sample}")
         print(f"validation loss: {result.validation_loss:.4f}")
     else:
@@ -153,7 +164,7 @@ def _primary() -> bool:
     return not dist.is_initialized() or dist.rank() == 0
 
 
-def _add_sample(commands: Any) -> None:
+def _add_sample(commands: Commands) -> None:
     sample = commands.add_parser(
         "sample", help="generate text from a `pullback train --model gpt` run",
         description="Load the GPT trained in a run's output folder and print the prompt "
@@ -189,7 +200,7 @@ def _one_line(error: BaseException) -> str:
     return " ".join(str(error).split())
 
 
-def _add_check(commands: Any) -> None:
+def _add_check(commands: Commands) -> None:
     check = commands.add_parser(
         "check", help="check every primitive's derivatives numerically",
         description="Check every primitive's gradients (fused kernels and rules) against "
@@ -215,7 +226,7 @@ def _run_check(args: argparse.Namespace, injected: dict[str, Any]) -> int:
     return 0 if all(r.passed for r in rows) else 1
 
 
-def _add_run(commands: Any) -> None:
+def _add_run(commands: Commands) -> None:
     run = commands.add_parser(
         "run", help="run an ONNX model on .npy inputs",
         description="Load an ONNX model, run it on inputs saved with numpy.save (one --input "
@@ -306,7 +317,7 @@ def _check_output_file(path: str) -> None:
                          f"{error.strerror or error}") from None
 
 
-def _save_npy(path: str, array: Any) -> None:
+def _save_npy(path: str, array: np.ndarray) -> None:
     """`array` in .npy format at exactly `path`, atomically. (`np.save(path)` would
     append ".npy" to a name without it, so the file written would not be the one named.)"""
     import io

@@ -8,10 +8,11 @@ and 5 differ (dtypes float32 and float32)".
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
+from types import FrameType
 
 
-def describe(value: Any) -> tuple[Any, str]:
+def describe(value: object) -> tuple[tuple[int, ...], str]:
     """(shape, dtype name) of an array, a tensor, an abstract value or a scalar."""
     shape = getattr(value, "shape", None)
     dtype = getattr(value, "dtype", None)
@@ -23,7 +24,7 @@ def describe(value: Any) -> tuple[Any, str]:
 class KernelError(ValueError):
     """An op was called with shapes, dtypes or arguments it does not accept."""
 
-    def __init__(self, op: str, operands: tuple | list, reason: str):
+    def __init__(self, op: str, operands: Sequence[object], reason: str):
         self.op = op
         described = [describe(v) for v in operands]
         self.shapes = tuple(s for s, _ in described)
@@ -41,7 +42,8 @@ class KernelIndexError(KernelError, IndexError):
     sequence protocols (and `except IndexError`) expect, as NumPy and PyTorch raise."""
 
 
-def index_error(op: str, operands: tuple | list, reason: str, cause: Exception) -> KernelError:
+def index_error(op: str, operands: Sequence[object], reason: str, cause: Exception
+                ) -> KernelError:
     """The KernelError for a failed indexing: a KernelIndexError when `cause` is one."""
     cls = KernelIndexError if isinstance(cause, IndexError) else KernelError
     return cls(op, operands, reason)
@@ -54,7 +56,7 @@ class TracingError(RuntimeError):
     `ConcretizationTypeError` refuses it. A RuntimeError, not a TypeError, so that no
     `except TypeError` on the way (a shape argument tried as an int) swallows it."""
 
-    def __init__(self, operation: str, value: Any, where: str):
+    def __init__(self, operation: str, value: object, where: str):
         self.operation = operation
         self.where = where
         shape, dtype = describe(value)
@@ -73,7 +75,7 @@ def user_frame(skip: int = 1) -> str:
     import sys
 
     package = os.path.dirname(os.path.abspath(__file__)) + os.sep
-    frame = sys._getframe(skip)
+    frame: FrameType | None = sys._getframe(skip)
     while frame is not None:
         filename = frame.f_code.co_filename
         if not os.path.abspath(filename).startswith(package):

@@ -17,12 +17,13 @@ from __future__ import annotations
 import os
 import sysconfig
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
+from numpy.typing import NDArray
 
 from . import nn
 from .backend.current import use_backend
@@ -31,10 +32,11 @@ from .io import save, save_training, training_metadata
 from .io.checkpoint import read_arrays
 from .lower import LoweringMode, compile
 from .nn.kv_cache import KVCache, dense_step, encoder_layer_step
-from .tensor import creation, no_grad, tensor
+from .tensor import Tensor, creation, no_grad, tensor
 from .training import (
     BACKENDS,
     CHECKPOINT,
+    Epoch,
     check_choices,
     make_optimizer,
     plot_history,
@@ -89,8 +91,8 @@ class GPTConfig:
 class GPTResult:
     validation_loss: float
     sample: str
-    history: list[dict] = field(default_factory=list)
-    model: Any = None
+    history: list[Epoch] = field(default_factory=list)
+    model: GPT | None = None
 
 
 class GPT(nn.Module):
@@ -109,7 +111,7 @@ class GPT(nn.Module):
         self.norm = nn.LayerNorm(width)
         self.head = nn.Linear(width, vocab)
 
-    def forward(self, ids: Any) -> Any:
+    def forward(self, ids: Tensor) -> Tensor:
         """(batch, time) integer ids -> (batch, time, vocab) logits."""
         x = self.tokens(ids) + self.positions(creation.arange(ids.shape[1]))
         for block in self.blocks:
@@ -118,11 +120,12 @@ class GPT(nn.Module):
 
     def new_cache(self, batch: int = 1) -> KVCache:
         """An empty cache of keys and values for `step`: `context` positions per layer."""
-        attn = self.blocks[0].self_attn
+        # ModuleList gives its items as Modules; these are the encoder layers built above.
+        attn = cast(nn.TransformerEncoderLayer, self.blocks[0]).self_attn
         return KVCache(len(self.blocks), batch, attn.num_heads, self.context, attn.head_dim,
                        self.head.weight.dtype)
 
-    def step(self, ids: Any, cache: KVCache) -> Any:
+    def step(self, ids: Tensor | NDArray[np.integer[Any]], cache: KVCache) -> Tensor:
         """(batch, T) ids at positions cache.length.. -> their (batch, T, vocab) logits,
         as `forward` gives them for those rows of the whole sequence (in eval mode),
         computing only the new rows; their keys and values join `cache`. Inference
@@ -135,7 +138,8 @@ class GPT(nn.Module):
         with no_grad():
             x = self.tokens(ids) + self.positions(creation.arange(start, start + t))
             for index, block in enumerate(self.blocks):
-                x = encoder_layer_step(block, x, cache, index)
+                x = encoder_layer_step(cast(nn.TransformerEncoderLayer, block), x, cache,
+                                       index)
             cache.length = start + t
             return dense_step(self.head, self.norm(x), cache)
 
@@ -155,7 +159,9 @@ def stdlib_texts() -> tuple[bytes, bytes]:
     if len(files) < VALIDATION_EVERY:
         raise ValueError(f"train: found only {len(files)} .py files under {root}; "
                          "give a text file with --text")
-    train, validation, size = [], [], 0
+    train: list[bytes] = []
+    validation: list[bytes] = []
+    size = 0
     # Spread over the whole library, not its alphabetical start, in a fixed order.
     for position, index in enumerate(np.random.default_rng(0).permutation(len(files))):
         try:
@@ -202,7 +208,7 @@ def encode(data: bytes, vocab: list[int]) -> np.ndarray:
     return ids
 
 
-def decode(ids: Any, vocab: list[int]) -> str:
+def decode(ids: Iterable[int], vocab: list[int]) -> str:
     return bytes(vocab[int(i)] for i in ids).decode("utf-8", errors="replace")
 
 
@@ -218,31 +224,35 @@ def _validation_starts(ids: np.ndarray, config: GPTConfig) -> np.ndarray:
     return np.linspace(0, last, count).astype(np.int64)
 
 
-def _loss(model: nn.Module, x: Any, y: Any) -> Any:
+def _loss(model: nn.Module, x: Tensor, y: Tensor | NDArray[Any]) -> Tensor:
     logits = model(x)
     return nn.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
 
 
-def _step_function(model: nn.Module, eager: bool, example: np.ndarray) -> Callable:
+# A training step: (windows, weight) -> loss, gradients left in .grad.
+StepFunction = Callable[[NDArray[Any], NDArray[np.float32]], Tensor]
+
+
+def _step_function(model: nn.Module, eager: bool, example: np.ndarray) -> StepFunction:
     """`(window, weight) -> loss`, leaving the gradients of `weight * loss` in `.grad`
     (`weight` a float32 scalar array: this process's share of the global batch, see
     `train_gpt`): eager autograd, or one TRAINING plan (this process's part of every
     batch keeps one shape, so one plan serves the whole run)."""
     if eager:
-        def eager_step(window: np.ndarray, weight: np.ndarray) -> Any:
+        def eager_step(window: NDArray[Any], weight: NDArray[np.float32]) -> Tensor:
             loss = _loss(model, tensor(window[:, :-1]), window[:, 1:])
             (loss * tensor(weight)).backward()
             return loss
         return eager_step
 
-    def weighted_loss(x: Any, y: Any, weight: Any) -> Any:
+    def weighted_loss(x: Tensor, y: Tensor, weight: Tensor) -> tuple[Tensor, Tensor]:
         loss = _loss(model, x, y)
         return loss * weight, loss
 
     plan = compile(weighted_loss, example[:, :-1], example[:, 1:], np.ones((), np.float32),
                    mode=LoweringMode.TRAINING)
 
-    def planned_step(window: np.ndarray, weight: np.ndarray) -> Any:
+    def planned_step(window: NDArray[Any], weight: NDArray[np.float32]) -> Tensor:
         _, loss = plan(window[:, :-1], window[:, 1:], weight)
         return loss
 
@@ -262,7 +272,7 @@ def evaluate(model: nn.Module, ids: np.ndarray, starts: np.ndarray,
     return total / len(starts)
 
 
-def generate(model: GPT, prompt: list[int], tokens: int, *, temperature: float = 1.0,
+def generate(model: GPT, prompt: Iterable[int], tokens: int, *, temperature: float = 1.0,
              top_k: int | None = None, rng: np.random.Generator) -> list[int]:
     """`prompt` followed by `tokens` sampled ids: each from the softmax of the last
     position's logits, divided by `temperature` (0: the most likely id), among the
@@ -338,7 +348,7 @@ def train_gpt(config: GPTConfig, *, resume: bool = False, overwrite: bool = Fals
         model = GPT(len(vocab), config.context, config.width, config.heads, config.layers)
         optimizer = make_optimizer(config.optimizer, model.parameters(), config.lr,
                                    config.epochs * config.steps_per_epoch)
-        history: list[dict] = []
+        history: list[Epoch] = []
         step = 0
         if resume:
             step, history = procs.agree(
@@ -376,7 +386,7 @@ def train_gpt(config: GPTConfig, *, resume: bool = False, overwrite: bool = Fals
                     step += 1
                     trained_steps += 1
                     loss_sum += loss.item() * share
-                    if progress and procs.primary:
+                    if progress and procs.primary and hasattr(bar, "set_postfix"):
                         # rank 0's part of the batches so far
                         bar.set_postfix(loss=f"{loss_sum / share / (done + 1):.4f}",
                                         refresh=False)
@@ -394,24 +404,27 @@ def train_gpt(config: GPTConfig, *, resume: bool = False, overwrite: bool = Fals
                                          "vocab": vocab})
             elapsed = time.perf_counter() - started
             procs.check_same_parameters(model)
-            validation_loss, text = None, None
+            final_loss: float | None = None
+            text: str | None = None
             if procs.primary:
                 save(model.state_dict(), out / "model.safetensors")
                 plot_history(history, out / "history.png", log, held_out="validation")
                 # The last epoch's figure, unless nothing was left to train.
-                validation_loss = history[-1]["test_loss"] if history else \
+                final_loss = history[-1]["test_loss"] if history else \
                     evaluate(model, validation_ids, validation_starts, config)
                 prompt = b"def " if set(b"def ") <= set(vocab) else validation_text[:1]
                 text = decode(generate(model, encode(prompt, vocab), sample_tokens,
                                        temperature=0.8, rng=np.random.default_rng(config.seed)),
                               vocab)
-            validation_loss, text, history = procs.from_primary(
-                (validation_loss, text, history))
+            final_loss, text, history = procs.from_primary(
+                (final_loss, text, history))
+            # rank 0's, which every process now holds
+            assert final_loss is not None and text is not None
     rate = trained_steps / elapsed if elapsed > 0 else 0.0
     on = f" on {procs.size} processes" if procs.size > 1 else ""
     say(f"{trained_steps} steps in {elapsed:.1f} s ({rate:.1f} steps/s){on}; "
         f"checkpoint and weights in {out}/")
-    return GPTResult(validation_loss, text, history, model)
+    return GPTResult(final_loss, text, history, model)
 
 
 def load_for_sampling(folder: str) -> tuple[GPT, list[int]]:

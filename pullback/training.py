@@ -22,26 +22,38 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
+from numpy.typing import NDArray
 
 from . import nn, optim
 from .backend import CpuBackend, ThreadedCpuBackend
 from .backend.current import use_backend
 from .distributed.job import Processes, fail_if_asked, quiet
+from .distributed.optimizer import DistributedOptimizer
 from .io import batches, digits_split, load_training, save, save_training, training_metadata
 from .io.atomic import check_writable
-from .lower import LoweringMode, compile
-from .tensor import creation, no_grad, tensor
+from .lower import LoweringMode, Plan, compile
+from .tensor import Tensor, creation, no_grad, tensor
+
+if TYPE_CHECKING:
+    from .gpt import GPTConfig
 
 MODELS = ("cnn", "mlp", "resnet")
 OPTIMIZERS = ("adam", "adamw", "sgd", "momentum", "rmsprop")
 BACKENDS = {"cpu": CpuBackend, "threaded": ThreadedCpuBackend}
 CHECKPOINT = "checkpoint.safetensors"
+
+# An epoch's record in a run's history: "epoch" and losses (and accuracies) by name.
+Epoch = dict[str, float]
+# A training step: (inputs, targets, weight) -> (loss, logits), gradients left in .grad.
+StepFunction = Callable[[NDArray[Any], NDArray[Any], NDArray[np.float32]],
+                        tuple[Tensor, Tensor]]
+_Item = TypeVar("_Item")
 
 
 @dataclass
@@ -78,8 +90,8 @@ def check_choices(optimizer: str, backend: str) -> None:
 @dataclass
 class TrainResult:
     test_accuracy: float
-    history: list[dict] = field(default_factory=list)
-    model: Any = None
+    history: list[Epoch] = field(default_factory=list)
+    model: nn.Module | None = None
 
 
 class ResidualBlock(nn.Module):
@@ -94,7 +106,7 @@ class ResidualBlock(nn.Module):
         self.bn2 = nn.BatchNorm2d(width)
         self.relu = nn.ReLU()
 
-    def forward(self, x: Any) -> Any:
+    def forward(self, x: Tensor) -> Tensor:
         y = self.relu(self.bn1(self.conv1(x)))
         return self.relu(self.bn2(self.conv2(y)) + x)
 
@@ -122,9 +134,10 @@ def build_model(name: str) -> nn.Module:
                          nn.ReLU(), nn.Dense(256, 10))
 
 
-def make_optimizer(name: str, params: list, lr: float, total_steps: int) -> optim.GradApplyer:
+def make_optimizer(name: str, params: list[Tensor], peak_lr: float, total_steps: int
+                   ) -> optim.GradApplyer:
     """The named optimizer, its learning rate decayed along a cosine over the whole run."""
-    lr = optim.TrainParams(lr, schedule=optim.cosine(total_steps))
+    lr = optim.TrainParams(peak_lr, schedule=optim.cosine(total_steps))
     if name == "adam":
         return optim.Adam(params, lr)
     if name == "adamw":
@@ -171,7 +184,7 @@ def train(config: TrainConfig, *, resume: bool = False, overwrite: bool = False,
         steps_per_epoch = -(-len(x_train) // config.batch_size)
         optimizer = make_optimizer(config.optimizer, model.parameters(), config.lr,
                                    config.epochs * steps_per_epoch)
-        history: list[dict] = []
+        history: list[Epoch] = []
         step = 0
         if resume:
             step, history = procs.agree(
@@ -209,12 +222,13 @@ def train(config: TrainConfig, *, resume: bool = False, overwrite: bool = False,
                                   rng=rng, extra={"history": history, "config": asdict(config)})
             elapsed = time.perf_counter() - started
             procs.check_same_parameters(model)
-            accuracy = None
+            accuracy: float | None = None
             if procs.primary:
                 save(model.state_dict(), out / "model.safetensors")
                 plot_history(history, out / "history.png", log)
                 _, accuracy = evaluate(model, x_test, y_test)
             accuracy, history = procs.from_primary((accuracy, history))
+            assert accuracy is not None  # rank 0's, which every process now holds
     rate = trained_steps / elapsed if elapsed > 0 else 0.0
     on = f" on {procs.size} processes" if procs.size > 1 else ""
     say(f"{trained_steps} steps in {elapsed:.1f} s ({rate:.0f} steps/s){on}; "
@@ -222,8 +236,9 @@ def train(config: TrainConfig, *, resume: bool = False, overwrite: bool = False,
     return TrainResult(accuracy, history, model)
 
 
-def _train_epoch(procs: Processes, bar: Any, step_fn: Callable, optimizer: Any,
-                 step: int, beat: Callable[[], None]) -> np.ndarray:
+def _train_epoch(procs: Processes, bar: Iterable[tuple[NDArray[Any], NDArray[Any]]],
+                 step_fn: StepFunction, optimizer: optim.GradApplyer | DistributedOptimizer,
+                 step: int, beat: Callable[[], None]) -> NDArray[np.float64]:
     """One epoch of steps on this process's part of each global batch, calling `beat`
     after each; returns this process's [loss x samples, correct, samples, steps]."""
     sums = np.zeros(4)
@@ -240,7 +255,7 @@ def _train_epoch(procs: Processes, bar: Any, step_fn: Callable, optimizer: Any,
         beat()
         sums += (loss.item() * len(y), int((logits.numpy().argmax(axis=1) == y).sum()),
                  len(y), 1)
-        if bar is not None and hasattr(bar, "set_postfix"):
+        if hasattr(bar, "set_postfix"):
             # rank 0's share of the epoch so far, shown at the bar's next redraw
             bar.set_postfix(loss=f"{sums[0] / sums[2]:.4f}", acc=f"{sums[1] / sums[2]:.4f}",
                             refresh=False)
@@ -288,26 +303,28 @@ def prepare_output(output: str, *, resume: bool, overwrite: bool) -> Path:
     return out
 
 
-def _step_function(model: nn.Module, eager: bool) -> Callable:
+def _step_function(model: nn.Module, eager: bool) -> StepFunction:
     """`(x, y, weight) -> (loss, logits)` leaving the gradients of `weight * loss` in
     `.grad` (`weight` a float32 scalar array): eager autograd, or a TRAINING plan (traced
     again for another batch shape: the last batch of an epoch may be smaller)."""
     if eager:
-        def eager_step(x: np.ndarray, y: np.ndarray, weight: np.ndarray) -> tuple:
+        def eager_step(x: NDArray[Any], y: NDArray[Any], weight: NDArray[np.float32]
+                       ) -> tuple[Tensor, Tensor]:
             logits = model(tensor(x))
             loss = nn.cross_entropy(logits, y)
             (loss * tensor(weight)).backward()
             return loss, logits
 
         return eager_step
-    plans: dict[tuple, Any] = {}
+    plans: dict[tuple[int, ...], Plan] = {}
 
-    def weighted_loss(x: Any, y: Any, weight: Any) -> Any:
+    def weighted_loss(x: Tensor, y: Tensor, weight: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         logits = model(x)
         loss = nn.cross_entropy(logits, y)
         return loss * weight, loss, logits
 
-    def planned_step(x: np.ndarray, y: np.ndarray, weight: np.ndarray) -> tuple:
+    def planned_step(x: NDArray[Any], y: NDArray[Any], weight: NDArray[np.float32]
+                     ) -> tuple[Tensor, Tensor]:
         plan = plans.get(x.shape)
         if plan is None:
             plan = plans[x.shape] = compile(weighted_loss, x, y, weight,
@@ -318,11 +335,17 @@ def _step_function(model: nn.Module, eager: bool) -> Callable:
     return planned_step
 
 
-def resume_run(path: Path, config: TrainConfig, model: nn.Module,
-            optimizer: optim.GradApplyer) -> tuple[int, list[dict]]:
+def resume_run(path: Path, config: TrainConfig | GPTConfig, model: nn.Module,
+               optimizer: optim.GradApplyer) -> tuple[int, list[Epoch]]:
     # The settings are compared before loading: another optimizer or model would
     # otherwise fail on a missing state key, which hides the real difference.
-    saved = training_metadata(path)["extra"].get("config", {})
+    metadata = training_metadata(path)
+    # save_training makes the generator optional; a run resumes exactly only with it.
+    no_rng = (f"train --resume: {path} holds no random generator state (it was not saved "
+              "by `pullback train`); start again with --overwrite")
+    if metadata["rng"] is None:
+        raise ValueError(no_rng)
+    saved = metadata["extra"].get("config", {})
     if not isinstance(saved, dict):
         saved = {}
     now = asdict(config)
@@ -334,11 +357,15 @@ def resume_run(path: Path, config: TrainConfig, model: nn.Module,
                          f"{', '.join(differs)}; resume with those, or start again with "
                          "--overwrite")
     state = load_training(path, model=model, optimizer=optimizer)
-    creation.set_default_generator(state["rng"])
+    rng = state["rng"]
+    if rng is None:  # the file changed since it was read above
+        raise ValueError(no_rng)
+    creation.set_default_generator(rng)
     return state["step"], list(state["extra"].get("history", []))
 
 
-def progress_bar(iterable: Any, total: int, epoch: int, config: TrainConfig, enabled: bool) -> Any:
+def progress_bar(iterable: Iterable[_Item], total: int, epoch: int,
+                 config: TrainConfig | GPTConfig, enabled: bool) -> Iterable[_Item]:
     if not enabled:
         return iterable
     from tqdm import tqdm
@@ -347,8 +374,8 @@ def progress_bar(iterable: Any, total: int, epoch: int, config: TrainConfig, ena
                 leave=False, dynamic_ncols=True, mininterval=0.25)
 
 
-def plot_history(history: list[dict], path: Path, log: Callable[[str], None],
-          held_out: str = "test") -> None:
+def plot_history(history: list[Epoch], path: Path, log: Callable[[str], None],
+                 held_out: str = "test") -> None:
     """Loss (and accuracy, where the history has it) per epoch as a PNG, when
     matplotlib is installed; `held_out` names the split behind the "test_" keys."""
     try:

@@ -14,13 +14,15 @@ from typing import Any
 
 import numpy as np
 
+from ..tensor import Tensor
+
 DEFAULT_BUCKET_BYTES = 25 * 2**20  # PyTorch DDP's default
 
 
 class Bucket:
     """Parameters whose gradients travel together, and the buffer they travel in."""
 
-    def __init__(self, params: list[Any], names: list[str], dtype: np.dtype):
+    def __init__(self, params: list[Tensor], names: list[str], dtype: np.dtype[Any]):
         self.params = params
         self.names = names
         self.offsets = np.cumsum([0] + [p.size for p in params]).tolist()
@@ -29,7 +31,7 @@ class Bucket:
         self.flags = self.buffer[total:]
         self.ready = [False] * len(params)
         self.count = 0  # how many of `ready` are True
-        self.request: Any = None  # the Iallreduce in flight
+        self.request: Any = None  # the Iallreduce in flight (an mpi4py Request)
         self.launched = False
         self.stale = False  # a gradient changed after the bucket was sent
 
@@ -72,10 +74,10 @@ class Bucket:
                 p.grad = type(p)(part * scale)
 
 
-def make_buckets(params: list[Any], names: list[str], bucket_bytes: int) -> list[Bucket]:
+def make_buckets(params: list[Tensor], names: list[str], bucket_bytes: int) -> list[Bucket]:
     """Buckets of at most `bucket_bytes` each (a larger parameter gets one of its own),
     per dtype, filled in reverse order of `params`."""
-    open_: dict[np.dtype, tuple[list, list, int]] = {}
+    open_: dict[np.dtype[Any], tuple[list[Tensor], list[str], int]] = {}
     buckets: list[Bucket] = []
     for p, name in zip(reversed(params), reversed(names)):
         dtype = np.dtype(p.dtype)

@@ -9,22 +9,31 @@ every collective is an identity: the same script runs on one process or many.
 from __future__ import annotations
 
 import sys
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Iterable, Mapping
+from types import TracebackType
+from typing import Any, Literal, overload
 
 import numpy as np
+from numpy.typing import ArrayLike, NDArray
 
+from ..io.training import OptimizerState
 from ..nn import Module
 from ..tensor import Tensor
 
 INSTALL_HINT = "pip install 'pullback[mpi]'"
 
 _OPS = ("mean", "sum", "max", "min")
+ReduceOp = Literal["mean", "sum", "max", "min"]
+
+# What the broadcasts take: a module (its state dict), a state dict of tensors or
+# arrays, or `named_parameters()`' pairs.
+StateSource = Module | Mapping[str, Tensor | NDArray[Any]] | Iterable[tuple[str, Tensor]]
 
 
 class _Group:
     """What `init()` found: the world communicator, mpi4py's MPI module, and ranks."""
 
+    # mpi4py has no type information: `mpi` is its MPI module, `comm` COMM_WORLD.
     def __init__(self, mpi: Any):
         self.mpi = mpi
         self.comm = mpi.COMM_WORLD
@@ -66,7 +75,8 @@ def init(abort_on_error: bool = True) -> None:
 def _abort_on_uncaught(group: _Group) -> None:
     previous = sys.excepthook
 
-    def hook(kind: type, value: BaseException, tb: Any) -> None:
+    def hook(kind: type[BaseException], value: BaseException,
+             tb: TracebackType | None) -> None:
         sys.stderr.write(f"pullback.distributed: rank {group.rank} of {group.size} failed; "
                          "aborting the job\n")
         previous(kind, value, tb)
@@ -105,14 +115,27 @@ def local_rank() -> int:
     return group("local_rank").local_rank
 
 
-def _as_array(where: str, value: Any) -> np.ndarray:
+def _as_array(where: str, value: Tensor | ArrayLike) -> np.ndarray:
     data = value._data if isinstance(value, Tensor) else np.asarray(value)
     if data.dtype.kind not in "iuf":
         raise TypeError(f"{where}: expected numbers (float or integer), got dtype {data.dtype}")
     return data
 
 
-def allreduce(value: Any, op: str = "mean") -> Any:
+@overload
+def allreduce(value: Tensor, op: ReduceOp = "mean") -> Tensor: ...
+
+
+@overload
+def allreduce(value: float | np.number[Any], op: ReduceOp = "mean") -> float: ...
+
+
+@overload
+def allreduce(value: ArrayLike, op: ReduceOp = "mean") -> NDArray[Any]: ...
+
+
+def allreduce(value: Tensor | ArrayLike, op: ReduceOp = "mean"
+              ) -> Tensor | float | NDArray[Any]:
     """The elementwise `op` ("mean", "sum", "max" or "min") of `value` over all processes,
     for users' own metrics: a Tensor gives a Tensor, an array an array, a Python number
     a Python number. Every process must call it, with the same shape and dtype. The mean
@@ -136,29 +159,31 @@ def allreduce(value: Any, op: str = "mean") -> Any:
     if isinstance(value, Tensor):
         return Tensor(out)
     if isinstance(value, (int, float, np.number)) and not isinstance(value, np.ndarray):
-        return out.item()
+        number: float = out.item()  # an int for a sum of ints; float stands for both
+        return number
     return out
 
 
-def _state_of(where: str, target: Any) -> dict[str, Any]:
+def _state_of(where: str, target: object) -> Mapping[str, object]:
     if isinstance(target, Module):
         return target.state_dict()
     if isinstance(target, Mapping):
         return dict(target)
     try:
-        return dict(target)  # named_parameters(): pairs of name and tensor
+        # named_parameters(): pairs of name and tensor; anything else raises here.
+        return dict(target)  # type: ignore[call-overload]
     except (TypeError, ValueError):
         raise TypeError(f"{where}: expected a Module, a state dict or (name, tensor) pairs, "
                         f"got {type(target).__name__}") from None
 
 
-def _check_root(where: str, g: _Group, root_rank: int) -> None:
+def _check_root(where: str, g: _Group, root_rank: object) -> None:
     if not isinstance(root_rank, (int, np.integer)) or not 0 <= root_rank < g.size:
         raise ValueError(f"{where}: root_rank must be a rank from 0 to {g.size - 1}, got "
                          f"{root_rank!r}")
 
 
-def broadcast_parameters(module_or_state_dict: Any, root_rank: int = 0) -> None:
+def broadcast_parameters(module_or_state_dict: StateSource, root_rank: int = 0) -> None:
     """Copy the root's parameters and buffers into every process's, in place: a Module
     (its state dict: parameters and buffers such as BatchNorm's running statistics), a
     state dict of Tensors or arrays, or `named_parameters()`. Call it once after
@@ -196,13 +221,16 @@ def broadcast_parameters(module_or_state_dict: Any, root_rank: int = 0) -> None:
             np.copyto(a, buf)
 
 
-def _diff(mine: list, root: list) -> str:
+Signature = list[tuple[str, tuple[int, ...], str]]
+
+
+def _diff(mine: Signature, root: Signature) -> str:
     theirs = set(root)
     return ", ".join(f"{n} {s} {np.dtype(d)}" for n, s, d in mine if (n, s, d) not in theirs) \
         or f"{len(mine)} entries against {len(root)}"
 
 
-def broadcast_optimizer_state(optimizer: Any, root_rank: int = 0) -> None:
+def broadcast_optimizer_state(optimizer: OptimizerState, root_rank: int = 0) -> None:
     """Give every process the root's optimizer state (step count, buffers such as
     momentum or Adam's moments, parameter groups' settings): after resuming from a
     checkpoint only the root read, say."""

@@ -15,13 +15,19 @@ import os
 import signal
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import numpy as np
+from numpy.typing import ArrayLike, NDArray
 
 from .. import nn, optim
 from ..tensor import creation
+from . import comm
 from .launch import Watchdog, abort_job, broadcast_object, launched_by_mpirun
+from .optimizer import DistributedOptimizer
+from .shard import shard
+
+T = TypeVar("T")
 
 # A testing aid: "RANK:STEP" makes that process raise as it starts that step (counted
 # from 1 over the whole run); "RANK:STEP:kill" kills it with SIGKILL, "RANK:STEP:hang"
@@ -37,8 +43,8 @@ class Processes:
     """The processes training together: rank 0 of 1 in a plain run; under mpirun,
     pullback.distributed's group. Wraps what the job does differently with several."""
 
-    def __init__(self, rank: int = 0, size: int = 1, dist: Any = None):
-        self.rank, self.size, self.dist = rank, size, dist
+    def __init__(self, rank: int = 0, size: int = 1):
+        self.rank, self.size = rank, size
 
     @classmethod
     def start(cls) -> Processes:
@@ -46,10 +52,8 @@ class Processes:
         run never imports mpi4py)."""
         if not launched_by_mpirun():
             return cls()
-        from .. import distributed as dist
-
-        dist.init()
-        return cls(dist.rank(), dist.size(), dist)
+        comm.init()
+        return cls(comm.rank(), comm.size())
 
     @property
     def primary(self) -> bool:
@@ -67,16 +71,17 @@ class Processes:
                              f"one per process; use a batch size of at least {self.size} that "
                              f"leaves no last batch smaller than {self.size}")
 
-    def part(self, n: int) -> Any:
+    def part(self, n: int) -> slice | NDArray[Any]:
         """This process's part of a global batch of `n` samples (all of it, alone)."""
-        return slice(None) if self.size == 1 else self.dist.shard(np.arange(n))
+        return slice(None) if self.size == 1 else shard(np.arange(n))
 
-    def agree(self, fn: Callable[[], Any]) -> Any:
+    def agree(self, fn: Callable[[], T]) -> T:
         """`fn()` run by rank 0 alone and its result given to every process; a ValueError
         or OSError it raises is raised on every process, so that all of them end alike."""
         if self.size == 1:
             return fn()
-        result, failure = None, None
+        result: T | None = None
+        failure: ValueError | OSError | None = None
         if self.primary:
             try:
                 result = fn()
@@ -88,24 +93,25 @@ class Processes:
             raise failure
         if message is not None:
             raise ValueError(message)
-        return result
+        return cast(T, result)  # rank 0's fn() result: no failure, so it ran
 
-    def share(self, model: nn.Module, optimizer: optim.GradApplyer) -> Any:
+    def share(self, model: nn.Module, optimizer: optim.GradApplyer
+              ) -> optim.GradApplyer | DistributedOptimizer:
         """Rank 0's weights, optimizer state and generator on every process, and the
         optimizer to step: one that averages gradients over the processes."""
         if self.size == 1:
             return optimizer
-        self.dist.broadcast_parameters(model)
-        self.dist.broadcast_optimizer_state(optimizer)
+        comm.broadcast_parameters(model)
+        comm.broadcast_optimizer_state(optimizer)
         creation.set_default_generator(broadcast_object(creation.default_generator()))
-        return self.dist.DistributedOptimizer(optimizer, model.named_parameters())
+        return DistributedOptimizer(optimizer, model.named_parameters())
 
-    def sum(self, values: Any) -> np.ndarray:
+    def sum(self, values: ArrayLike) -> NDArray[np.float64]:
         """`values` (float64) summed over the processes."""
-        values = np.asarray(values, dtype=np.float64)
-        return values if self.size == 1 else self.dist.allreduce(values, op="sum")
+        array = np.asarray(values, dtype=np.float64)
+        return array if self.size == 1 else comm.allreduce(array, op="sum")
 
-    def from_primary(self, value: Any) -> Any:
+    def from_primary(self, value: T) -> T:
         """Rank 0's `value` on every process."""
         if self.size == 1:
             return value
@@ -127,7 +133,7 @@ class Processes:
             raise RuntimeError(f"train: the parameters of rank(s) {differ} differ from rank "
                                "0's after training; the processes fell out of step")
 
-    def watchdog(self) -> Any:
+    def watchdog(self) -> Watchdog | _NoWatchdog:
         """With several processes, a context whose `beat()` each step must call within
         PULLBACK_STEP_TIMEOUT seconds, or the job ends; alone, one that does nothing."""
         if self.size == 1:
@@ -154,7 +160,7 @@ class Processes:
             raise
 
 
-class _NoWatchdog(contextlib.nullcontext):
+class _NoWatchdog(contextlib.nullcontext[None]):
     def beat(self) -> None:
         """Nothing to watch in a run of one process."""
 

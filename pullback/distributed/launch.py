@@ -12,9 +12,12 @@ import sys
 import threading
 import time
 import traceback
-from typing import Any
+from types import TracebackType
+from typing import TypeVar
 
 from .comm import group
+
+T = TypeVar("T")
 
 # The world size each launcher exports to its processes: Open MPI's mpirun, MPICH's and
 # Intel MPI's Hydra (PMI), MVAPICH2's mpirun_rsh.
@@ -30,12 +33,13 @@ def launched_by_mpirun() -> bool:
     return False
 
 
-def broadcast_object(value: Any, root_rank: int = 0) -> Any:
+def broadcast_object(value: T, root_rank: int = 0) -> T:
     """The root's `value` (any picklable object) on every process; every process calls it."""
     g = group("pullback.distributed.broadcast_object")
     if g.size == 1:
         return value
-    return g.comm.bcast(value if g.rank == root_rank else None, root=root_rank)
+    result: T = g.comm.bcast(value if g.rank == root_rank else None, root=root_rank)
+    return result
 
 
 def abort_job(error: BaseException) -> None:
@@ -67,7 +71,8 @@ class Watchdog:
             threading.Thread(target=self._watch, name="pullback-watchdog", daemon=True).start()
         return self
 
-    def __exit__(self, *exc_info: Any) -> None:
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 tb: TracebackType | None) -> None:
         self._done.set()
 
     def beat(self) -> None:

@@ -12,12 +12,17 @@ gradient). Buckets start in the same order on every process, so the collectives 
 from __future__ import annotations
 
 import weakref
-from typing import Any
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
+from numpy.typing import NDArray
 
 from ..lower import on_gradient_ready
+from ..optim import GradApplyer, TrainParams
+from ..optim.applyer import GradLike
 from ..tensor import Tensor
+from ..tensor.hooks import HookHandle
 from .buckets import DEFAULT_BUCKET_BYTES, Bucket, make_buckets
 from .comm import group
 
@@ -35,7 +40,24 @@ class DistributedOptimizer:
     A gradient missing (None) on some processes but not others is an error; missing
     on all, it stays None."""
 
-    def __init__(self, optimizer: Any, named_parameters: Any = None,
+    if TYPE_CHECKING:
+        # The wrapped optimizer's, reached through __getattr__ / __setattr__ below:
+        # spelled here so that type checkers know them.
+        params: list[Tensor]
+        param_groups: list[dict[str, Any]]
+        defaults: dict[str, Any]
+        train_params: TrainParams
+        step_count: int
+
+        @property
+        def lr(self) -> float: ...
+
+        def state_dict(self) -> dict[str, NDArray[Any]]: ...
+
+        def load_state_dict(self, state: Mapping[str, GradLike]) -> None: ...
+
+    def __init__(self, optimizer: GradApplyer,
+                 named_parameters: Iterable[tuple[str, Tensor]] | None = None,
                  bucket_bytes: int = DEFAULT_BUCKET_BYTES, overlap: bool = True) -> None:
         where = "DistributedOptimizer"
         self._group = group(where)
@@ -55,11 +77,11 @@ class DistributedOptimizer:
         self._next = 0  # the next bucket to start: buckets start in order
         self._checked = False
         self.overlap = overlap
-        self._hook = None
+        self._hook: HookHandle | None = None
         if overlap and self._group.size > 1:
             ref = weakref.ref(self)
 
-            def hook(param: Any) -> None:
+            def hook(param: Tensor) -> None:
                 me = ref()
                 if me is not None:
                     me._gradient_ready(param)
@@ -95,7 +117,7 @@ class DistributedOptimizer:
 
     # ------------------------------------------------------------ during the backward
 
-    def _gradient_ready(self, param: Any) -> None:
+    def _gradient_ready(self, param: Tensor) -> None:
         place = self._where.get(id(param))
         if place is None:
             return  # another optimizer's parameter
@@ -130,7 +152,7 @@ class DistributedOptimizer:
             self.synchronize()
         self._opt.step()
 
-    def apply(self, pairs: Any) -> None:
+    def apply(self, pairs: Iterable[tuple[Tensor, GradLike]]) -> None:
         """One update from explicit `(param, grad)` pairs (what `module.update` calls),
         each gradient averaged over the processes first; `.grad` is left as it was."""
         pairs = list(pairs)
@@ -145,7 +167,9 @@ class DistributedOptimizer:
                 p.grad = None if g is None else Tensor(np.array(
                     g._data if isinstance(g, Tensor) else g, dtype=p.dtype))
             self.synchronize()
-            averaged = [(p, p.grad) for p, _ in pairs]
+            # Each pair's parameter got a gradient above, which the average keeps (a
+            # parameter not of this optimizer is refused by apply before its grad is read).
+            averaged = [(p, cast(Tensor, p.grad)) for p, _ in pairs]
         finally:
             for p, g in kept:
                 p.grad = g
@@ -228,7 +252,8 @@ class DistributedOptimizer:
                          "missing gradient is not taken as zero")
 
 
-def _names(params: list[Any], named_parameters: Any) -> list[str]:
+def _names(params: list[Tensor], named_parameters: Iterable[tuple[str, Tensor]] | None
+           ) -> list[str]:
     """A name per parameter: from `named_parameters`, else the name a module gave it,
     else its index in the optimizer."""
     given = {}
@@ -241,7 +266,7 @@ def _names(params: list[Any], named_parameters: Any) -> list[str]:
     return [f"{n} (parameter {i})" if names.count(n) > 1 else n for i, n in enumerate(names)]
 
 
-def _differences(every: list[list[tuple]]) -> list[str]:
+def _differences(every: list[list[tuple[str, tuple[int, ...], str]]]) -> list[str]:
     """What differs between the processes' lists of (name, shape, dtype)."""
     counts = {r: len(sig) for r, sig in enumerate(every)}
     if len(set(counts.values())) > 1:
@@ -252,7 +277,7 @@ def _differences(every: list[list[tuple]]) -> list[str]:
                           for n, ranks in sorted(by_count.items()))]
     problems = []
     for k in range(len(every[0])):
-        variants: dict[tuple, list[int]] = {}
+        variants: dict[tuple[tuple[int, ...], str], list[int]] = {}
         for r, sig in enumerate(every):
             variants.setdefault(sig[k][1:], []).append(r)
         if len(variants) > 1:

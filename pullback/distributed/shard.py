@@ -7,11 +7,12 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+from numpy.typing import ArrayLike, NDArray
 
 from .comm import group
 
 
-def shard(indices: Any) -> np.ndarray:
+def shard(indices: ArrayLike) -> NDArray[Any]:
     """This process's part of `indices` (a global batch, or a whole epoch's order): the
     parts of all processes are disjoint, cover `indices`, keep its order, and differ in
     length by at most one. Averaged gradients equal one process's gradient on the whole

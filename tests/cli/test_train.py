@@ -10,7 +10,7 @@ import pytest
 
 import pullback as pb
 from pullback.cli import main
-from pullback.training import TrainConfig, train
+from pullback.training import TrainConfig, build_model, make_optimizer, train
 
 
 def _quiet(message: str) -> None:
@@ -93,3 +93,20 @@ def test_the_training_plan_and_eager_autograd_train_alike(tmp_path: Path) -> Non
                for eager in (False, True)]
     for (name, p), q in zip(results[0].model.named_parameters(), results[1].model.parameters()):
         np.testing.assert_allclose(p.numpy(), q.numpy(), rtol=1e-4, atol=1e-6, err_msg=name)
+
+
+def test_resume_refuses_a_checkpoint_without_the_random_generator(tmp_path: Path,
+                                                                   capsys) -> None:
+    # save_training's rng is optional; resuming without it used to raise a TypeError
+    # (set_default_generator(None)) after loading the weights, a traceback at the CLI.
+    train(TrainConfig(epochs=1, output=str(tmp_path)), progress=False, log=_quiet)
+    checkpoint = tmp_path / "checkpoint.safetensors"
+    model = build_model("cnn")
+    optimizer = make_optimizer("adam", model.parameters(), 2e-3, 45)
+    info = pb.io.load_training(checkpoint, model=model, optimizer=optimizer)
+    pb.io.save_training(checkpoint, model=model, optimizer=optimizer, step=info["step"],
+                        extra=info["extra"])
+    code = main(["train", "--resume", "--no-progress", "--epochs", "1",
+                 "--output", str(tmp_path)])
+    assert code == 2
+    assert "holds no random generator state" in capsys.readouterr().err
