@@ -5,7 +5,7 @@ any and all (bool results, no gradient)."""
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
@@ -13,24 +13,29 @@ from ..ad import defjvp
 from ..errors import KernelError
 from .checks import declare_check, inputs, nonzero
 from .elementwise import abs, astype, div, equal, mul, not_equal, pow, sign, sqrt, sub, where
+from .hints import Axis, Shape, TensorLike
 from .reduce import max as reduce_max
 from .reduce import mean
 from .reduce import min as reduce_min
 from .reduce import sum as reduce_sum
 from .registry import declare, dtype_of, is_float, normalize_axes, reduced_shape, shape_of
 
+if TYPE_CHECKING:
+    from ..tensor import Tensor
+
 #: The ops `import pullback as pb` offers as `pb.<name>` (and `pullback.ops` too).
 __all__ = ["all", "any", "norm", "std", "var"]
 
 
-def _count(x: Any, axes: tuple) -> int:
+def _count(x: TensorLike, axes: tuple[int, ...]) -> int:
     count = 1
     for a in axes:
         count *= shape_of(x)[a]
     return count
 
 
-def var(x: Any, axis: Any = None, keepdims: bool = False, *, correction: float = 1) -> Any:
+def var(x: TensorLike, axis: Axis = None, keepdims: bool = False, *,
+        correction: float = 1) -> Tensor:
     """The variance over `axis` (None: every axis), as torch.var: the sum of squared
     deviations divided by N - correction (1: unbiased, 0: the population variance);
     where that is 0 or less the result is inf or NaN, as in PyTorch."""
@@ -47,7 +52,8 @@ def var(x: Any, axis: Any = None, keepdims: bool = False, *, correction: float =
                1.0 / dof if dof > 0 else math.inf)
 
 
-def std(x: Any, axis: Any = None, keepdims: bool = False, *, correction: float = 1) -> Any:
+def std(x: TensorLike, axis: Axis = None, keepdims: bool = False, *,
+        correction: float = 1) -> Tensor:
     """The standard deviation: the square root of `var` with the same arguments."""
     if not is_float(dtype_of(x)):
         raise KernelError("std", (x,), "expected a floating dtype")
@@ -57,13 +63,13 @@ def std(x: Any, axis: Any = None, keepdims: bool = False, *, correction: float =
 # ---------------------------------------------------------------- norm
 
 
-def _norm_shape(x: Any, p: float, axes: tuple, keepdims: bool) -> tuple:
+def _norm_shape(x: Any, p: float, axes: tuple[int, ...], keepdims: bool) -> tuple[Shape, Any]:
     if not is_float(dtype_of(x)):
         raise KernelError("norm", (x,), "expected a floating dtype")
     return reduced_shape(shape_of(x), axes, keepdims), dtype_of(x)
 
 
-def _norm_impl(backend: Any, x: Any, p: float, axes: tuple, keepdims: bool) -> Any:
+def _norm_impl(backend: Any, x: Any, p: float, axes: tuple[int, ...], keepdims: bool) -> Any:
     if p == 2:
         return backend.sqrt(backend.reduce_sum(backend.mul(x, x), axes, keepdims))
     if p == 1:
@@ -76,7 +82,7 @@ norm_p = declare("norm", _norm_impl, _norm_shape, saves_inputs=True, saves_outpu
                  aliasing="fresh")
 
 
-def _norm_jvp(t: Any, out: Any, x: Any, p: float, axes: tuple, keepdims: bool) -> Any:
+def _norm_jvp(t: Any, out: Any, x: Any, p: float, axes: tuple[int, ...], keepdims: bool) -> Any:
     """d|x|_p = sum(t * sign(x) |x|^(p-1)) / |x|_p^(p-1), and 0 where the norm is 0 (as
     torch.linalg.vector_norm's gradient): there every x is 0, and so is the numerator."""
     if p == 1:
@@ -91,7 +97,8 @@ def _norm_jvp(t: Any, out: Any, x: Any, p: float, axes: tuple, keepdims: bool) -
 defjvp(norm_p, _norm_jvp)
 
 
-def norm(x: Any, p: Any = 2, axis: Any = None, keepdims: bool = False) -> Any:
+def norm(x: TensorLike, p: float | Literal["fro"] = 2, axis: Axis = None,
+         keepdims: bool = False) -> Tensor:
     """The vector p-norm over `axis` (None: every axis, the Frobenius norm of a matrix
     for p=2), as torch.linalg.vector_norm: p a number >= 1, inf or -inf ("fro" is 2).
     Where the norm is 0 its gradient is 0, as PyTorch's."""
@@ -102,17 +109,18 @@ def norm(x: Any, p: Any = 2, axis: Any = None, keepdims: bool = False) -> Any:
             math.isnan(p) or (p < 1 and p != -math.inf):
         raise KernelError("norm", (x,), f"p must be a number >= 1, inf or -inf (or 'fro'), "
                           f"not {p!r}")
-    _norm_shape(x, p, axes, keepdims)
-    if math.isinf(p):  # the largest (smallest) magnitude; ties share the gradient
-        pick = reduce_max if p > 0 else reduce_min
+    order = float(p)
+    _norm_shape(x, order, axes, keepdims)
+    if math.isinf(order):  # the largest (smallest) magnitude; ties share the gradient
+        pick = reduce_max if order > 0 else reduce_min
         return pick(abs(x), axes, keepdims)
-    return norm_p.bind(x, p=float(p), axes=axes, keepdims=keepdims)
+    return norm_p.bind(x, p=order, axes=axes, keepdims=keepdims)
 
 
 # ---------------------------------------------------------------- any and all
 
 
-def any(x: Any, axis: Any = None, keepdims: bool = False) -> Any:
+def any(x: TensorLike, axis: Axis = None, keepdims: bool = False) -> Tensor:
     """Whether any element over `axis` (None: every axis) is nonzero (NaN counts), as
     torch.any: a bool tensor; False over an empty selection."""
     axes = normalize_axes("any", x, axis)
@@ -120,7 +128,7 @@ def any(x: Any, axis: Any = None, keepdims: bool = False) -> Any:
     return not_equal(hits, 0)
 
 
-def all(x: Any, axis: Any = None, keepdims: bool = False) -> Any:
+def all(x: TensorLike, axis: Axis = None, keepdims: bool = False) -> Tensor:
     """Whether every element over `axis` (None: every axis) is nonzero, as torch.all: a
     bool tensor; True over an empty selection."""
     axes = normalize_axes("all", x, axis)
