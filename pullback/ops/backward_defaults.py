@@ -23,6 +23,7 @@ from ..ad import (
     transpose_linear,
 )
 from ..backend import backward_ops
+from ..backend.base import Backend
 
 
 def backward_kernel(prim: Primitive, kernel: str, symmetric: bool = False) -> None:
@@ -35,7 +36,7 @@ def backward_kernel(prim: Primitive, kernel: str, symmetric: bool = False) -> No
     backward_ops.derive_default(kernel, partial(rule_vjp, prim, symmetric=symmetric))
 
 
-def rule_vjp(prim: Primitive, backend: Any, upstream: Any, inputs: tuple[Any, ...], output: Any,
+def rule_vjp(prim: Primitive, backend: Backend, upstream: Any, inputs: tuple[Any, ...], output: Any,
              params: dict[str, Any], shapes: tuple[Any, ...],
              needed: tuple[bool, ...] | None = None,
              symmetric: bool = False) -> tuple[Any, ...]:
@@ -70,7 +71,7 @@ def rule_vjp(prim: Primitive, backend: Any, upstream: Any, inputs: tuple[Any, ..
     return tuple(next(found) if wanted else None for wanted in needed)
 
 
-def _on_backend(backend: Any, prim: Primitive, args: tuple[Any, ...],
+def _on_backend(backend: Backend, prim: Primitive, args: tuple[Any, ...],
                 kwargs: dict[str, Any]) -> Any:
     """`prim` computed on `backend`'s forward ops."""
     if prim.impl is None:  # every declared primitive has one (`declare`)

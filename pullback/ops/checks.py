@@ -14,10 +14,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from ..ad import Primitive
 
 Sampler = Callable[[np.random.Generator], np.ndarray]
+#: Draws all of a spec's inputs.
+Sample = Callable[[np.random.Generator], tuple[np.ndarray, ...]]
 
 
 @dataclass(frozen=True)
@@ -31,13 +34,13 @@ class Spec:
     """
 
     fn: Callable[..., Any]
-    sample: Callable[[np.random.Generator], tuple[np.ndarray, ...]]
+    sample: Sample
     order: int = 2
     reference: Callable[..., Any] | None = None
 
 
 def declare_check(prim: Primitive, fn: Callable[..., Any],
-                  sample: Callable[[np.random.Generator], tuple[np.ndarray, ...]], *,
+                  sample: Sample, *,
                   order: int = 2, reference: Callable[..., Any] | None = None) -> None:
     """Declare how `pullback check` checks `prim` (see `Spec`)."""
     if order not in (1, 2):
@@ -48,7 +51,7 @@ def declare_check(prim: Primitive, fn: Callable[..., Any],
     prim.check = Spec(fn, sample, order, reference)
 
 
-def inputs(*samplers: Sampler) -> Callable[[np.random.Generator], tuple[np.ndarray, ...]]:
+def inputs(*samplers: Sampler) -> Sample:
     return lambda rng: tuple(s(rng) for s in samplers)
 
 
@@ -76,14 +79,14 @@ def distinct(*shape: int) -> Sampler:
     return lambda rng: (rng.permutation(size).reshape(shape) - size / 2) * 0.05
 
 
-def constant(value: Any) -> Sampler:
+def constant(value: ArrayLike) -> Sampler:
     return lambda rng: np.asarray(value)
 
 
-def separated(shape_a: tuple, shape_b: tuple) -> Callable[[np.random.Generator], tuple]:
+def separated(shape_a: tuple[int, ...], shape_b: tuple[int, ...]) -> Sample:
     """a and b at least 0.2 apart everywhere: maximum and minimum have no ties."""
 
-    def sample(rng: np.random.Generator) -> tuple:
+    def sample(rng: np.random.Generator) -> tuple[np.ndarray, ...]:
         b = rng.standard_normal(shape_b)
         gap = nonzero(*np.broadcast_shapes(shape_a, shape_b))(rng)
         return b + gap, b
