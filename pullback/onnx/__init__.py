@@ -11,8 +11,9 @@ file. The `onnx` package is needed only to load or export:
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING
 
 from . import ops as _ops  # noqa: F401  (fills the converter table)
 from . import recurrent as _recurrent  # noqa: F401  (registers the LSTM and GRU exporters)
@@ -22,8 +23,12 @@ from .loader import default_max_tensor_bytes, parse, read_model
 from .model import OnnxModel
 from .registry import CONVERTERS, UNSUPPORTED
 
+if TYPE_CHECKING:
+    from onnx import ModelProto  # no type information: Any to mypy
 
-def load(path_or_bytes: Any, *, trainable: bool | Iterable[str] = False,
+
+def load(path_or_bytes: str | os.PathLike[str] | bytes | bytearray | memoryview | ModelProto,
+         *, trainable: bool | Iterable[str] = False,
          max_tensor_bytes: int | None = None) -> OnnxModel:
     """Load an ONNX model from a path, bytes or a ModelProto.
 

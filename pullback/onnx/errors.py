@@ -9,7 +9,10 @@ reason, so a user learns the whole gap from one attempt.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .registry import NodeView
 
 
 class OnnxImportError(ValueError):
@@ -26,7 +29,7 @@ class UnsupportedOperatorError(OnnxImportError):
     `unsupported` holds one `(op, reason)` pair per distinct problem, where `op`
     reads like `"StringNormalizer (opset 10)"`."""
 
-    def __init__(self, unsupported: Sequence[tuple[str, str]]):
+    def __init__(self, unsupported: Sequence[tuple[str, str]]) -> None:
         self.unsupported = list(unsupported)
         lines = "\n".join(f"  {op}: {reason}" for op, reason in self.unsupported)
         super().__init__(
@@ -37,14 +40,14 @@ class UnsupportedOperatorError(OnnxImportError):
 class NodeError(OnnxImportError):
     """A node failed to convert or run; the message names the node, its op and operands."""
 
-    def __init__(self, node: Any, inputs: Sequence[Any], reason: str):
+    def __init__(self, node: NodeView, inputs: Sequence[object], reason: str) -> None:
         self.node_name = node.name
         self.op_type = node.op_type
         described = ", ".join(describe(v) for v in inputs) or "no inputs"
         super().__init__(f"{node.op_type} node {node.name!r} (inputs: {described}): {reason}")
 
 
-def describe(value: Any) -> str:
+def describe(value: object) -> str:
     """An operand as `(2, 3) float32`, a sequence as `sequence of 2`, an absent one as `-`."""
     if value is None:
         return "-"

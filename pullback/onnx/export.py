@@ -13,9 +13,11 @@ without an ONNX mapping is an `ExportError` listing every such primitive at once
 from __future__ import annotations
 
 import os
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 from ..lower import trace
 from ..lower.graph import StaticGraph, Var
@@ -24,15 +26,24 @@ from ..tensor import Tensor
 from .exporters import Context, Emitter, ExportError, describe_unexported, exporter_of
 from .loader import import_onnx
 
+if TYPE_CHECKING:
+    from onnx import ModelProto  # no type information: Any to mypy
+
 OPSET = 17
 IR_VERSION = 8  # the IR version that goes with opset 17: what onnxruntime expects
+
+# What export traces: a module, or a function of tensors returning one or several.
+Exportable = Module | Callable[..., Tensor | tuple[Tensor, ...]]
+# The example inputs it traces on: a tensor or array, or a tuple (or list) of them.
+ExampleInput = Tensor | NDArray[Any] | Sequence[Tensor | NDArray[Any]]
 
 
 # ---------------------------------------------------------------- export
 
 
-def _modules(module: Any) -> list[Module]:
-    found, stack = [], [module] if isinstance(module, Module) else []
+def _modules(module: object) -> list[Module]:
+    found: list[Module] = []
+    stack = [module] if isinstance(module, Module) else []
     while stack:
         m = stack.pop()
         found.append(m)
@@ -40,7 +51,7 @@ def _modules(module: Any) -> list[Module]:
     return found
 
 
-def _as_examples(example_input: Any) -> tuple:
+def _as_examples(example_input: object) -> tuple[NDArray[Any], ...]:
     examples = example_input if isinstance(example_input, (tuple, list)) else (example_input,)
     arrays = []
     for i, x in enumerate(examples):
@@ -54,7 +65,7 @@ def _as_examples(example_input: Any) -> tuple:
     return tuple(arrays)
 
 
-def to_model(module: Any, example_input: Any) -> Any:
+def to_model(module: Exportable, example_input: ExampleInput) -> ModelProto:
     """The ONNX ModelProto of `module` (an nn.Module or a function of tensors) traced on
     `example_input` (a tensor or array, or a tuple of them): what `export` writes."""
     onnx = import_onnx()
@@ -72,7 +83,7 @@ def to_model(module: Any, example_input: Any) -> Any:
     return _build(onnx, graph, module, type(module).__name__)
 
 
-def _build(onnx: Any, graph: StaticGraph, module: Any, name: str) -> Any:
+def _build(onnx: Any, graph: StaticGraph, module: object, name: str) -> ModelProto:
     missing: dict[str, str] = {}
     for eqn in graph.eqns:
         if exporter_of(eqn) is None:
@@ -97,7 +108,9 @@ def _build(onnx: Any, graph: StaticGraph, module: Any, name: str) -> Any:
     for var, data in graph.consts:
         names[var.index] = emit.const(data, buffer_names.get(id(data), "const"))
     for eqn in graph.eqns:
-        names[eqn.out.index] = exporter_of(eqn)(Context(emit, eqn, names))
+        write = exporter_of(eqn)
+        assert write is not None  # every equation's exporter was found above
+        names[eqn.out.index] = write(Context(emit, eqn, names))
     outputs = []
     for i, var in enumerate(graph.outputs):
         out_name = emit.fresh("output" if len(graph.outputs) == 1 else f"output_{i}")
@@ -122,7 +135,8 @@ def _value_info(helper: Any, name: str, var: Var) -> Any:
                                          list(var.shape))
 
 
-def export(module: Any, example_input: Any, path: str | os.PathLike) -> Any:
+def export(module: Exportable, example_input: ExampleInput, path: str | os.PathLike[str]
+           ) -> ModelProto:
     """Write `module` as an ONNX file at `path`, traced on `example_input` in eval mode;
     returns the ModelProto. Its graph input is named "input" ("input_0", ... for several),
     its output "output"; parameters keep their `named_parameters()` names."""

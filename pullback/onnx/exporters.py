@@ -231,12 +231,18 @@ def _getitem(c: Context) -> str:
     for axis, (i, size) in enumerate(zip(entries, shape)):
         if _is_int(i):
             i = int(i) + (size if int(i) < 0 else 0)
-            starts.append(i), ends.append(i + 1), axes.append(axis), steps.append(1)
+            starts.append(i)
+            ends.append(i + 1)
+            axes.append(axis)
+            steps.append(1)
         elif isinstance(i, slice) and i != slice(None):
             start, stop, step = i.indices(size)
             if step < 0 and stop < 0:
                 stop = -size - 1  # "before the first element", as ONNX clamps it
-            starts.append(start), ends.append(stop), axes.append(axis), steps.append(step)
+            starts.append(start)
+            ends.append(stop)
+            axes.append(axis)
+            steps.append(step)
     x = c.args[0]
     if axes:
         x = c.emit.node("Slice", [x, c.emit.ints(starts, "starts"), c.emit.ints(ends, "ends"),
@@ -245,8 +251,10 @@ def _getitem(c: Context) -> str:
         (axis,) = arrays
         indices = np.asarray(entries[axis], dtype=np.int64)
         x = c.emit.node("Gather", [x, c.emit.const(indices, "indices")], axis=axis)
-    return c.emit.node("Reshape", [x, c.emit.ints(c.out.shape, "shape")],
-                       **({"allowzero": 1} if 0 in c.out.shape else {}))
+    target = c.emit.ints(c.out.shape, "shape")
+    if 0 in c.out.shape:
+        return c.emit.node("Reshape", [x, target], allowzero=1)
+    return c.emit.node("Reshape", [x, target])
 
 
 def _is_int(i: Any) -> bool:

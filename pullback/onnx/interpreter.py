@@ -126,7 +126,7 @@ def run_graph(spec: GraphSpec, env: dict[str, Any], run: RunContext,
     """Run every node, adding its outputs to `env`; returns `env`."""
     for i, node in enumerate(spec.nodes):
         view = NodeView(node.proto, node.index, node.since, node.attrs, run)
-        values = []
+        values: list[Any] = []
         for name in node.proto.input:
             if not name:
                 values.append(None)  # an omitted optional input

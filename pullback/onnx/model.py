@@ -18,15 +18,18 @@ eagerly or through a TRAINING plan.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, cast
 
 import numpy as np
+from numpy.typing import NDArray
 
 from ..ad import Leaf, current_evaluator
+from ..lower import Plan
 from ..lower import compile as compile_plan
 from ..nn import Module, Parameter
 from ..nn.module import GraphTrace
+from ..ops.hints import TensorLike
 from ..tensor import Tensor, enable_grad, is_grad_enabled, no_grad
 from ..tensor.eager import evaluate, wrap
 from .errors import OnnxImportError
@@ -36,6 +39,10 @@ from .registry import DataDependentError
 from .trainable import choose_trainable, frozen_reasons
 
 _MAX_PLANS = 16  # plans kept per model (least recently used dropped)
+
+# What a call gives per graph output: a Tensor for a numeric tensor, a NumPy array of
+# str for a string tensor, a list for a sequence.
+OnnxOutput = Tensor | NDArray[Any] | list["OnnxOutput"]
 
 
 class OnnxModel(Module):
@@ -47,11 +54,12 @@ class OnnxModel(Module):
     module does; `trainable_initializers()` says which could be and why not."""
 
     def __init__(self, spec: GraphSpec, max_tensor_bytes: int,
-                 trainable: bool | Sequence[str] = False):
+                 trainable: bool | Iterable[str] = False) -> None:
         super().__init__()
         self.spec = spec
         self.max_tensor_bytes = max_tensor_bytes
-        self._runners: OrderedDict[tuple, Any] = OrderedDict()
+        self._runners: OrderedDict[tuple[object, ...], _PlanRunner | _EagerRunner] = \
+            OrderedDict()
         self._frees = last_uses(spec)
         for name in choose_trainable(spec, trainable):
             # A copy: the parameter is trained in place, the spec keeps the file's values.
@@ -85,7 +93,7 @@ class OnnxModel(Module):
 
     # ------------------------------------------------------------ calling
 
-    def __call__(self, *inputs: Any) -> tuple:
+    def __call__(self, *inputs: TensorLike) -> tuple[OnnxOutput, ...]:
         if self._records(inputs):
             return self.forward(*inputs)
         arrays = self._prepare(inputs)
@@ -100,12 +108,13 @@ class OnnxModel(Module):
             self._runners.popitem(last=False)
         return outputs
 
-    def forward(self, *inputs: Any) -> tuple:
+    def forward(self, *inputs: TensorLike) -> tuple[OnnxOutput, ...]:
         """The graph's nodes run op by op on tensors, recorded for autodiff (or traced,
         inside `pb.compile`): the outputs carry gradients to the inputs and parameters."""
         return self.call_with({}, *inputs)
 
-    def call_with(self, parameters: dict[str, Any], *inputs: Any) -> tuple:
+    def call_with(self, parameters: Mapping[str, TensorLike], *inputs: TensorLike
+                  ) -> tuple[OnnxOutput, ...]:
         """`forward` with the given tensors in place of the named parameters (the rest as
         they are), as `torch.func.functional_call`: e.g. `pb.gradcheck(lambda w:
         model.call_with({"w": w}, x)[0], (w0,))` checks gradients with respect to `w`."""
@@ -133,7 +142,7 @@ class OnnxModel(Module):
                                   "cannot be traced into a plan; call it eagerly") from None
         return self._finish(outs)
 
-    def traced_forward(self, x: Any) -> tuple[Tensor, Any]:
+    def traced_forward(self, x: TensorLike) -> tuple[Tensor, GraphTrace]:
         """`(output, trace)` for a graph of one input and one output, for the explicit
         path: `model.backprop(trace, grad_output)`, then `model.update(applyer, grads)`."""
         if len(self.spec.inputs) != 1 or len(self.spec.outputs) != 1:
@@ -145,7 +154,8 @@ class OnnxModel(Module):
         if data.dtype.kind == "f":
             traced._node = Leaf(data.shape, data.dtype, None, "input")
         with enable_grad():
-            (y,) = self.forward(traced)
+            (out,) = self.forward(traced)
+        y = cast(Tensor, out)  # a graph of one tensor output gives a Tensor
         return y, GraphTrace(self, traced if data.dtype.kind == "f" else None, y)
 
     def _records(self, inputs: Sequence[Any]) -> bool:
@@ -165,7 +175,7 @@ class OnnxModel(Module):
                             f" ({names}), got {len(inputs)}")
         return inputs
 
-    def mode(self, *inputs: Any) -> str:
+    def mode(self, *inputs: TensorLike) -> str:
         """"plan" or "eager: <reason>" for these inputs' signature (after a call with them)."""
         runner = self._runners.get(_signature(self._prepare(inputs)))
         if runner is None:
@@ -196,13 +206,15 @@ class OnnxModel(Module):
         env.update(zip(self.input_names, values))
         return env
 
-    def _build(self, arrays: list[Any]) -> tuple[Any, tuple]:
+    def _build(self, arrays: list[Any]
+               ) -> tuple[_PlanRunner | _EagerRunner, tuple[OnnxOutput, ...]]:
+        runner: _PlanRunner | _EagerRunner
         if self.spec.eager_reason is not None:
             runner = _EagerRunner(self, self.spec.eager_reason)
             return runner, runner(arrays)
         captured: list[Any] = []
 
-        def traced(*tensors: Tensor) -> tuple:
+        def traced(*tensors: Tensor) -> tuple[Tensor, ...]:
             outs = self._run(self._env(tensors), eager=False)
             captured.extend(outs)
             return tuple(_dynamic_leaves(outs))
@@ -215,7 +227,7 @@ class OnnxModel(Module):
         runner = _PlanRunner(self, plan, captured)
         return runner, self._finish(captured)
 
-    def _finish(self, outs: list[Any]) -> tuple:
+    def _finish(self, outs: list[Any]) -> tuple[OnnxOutput, ...]:
         """Outputs as returned to the caller, checked against the declared dtypes."""
         result = []
         for value, spec in zip(outs, self.spec.outputs):
@@ -234,13 +246,13 @@ class _PlanRunner:
 
     mode = "plan"
 
-    def __init__(self, model: OnnxModel, plan: Any, traced_outs: list[Any]):
+    def __init__(self, model: OnnxModel, plan: Plan, traced_outs: list[Any]):
         self.model = model
         self.plan = plan
         # The outputs' structure, with static values kept and dynamic ones to be filled.
         self.template = [_freeze(o) for o in traced_outs]
 
-    def __call__(self, arrays: list[Any]) -> tuple:
+    def __call__(self, arrays: list[Any]) -> tuple[OnnxOutput, ...]:
         results = self.plan(*arrays)
         fresh = iter(results if isinstance(results, tuple) else (results,))
         return self.model._finish([_fill(t, fresh) for t in self.template])
@@ -251,7 +263,7 @@ class _EagerRunner:
         self.model = model
         self.mode = f"eager: {reason}"
 
-    def __call__(self, arrays: list[Any]) -> tuple:
+    def __call__(self, arrays: list[Any]) -> tuple[OnnxOutput, ...]:
         values = [_as_tensor(a) for a in arrays]
         with no_grad():
             outs = self.model._run(self.model._env(values), eager=True)
@@ -305,8 +317,8 @@ def _as_tensor(value: Any) -> Any:
     return value
 
 
-def _signature(arrays: Sequence[Any]) -> tuple:
-    sig = []
+def _signature(arrays: Sequence[Any]) -> tuple[object, ...]:
+    sig: list[object] = []
     for a in arrays:
         if isinstance(a, list):
             sig.append(("seq",) + _signature(a))

@@ -9,6 +9,7 @@ followed by `fold2d` (col2im), cropped by the pads.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from ... import ops
@@ -110,15 +111,17 @@ def _conv3d(node: Any, x: Any, w: Any, strides: tuple, padding: tuple, dilations
     if od < 1:
         raise OnnxImportError(f"kernel depth {kd} (dilation {dd}) exceeds the padded input "
                               f"depth {depth}")
-    total = None
-    for i in range(kd):
+
+    def depth_slice(i: int) -> Any:
         start = i * dd
         slices = ops.getitem(x, (slice(None), slice(None), slice(start, start + sd * (od - 1) + 1,
                                                                   sd)))
         batch = ops.reshape(ops.transpose(slices, (0, 2, 1, 3, 4)), (n * od, c, h, wd))
-        y = conv2d(node, batch, ops.getitem(w, (slice(None), slice(None), i)), strides[1:],
-                   padding[1:], dilations[1:], groups)
-        total = y if total is None else ops.add(total, y)
+        return conv2d(node, batch, ops.getitem(w, (slice(None), slice(None), i)), strides[1:],
+                      padding[1:], dilations[1:], groups)
+
+    # The depth slices' convolutions summed one by one.
+    total = functools.reduce(ops.add, (depth_slice(i) for i in range(kd)))
     oh, ow = shape(total)[2:]
     return ops.transpose(ops.reshape(total, (n, od, o, oh, ow)), (0, 2, 1, 3, 4))
 

@@ -5,12 +5,14 @@ Dropout as the identity."""
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
 
 from ... import ops
 from ...ops.reduce import cumsum_p  # CumSum's reverse, which pb.cumsum does not take
+from ...tensor import Tensor
 from ..errors import OnnxImportError
 from ..registry import converter
 from .common import axis_of, dtype, shape
@@ -159,7 +161,8 @@ def _instance_norm(node: Any, x: Any, scale: Any, bias: Any) -> Any:
 
 
 @converter("LayerNormalization", (17,), ("axis", "epsilon", "stash_type"))
-def _layer_norm(node: Any, x: Any, scale: Any, bias: Any = None) -> tuple:
+def _layer_norm(node: Any, x: Any, scale: Any, bias: Any = None
+                ) -> Tensor | tuple[Tensor, Tensor, Tensor]:
     sx = shape(x)
     axis = axis_of(node, node.attr("axis", -1), len(sx))
     eps = node.attr("epsilon", 1e-5)
@@ -205,10 +208,8 @@ def _lrn(node: Any, x: Any) -> Any:
         [squares] + ([ops.broadcast_to(zero, (sx[0], after) + sx[2:])] if after else [])
     padded = ops.concatenate(parts, 1) if len(parts) > 1 else squares
     # The window of channel i spans padded channels i .. i + size - 1.
-    total = None
-    for offset in range(size):
-        window = ops.getitem(padded, (slice(None), slice(offset, offset + c)))
-        total = window if total is None else ops.add(total, window)
+    total = functools.reduce(ops.add, (ops.getitem(padded, (slice(None), slice(offset, offset + c)))
+                                       for offset in range(size)))
     denominator = ops.pow(ops.add(ops.mul(total, alpha / size), np.asarray(bias, dtype(x))),
                           np.asarray(beta, dtype(x)))
     return ops.div(x, denominator)

@@ -9,12 +9,16 @@ padding) elements in each window: a count known from shapes alone.
 
 from __future__ import annotations
 
+import functools
 import itertools
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 from ... import ops
+from ...tensor import Tensor
 from ..errors import OnnxImportError
 from ..registry import converter
 from .common import dtype, pad_nd, shape, window_pads
@@ -54,7 +58,7 @@ def _geometry(node: Any, x: Any) -> tuple:
 
 
 def _offset_windows(xp: Any, kernel: tuple, strides: tuple, dilations: tuple,
-                    outs: list[int]) -> Any:
+                    outs: list[int]) -> Iterator[Tensor]:
     """Yield, per kernel offset, the strided slice of xp that offset reads."""
     for offset in itertools.product(*(range(k) for k in kernel)):
         index = [slice(None), slice(None)]
@@ -112,9 +116,9 @@ def _average_pool(node: Any, x: Any) -> Any:
             total = ops.reshape(total, shape(total)[:2] + (shape(total)[3],))
     else:
         xp = pad_nd(x, [0, 0] + begins, [0, 0] + [e + x_ for e, x_ in zip(ends, extra)])
-        total = None
-        for window in _offset_windows(xp, kernel, strides, dilations, outs):
-            total = window if total is None else ops.add(total, window)
+        # The windows summed one by one (a kernel has at least one offset).
+        total = functools.reduce(ops.add, _offset_windows(xp, kernel, strides, dilations,
+                                                          outs))
     counts = _window_counts(shape(x)[2:], kernel, strides, dilations, begins, ends, outs,
                             include_pad)
     return ops.mul(total, (1.0 / counts).astype(dtype(x)))
@@ -125,7 +129,7 @@ def _window_counts(sizes: tuple, kernel: tuple, strides: tuple, dilations: tuple
     """How many elements each window averages: the real ones, or with count_include_pad
     the pads too (never ceil_mode's extension past the end pads). Counted per output
     position in closed form: memory and time follow the output, not the pads or kernel."""
-    counts = np.ones((1,), dtype=np.float64)
+    counts: NDArray[np.float64] = np.ones((1,), dtype=np.float64)
     for size, k, s, d, b, e, n in zip(sizes, kernel, strides, dilations, begins, ends, outs):
         lo, hi = (0, size + b + e) if include_pad else (b, size + b)
         starts = np.arange(n, dtype=np.int64) * s

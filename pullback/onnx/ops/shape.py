@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from ... import ops
+from ...tensor import Tensor
 from ..errors import OnnxImportError
 from ..registry import converter
 from .common import axis_of, broadcast_shape, dtype, pad_nd, shape
@@ -266,7 +267,7 @@ def _constant(node: Any) -> np.ndarray:
 
 
 @converter("ConstantOfShape", (9,), ("value",), static_inputs=(0,))
-def _constant_of_shape(node: Any, target: Any) -> np.ndarray:
+def _constant_of_shape(node: Any, target: Any) -> Tensor:
     dims = tuple(node.static_ints(target, "shape"))
     value = node.attr("value", np.zeros(1, np.float32))
     if value.size != 1:
