@@ -12,33 +12,38 @@ one Numba scatter-add pass on the CPU).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 from ..ad import deflinear
 from ..backend.gather import gather_ops
 from ..errors import KernelError
 from .checks import declare_check, inputs, normal
+from .hints import Shape, TensorLike
 from .registry import declare, dtype_of, normalize_axes, shape_of
 from .shape import sum_to_shape
+
+if TYPE_CHECKING:
+    from ..tensor import Tensor
 
 #: The ops `import pullback as pb` offers as `pb.<name>` (and `pullback.ops` too).
 __all__ = ["take", "take_along_axis"]
 
 
-def _indices(op: str, x: Any, indices: Any) -> Any:
+def _indices(op: str, x: TensorLike, indices: TensorLike) -> NDArray[Any]:
     """The index array of a tensor, an array, a list or an int (not copied: a plan reads
     a traced array again at each call), or a KernelError unless it holds integers."""
-    indices = getattr(indices, "_data", indices)
-    if not isinstance(indices, np.ndarray):
-        indices = np.asarray(indices)
-    if indices.dtype.kind not in "iu":
-        raise KernelError(op, (x, indices), "indices must be an integer tensor")
-    return indices
+    array = getattr(indices, "_data", indices)
+    if not isinstance(array, np.ndarray):
+        array = np.asarray(array)
+    if array.dtype.kind not in "iu":
+        raise KernelError(op, (x, array), "indices must be an integer tensor")
+    return array
 
 
-def _axis(op: str, x: Any, axis: Any) -> int:
+def _axis(op: str, x: TensorLike, axis: int) -> int:
     if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)):
         raise KernelError(op, (x,), f"axis must be an int, not {axis!r}")
     if not shape_of(x):
@@ -49,7 +54,7 @@ def _axis(op: str, x: Any, axis: Any) -> int:
 # ---------------------------------------------------------------- take
 
 
-def _take_shape(x: Any, indices: Any, axis: int) -> tuple:
+def _take_shape(x: Any, indices: NDArray[Any], axis: int) -> tuple[Shape, Any]:
     shape = shape_of(x)
     return shape[:axis] + tuple(indices.shape) + shape[axis + 1:], dtype_of(x)
 
@@ -58,7 +63,8 @@ take_p = declare("take", lambda backend, x, indices, axis:
                  gather_ops(backend).take(x, indices, axis), _take_shape, aliasing="fresh")
 
 
-def _take_scatter_shape(values: Any, indices: Any, axis: int, size: int) -> tuple:
+def _take_scatter_shape(values: Any, indices: NDArray[Any], axis: int,
+                        size: int) -> tuple[Shape, Any]:
     shape, picked = shape_of(values), tuple(indices.shape)
     if shape[axis:axis + len(picked)] != picked:
         raise KernelError("take", (values, indices), f"values must have the indices' shape "
@@ -78,27 +84,27 @@ deflinear(take_scatter_add_p, lambda ct, values, indices, axis, size: (
     take_p.bind(ct, indices=indices, axis=axis),))
 
 
-def take(x: Any, indices: Any, axis: int = 0) -> Any:
+def take(x: TensorLike, indices: TensorLike, axis: int = 0) -> Tensor:
     """The slices of x along `axis` at integer `indices` (negative ones count from the
     end), as np.take(x, indices, axis) and torch.index_select (with indices of any
     shape): shape x.shape[:axis] + indices.shape + x.shape[axis + 1:]. Differentiable
     in x; the indices get no gradient. Indices out of range are a KernelError."""
-    indices = _indices("take", x, indices)
-    return take_p.bind(x, indices=indices, axis=_axis("take", x, axis))
+    array = _indices("take", x, indices)
+    return take_p.bind(x, indices=array, axis=_axis("take", x, axis))
 
 
-def take_scatter_add(values: Any, indices: Any, axis: int, size: int) -> Any:
+def take_scatter_add(values: TensorLike, indices: TensorLike, axis: int, size: int) -> Tensor:
     """The transpose of take: zeros with `size` along `axis`, each slice of values added
     at its index (repeated indices accumulate)."""
-    indices = _indices("take", values, indices)
-    _take_scatter_shape(values, indices, axis, size)  # eager calls skip shape rules
-    return take_scatter_add_p.bind(values, indices=indices, axis=axis, size=size)
+    array = _indices("take", values, indices)
+    _take_scatter_shape(values, array, axis, size)  # eager calls skip shape rules
+    return take_scatter_add_p.bind(values, indices=array, axis=axis, size=size)
 
 
 # ---------------------------------------------------------------- take_along_axis
 
 
-def _along_shape(op: str, x: Any, indices: Any, axis: int) -> tuple:
+def _along_shape(op: str, x: Any, indices: NDArray[Any], axis: int) -> Shape:
     """x's shape and the indices' broadcast on every axis but `axis`, where the indices'
     length stays; a KernelError unless they have one rank and broadcast."""
     shape, picked = shape_of(x), tuple(indices.shape)
@@ -116,7 +122,7 @@ def _along_shape(op: str, x: Any, indices: Any, axis: int) -> tuple:
     return tuple(out)
 
 
-def _along_axis_shape(x: Any, indices: Any, axis: int) -> tuple:
+def _along_axis_shape(x: Any, indices: NDArray[Any], axis: int) -> tuple[Shape, Any]:
     return _along_shape("take_along_axis", x, indices, axis), dtype_of(x)
 
 
@@ -126,7 +132,8 @@ take_along_axis_p = declare(
     _along_axis_shape, aliasing="fresh")
 
 
-def _along_scatter_shape(values: Any, indices: Any, axis: int, size: int) -> tuple:
+def _along_scatter_shape(values: Any, indices: NDArray[Any], axis: int,
+                         size: int) -> tuple[Shape, Any]:
     shape = shape_of(values)
     if _along_shape("take_along_axis", values, indices, axis) != shape:
         raise KernelError("take_along_axis", (values, indices), "the indices must broadcast "
@@ -141,7 +148,7 @@ take_along_axis_scatter_add_p = declare(
     _along_scatter_shape, aliasing="fresh")
 
 
-def _along_transpose(ct: Any, x: Any, indices: Any, axis: int) -> tuple:
+def _along_transpose(ct: Any, x: Any, indices: NDArray[Any], axis: int) -> tuple[Any]:
     # Scattered into the broadcast shape, then summed over the axes x was broadcast on.
     spread = take_along_axis_scatter_add_p.bind(ct, indices=indices, axis=axis,
                                                 size=shape_of(x)[axis])
@@ -153,23 +160,24 @@ deflinear(take_along_axis_scatter_add_p, lambda ct, values, indices, axis, size:
     take_along_axis_p.bind(ct, indices=indices, axis=axis),))
 
 
-def take_along_axis(x: Any, indices: Any, axis: int) -> Any:
+def take_along_axis(x: TensorLike, indices: TensorLike, axis: int) -> Tensor:
     """x[..., indices[..., j, ...], ...] along `axis`, as np.take_along_axis and
     torch.take_along_dim (torch.gather where the shapes agree): indices have x's rank
     and broadcast with x on the other axes. Differentiable in x; the indices get no
     gradient. Indices out of range are a KernelError."""
-    indices = _indices("take_along_axis", x, indices)
+    array = _indices("take_along_axis", x, indices)
     axis = _axis("take_along_axis", x, axis)
-    _along_shape("take_along_axis", x, indices, axis)  # eager calls skip shape rules
-    return take_along_axis_p.bind(x, indices=indices, axis=axis)
+    _along_shape("take_along_axis", x, array, axis)  # eager calls skip shape rules
+    return take_along_axis_p.bind(x, indices=array, axis=axis)
 
 
-def take_along_axis_scatter_add(values: Any, indices: Any, axis: int, size: int) -> Any:
+def take_along_axis_scatter_add(values: TensorLike, indices: TensorLike, axis: int,
+                                size: int) -> Tensor:
     """The transpose of take_along_axis: zeros of values' shape with `size` along
     `axis`, each value added at its index (repeated indices accumulate)."""
-    indices = _indices("take_along_axis", values, indices)
-    _along_scatter_shape(values, indices, axis, size)  # eager calls skip shape rules
-    return take_along_axis_scatter_add_p.bind(values, indices=indices, axis=axis, size=size)
+    array = _indices("take_along_axis", values, indices)
+    _along_scatter_shape(values, array, axis, size)  # eager calls skip shape rules
+    return take_along_axis_scatter_add_p.bind(values, indices=array, axis=axis, size=size)
 
 
 # ---------------------------------------------------------------- samples for `pullback check`

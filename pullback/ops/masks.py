@@ -4,19 +4,24 @@ input's value was kept, zero where it was replaced."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
+from numpy.typing import NDArray
 
 from ..errors import KernelError
 from .elementwise import where
+from .hints import TensorLike
 from .registry import broadcast_shapes, dtype_of, shape_of
+
+if TYPE_CHECKING:
+    from ..tensor import Tensor
 
 #: The ops `import pullback as pb` offers as `pb.<name>` (and `pullback.ops` too).
 __all__ = ["masked_fill", "tril", "triu"]
 
 
-def _diagonal_mask(op: str, x: Any, k: Any, upper: bool) -> np.ndarray:
+def _diagonal_mask(op: str, x: TensorLike, k: int, upper: bool) -> NDArray[np.bool_]:
     shape = shape_of(x)
     if len(shape) < 2:
         raise KernelError(op, (x,), "needs at least two dimensions (a matrix, or a batch)")
@@ -30,19 +35,19 @@ def _diagonal_mask(op: str, x: Any, k: Any, upper: bool) -> np.ndarray:
     return np.tri(rows, cols, int(k), dtype=np.bool_)
 
 
-def tril(x: Any, k: int = 0) -> Any:
+def tril(x: TensorLike, k: int = 0) -> Tensor:
     """x with the elements above diagonal `k` of its last two dimensions set to 0, as
     torch.tril (k > 0: above the main diagonal, k < 0: below)."""
     return where(_diagonal_mask("tril", x, k, upper=False), x, 0)
 
 
-def triu(x: Any, k: int = 0) -> Any:
+def triu(x: TensorLike, k: int = 0) -> Tensor:
     """x with the elements below diagonal `k` of its last two dimensions set to 0, as
     torch.triu."""
     return where(_diagonal_mask("triu", x, k, upper=True), x, 0)
 
 
-def masked_fill(x: Any, mask: Any, value: Any) -> Any:
+def masked_fill(x: TensorLike, mask: TensorLike, value: TensorLike) -> Tensor:
     """x with `value` (a number or a 0-d tensor) where the bool `mask` (broadcast against
     x) is True, as torch.masked_fill; a 0-d tensor value gets the gradient of the places
     it fills."""
