@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from pullback.backend.base import Array, Mixin
+from pullback.backend.base import Array, Backend, Mixin
 from pullback.kernels import rows as compiled_rows
 from pullback.kernels.core import SUPPORTED_DTYPES
 
@@ -37,14 +37,14 @@ BLOCK_ELEMENTS = 1 << 18
 NEG_INF = -math.inf
 
 
-def row_blocks(batch: tuple, length: int, keys: int) -> list[tuple[int, int]]:
+def row_blocks(batch: tuple[int, ...], length: int, keys: int) -> list[tuple[int, int]]:
     """The (start, stop) query rows of each block: about BLOCK_ELEMENTS scores apiece."""
     rows = BLOCK_ELEMENTS // max(1, math.prod(batch) * keys)
     rows = max(1, min(length, rows))
     return [(i, min(i + rows, length)) for i in range(0, length, rows)]
 
 
-def empty_attention(q: Any, k: Any) -> bool:
+def empty_attention(q: Array, k: Array) -> bool:
     """No queries or no keys: the output is zeros, as PyTorch gives, and so are the
     gradients."""
     return q.shape[-2] == 0 or k.shape[-2] == 0
@@ -77,15 +77,17 @@ class AttentionOps(Mixin):
 
     def attention_backward(self, upstream: Array, q: Array, k: Array, v: Array,
                            bias: Array | None, keep: Array | None, scale: float,
-                           causal: bool, bias_grad: bool) -> tuple:
+                           causal: bool, bias_grad: bool
+                           ) -> tuple[Array, Array, Array, Array | None]:
         """(dq, dk, dv, dbias or None): the scores' gradient is softmax's backward of dp,
         p * (dp - rowsum(p * dp)), dp being upstream v^T (times the dropout mask)."""
         # The bias whose gradient is asked for: bias_grad is asked only with a bias.
         graded = bias if bias_grad else None
         assert graded is not None or not bias_grad, "attention_backward: bias_grad, no bias"
         if empty_attention(q, k):
-            return tuple(self.zeros(x.shape, x.dtype) for x in (q, k, v)) + \
-                ((self.zeros(graded.shape, graded.dtype) if graded is not None else None),)
+            return (self.zeros(q.shape, q.dtype), self.zeros(k.shape, k.dtype),
+                    self.zeros(v.shape, v.dtype),
+                    self.zeros(graded.shape, graded.dtype) if graded is not None else None)
         blocks = _Blocks(self, q, k, bias, causal)
         scaled_q = self.mul(q, scale)
         dq_parts, dbias_parts, dk_parts, dv_parts = [], [], [], []
@@ -234,7 +236,8 @@ class CpuAttentionOps(AttentionOps):
 
     def attention_backward(self, upstream: Array, q: Array, k: Array, v: Array,
                            bias: Array | None, keep: Array | None, scale: float,
-                           causal: bool, bias_grad: bool) -> tuple:
+                           causal: bool, bias_grad: bool
+                           ) -> tuple[Array, Array, Array, Array | None]:
         if not _unmasked(q, k, v, bias, keep) or upstream.shape != q.shape[:-1] + v.shape[-1:]:
             return super().attention_backward(upstream, q, k, v, bias, keep, scale, causal,
                                               bias_grad)
@@ -288,7 +291,7 @@ def _probabilities(scaled_q: np.ndarray, k: np.ndarray, start: int, stop: int, s
     return compiled_rows.causal_softmax(scores, counts)
 
 
-def attention_ops(backend: Any) -> AttentionOps:
+def attention_ops(backend: Backend) -> AttentionOps:
     """The backend's attention ops: its own, or the defaults written in its forward ops."""
     return backend if isinstance(backend, AttentionOps) else _Defaults(backend)
 
@@ -296,7 +299,7 @@ def attention_ops(backend: Any) -> AttentionOps:
 class _Defaults(AttentionOps):
     """AttentionOps' defaults over the forward ops of a backend without AttentionOps."""
 
-    def __init__(self, backend: Any):
+    def __init__(self, backend: Backend) -> None:
         self._backend = backend
 
     def __getattr__(self, name: str) -> Any:

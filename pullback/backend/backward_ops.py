@@ -17,11 +17,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from pullback.backend.base import Array, Mixin, Pair, Shape, check_gelu_mode
+from pullback.backend.base import Array, Backend, Mixin, Operand, Pair, Shape, check_gelu_mode
 from pullback.errors import KernelError
 
+# Which of a binary op's two cotangents are wanted; the two, None where not wanted.
 Needed = tuple[bool, bool]
-Grads = tuple[Any, Any]
+Grads = tuple[Array | None, Array | None]
 
 # The default bodies that the ops layer derives from the primitives' rules, by kernel
 # name (`derive_default`): this layer may not import the ops that hold the rules.
@@ -38,8 +39,9 @@ def derive_default(kernel: str, body: Callable[..., Any], owner: type | None = N
     _FROM_RULES[kernel] = body
 
 
-def from_rule(backend: Any, name: str, upstream: Any, inputs: tuple, output: Any,
-              shapes: tuple, needed: tuple | None = None, **params: Any) -> tuple:
+def from_rule(backend: Backend, name: str, upstream: Array, inputs: tuple[Array | None, ...],
+              output: Array | None, shapes: tuple[Shape, ...],
+              needed: tuple[bool, ...] | None = None, **params: Any) -> tuple[Any, ...]:
     """The cotangents of the operands (of `shapes`) of the primitive whose kernel is
     `name`, by its rule transposed on `backend`'s forward ops (`derive_default`); None
     where one is not needed."""
@@ -55,7 +57,7 @@ def _shape(value: Any) -> Shape:
     return tuple(getattr(value, "shape", ()))
 
 
-def check_matmul_backward(upstream: Any, lhs: Any, rhs: Any) -> None:
+def check_matmul_backward(upstream: Array, lhs: Array, rhs: Array) -> None:
     """A KernelError naming matmul_backward unless lhs @ rhs is defined and has
     upstream's shape (NumPy's rules, 1-D operands promoted)."""
     sa, sb, su = _shape(lhs), _shape(rhs), _shape(upstream)
@@ -200,7 +202,7 @@ class BackwardOps(Mixin):
         )
 
     def mul_backward(
-        self, upstream: Array, lhs: Array, rhs: Array, needed: Needed = (True, True)
+        self, upstream: Array, lhs: Operand, rhs: Operand, needed: Needed = (True, True)
     ) -> Grads:
         """(upstream * rhs, upstream * lhs) summed to each operand's shape."""
         return (
@@ -209,7 +211,7 @@ class BackwardOps(Mixin):
         )
 
     def div_backward(
-        self, upstream: Array, lhs: Array, rhs: Array, needed: Needed = (True, True)
+        self, upstream: Array, lhs: Operand, rhs: Operand, needed: Needed = (True, True)
     ) -> Grads:
         """(upstream / rhs, -upstream * lhs / rhs**2) summed to each operand's shape."""
         quotient = self.div(upstream, rhs)
@@ -221,20 +223,21 @@ class BackwardOps(Mixin):
         return grad_lhs, grad_rhs
 
     def maximum_backward(
-        self, upstream: Array, lhs: Array, rhs: Array, needed: Needed = (True, True)
+        self, upstream: Array, lhs: Operand, rhs: Operand, needed: Needed = (True, True)
     ) -> Grads:
         """upstream to the larger operand, split equally on ties."""
         return self._pick_backward(upstream, lhs, rhs, needed, self.greater, self.less)
 
     def minimum_backward(
-        self, upstream: Array, lhs: Array, rhs: Array, needed: Needed = (True, True)
+        self, upstream: Array, lhs: Operand, rhs: Operand, needed: Needed = (True, True)
     ) -> Grads:
         """upstream to the smaller operand, split equally on ties."""
         return self._pick_backward(upstream, lhs, rhs, needed, self.less, self.greater)
 
     def _pick_backward(
-        self, upstream: Array, lhs: Array, rhs: Array, needed: Needed, lhs_wins: Any,
-        rhs_wins: Any,
+        self, upstream: Array, lhs: Operand, rhs: Operand, needed: Needed,
+        lhs_wins: Callable[[Operand, Operand], Array],
+        rhs_wins: Callable[[Operand, Operand], Array],
     ) -> Grads:
         # Ties split the gradient 0.5/0.5, as PyTorch's maximum and minimum do.
         tie = self.mul(self.astype(self.equal(lhs, rhs), upstream.dtype), 0.5)
@@ -306,8 +309,9 @@ class BackwardOps(Mixin):
 
     # -- derived from the rules ------------------------------------------------------------
 
-    def _from_rule(self, name: str, upstream: Array, inputs: tuple, output: Array | None,
-                   shapes: tuple, needed: Needed | None = None, **params: Any) -> Grads:
+    def _from_rule(self, name: str, upstream: Array, inputs: tuple[Array | None, ...],
+                   output: Array | None, shapes: tuple[Shape, ...],
+                   needed: Needed | None = None, **params: Any) -> tuple[Any, ...]:
         # The primitive's rule transposed, on this backend's forward ops (`derive_default`):
         # one cotangent per operand of the given shapes, None where it is not needed.
         return from_rule(self, name, upstream, inputs, output, shapes, needed, **params)

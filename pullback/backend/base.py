@@ -6,12 +6,25 @@ Each method here only raises `KernelError` naming the op; a concrete backend
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from types import EllipsisType
 from typing import TYPE_CHECKING, Any, NoReturn
+
+from numpy.typing import ArrayLike, DTypeLike, NDArray
 
 from pullback.errors import KernelError
 
-# A backend-native array: np.ndarray for the NumPy backends.
-Array = Any
+if TYPE_CHECKING:
+    from pullback.kernels import ElementwiseKernel
+
+# A backend-native array: a NumPy array (of any dtype) for the NumPy backends.
+Array = NDArray[Any]
+# An operand of a binary op or of `where`: an array, or a Python scalar standing for a
+# 0-d one (NumPy's weak scalars: it takes the array's dtype).
+Operand = NDArray[Any] | float
+# What `getitem` takes, as NumPy's indexing: ints, slices, None, Ellipsis, int or bool
+# arrays (or lists), or a tuple of them.
+Index = int | slice | None | EllipsisType | NDArray[Any] | list[Any] | tuple[Any, ...]
 Shape = tuple[int, ...]
 Pair = tuple[int, int]
 
@@ -19,7 +32,7 @@ Pair = tuple[int, int]
 GELU_MODES = ("none", "tanh")
 
 
-def check_gelu_mode(op: str, operands: list, approximate: Any) -> None:
+def check_gelu_mode(op: str, operands: list[Any], approximate: object) -> None:
     """A KernelError naming `op` unless `approximate` is one of gelu's modes."""
     if approximate not in GELU_MODES:
         raise KernelError(op, operands, f"approximate must be 'none' or 'tanh', "
@@ -50,7 +63,8 @@ class Backend:
         compute with those kernels what its ops compute."""
         return False
 
-    def launch_elementwise(self, kernel: Any, operands: tuple, out: Array | None = None) -> Any:
+    def launch_elementwise(self, kernel: ElementwiseKernel, operands: tuple[Operand, ...],
+                           out: Array | None = None) -> Callable[..., Any]:
         """A call `launch(*operands, out=out)` of a generated elementwise kernel
         (`pullback.kernels.kernel`), prepared for operands of these shapes, dtypes and
         layouts (a plan's never change). Asked only where `runs_plan_kernels()`."""
@@ -120,61 +134,61 @@ class Backend:
 
     # -- binary, NumPy broadcasting; either side may be a Python scalar -------------------
 
-    def add(self, a: Array, b: Array) -> Array:
+    def add(self, a: Operand, b: Operand) -> Array:
         """a + b."""
         self._unimplemented("add")
 
-    def sub(self, a: Array, b: Array) -> Array:
+    def sub(self, a: Operand, b: Operand) -> Array:
         """a - b."""
         self._unimplemented("sub")
 
-    def mul(self, a: Array, b: Array) -> Array:
+    def mul(self, a: Operand, b: Operand) -> Array:
         """a * b."""
         self._unimplemented("mul")
 
-    def div(self, a: Array, b: Array) -> Array:
+    def div(self, a: Operand, b: Operand) -> Array:
         """a / b (true division)."""
         self._unimplemented("div")
 
-    def pow(self, a: Array, b: Array) -> Array:
+    def pow(self, a: Operand, b: Operand) -> Array:
         """a ** b."""
         self._unimplemented("pow")
 
-    def maximum(self, a: Array, b: Array) -> Array:
+    def maximum(self, a: Operand, b: Operand) -> Array:
         """Elementwise max; NaN propagates."""
         self._unimplemented("maximum")
 
-    def minimum(self, a: Array, b: Array) -> Array:
+    def minimum(self, a: Operand, b: Operand) -> Array:
         """Elementwise min; NaN propagates."""
         self._unimplemented("minimum")
 
-    def less(self, a: Array, b: Array) -> Array:
+    def less(self, a: Operand, b: Operand) -> Array:
         """a < b, a bool array."""
         self._unimplemented("less")
 
-    def less_equal(self, a: Array, b: Array) -> Array:
+    def less_equal(self, a: Operand, b: Operand) -> Array:
         """a <= b, a bool array."""
         self._unimplemented("less_equal")
 
-    def greater(self, a: Array, b: Array) -> Array:
+    def greater(self, a: Operand, b: Operand) -> Array:
         """a > b, a bool array."""
         self._unimplemented("greater")
 
-    def greater_equal(self, a: Array, b: Array) -> Array:
+    def greater_equal(self, a: Operand, b: Operand) -> Array:
         """a >= b, a bool array."""
         self._unimplemented("greater_equal")
 
-    def equal(self, a: Array, b: Array) -> Array:
+    def equal(self, a: Operand, b: Operand) -> Array:
         """a == b, a bool array."""
         self._unimplemented("equal")
 
-    def not_equal(self, a: Array, b: Array) -> Array:
+    def not_equal(self, a: Operand, b: Operand) -> Array:
         """a != b, a bool array."""
         self._unimplemented("not_equal")
 
     # -- selection and casting ------------------------------------------------------------
 
-    def where(self, cond: Array, a: Array, b: Array) -> Array:
+    def where(self, cond: Array, a: Operand, b: Operand) -> Array:
         """a where cond is true, else b, broadcast together."""
         self._unimplemented("where")
 
@@ -182,7 +196,7 @@ class Backend:
         """x limited to [lo, hi]; a None bound is no bound."""
         self._unimplemented("clip")
 
-    def astype(self, x: Array, dtype: Any) -> Array:
+    def astype(self, x: Array, dtype: DTypeLike) -> Array:
         """A copy of x converted to dtype."""
         self._unimplemented("astype")
 
@@ -244,11 +258,11 @@ class Backend:
         where `shape` has 1. The one place that undoes broadcasting."""
         self._unimplemented("sum_to_shape")
 
-    def getitem(self, x: Array, index: Any) -> Array:
+    def getitem(self, x: Array, index: Index) -> Array:
         """x[index] for ints, slices, None, Ellipsis, int or bool arrays, or tuples of them."""
         self._unimplemented("getitem")
 
-    def scatter_add(self, values: Array, index: Any, shape: Shape) -> Array:
+    def scatter_add(self, values: Array, index: Index, shape: Shape) -> Array:
         """zeros(shape) with values added at index, repeated indices accumulating: the
         adjoint of getitem."""
         self._unimplemented("scatter_add")
@@ -315,27 +329,28 @@ class Backend:
 
     # -- creation and transfer ------------------------------------------------------------
 
-    def asarray(self, data: Any, dtype: Any = None) -> Array:
+    def asarray(self, data: ArrayLike, dtype: DTypeLike | None = None) -> Array:
         """A new backend array holding a copy of data (nested lists, scalars, arrays)."""
         self._unimplemented("asarray")
 
-    def zeros(self, shape: Shape, dtype: Any) -> Array:
+    def zeros(self, shape: Shape, dtype: DTypeLike) -> Array:
         """An array of zeros."""
         self._unimplemented("zeros")
 
-    def ones(self, shape: Shape, dtype: Any) -> Array:
+    def ones(self, shape: Shape, dtype: DTypeLike) -> Array:
         """An array of ones."""
         self._unimplemented("ones")
 
-    def full(self, shape: Shape, value: Any, dtype: Any = None) -> Array:
+    def full(self, shape: Shape, value: float, dtype: DTypeLike | None = None) -> Array:
         """An array filled with value."""
         self._unimplemented("full")
 
-    def arange(self, start: Any, stop: Any = None, step: Any = 1, dtype: Any = None) -> Array:
+    def arange(self, start: float, stop: float | None = None, step: float = 1,
+               dtype: DTypeLike | None = None) -> Array:
         """Evenly spaced values in [start, stop), as np.arange."""
         self._unimplemented("arange")
 
-    def to_numpy(self, x: Array) -> Any:
+    def to_numpy(self, x: Array) -> NDArray[Any]:
         """x as a NumPy array (the array itself on the NumPy backends)."""
         self._unimplemented("to_numpy")
 

@@ -14,11 +14,12 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+from numpy.typing import ArrayLike, DTypeLike
 
 from pullback.backend import conv, gemm
 from pullback.backend.attention import CpuAttentionOps
 from pullback.backend.backward_ops import BackwardOps, Grads, Needed, check_matmul_backward
-from pullback.backend.base import Backend, Pair, Shape, check_gelu_mode
+from pullback.backend.base import Backend, Index, Operand, Pair, Shape, check_gelu_mode
 from pullback.backend.fused import FusedOps, check_channels, check_labels, check_rows
 from pullback.backend.gather import CpuGatherOps
 from pullback.backend.recurrent import CpuRecurrentOps
@@ -28,7 +29,7 @@ from pullback.kernels import channels as compiled_channels
 from pullback.kernels import epilogue as conv_epilogue
 from pullback.kernels import rows as compiled_rows
 from pullback.kernels import scalar_math
-from pullback.kernels.core import SUPPORTED_DTYPES, Kernel
+from pullback.kernels.core import SUPPORTED_DTYPES, ElementwiseKernel, Kernel
 
 # Python floats, not np.float64: NumPy 2 keeps f32 arrays f32 only for Python scalars.
 _SQRT1_2 = math.sqrt(0.5)
@@ -362,14 +363,18 @@ def binary_error(op: str, a: Any, b: Any, exc: Exception) -> KernelError:
     return KernelError(op, [a, b], f"operands rejected: {exc}")
 
 
-def _named(op: str, method: Callable) -> Callable:
+# A forward op that a factory below makes (the Backend method of the same name).
+Method = Callable[..., np.ndarray]
+
+
+def _named(op: str, method: Method) -> Method:
     method.__name__ = method.__qualname__ = op
     method.__doc__ = getattr(Backend, op).__doc__
     return method
 
 
-def _float_unary(op: str, kernel: Callable) -> Callable:
-    def method(self: Any, x: np.ndarray) -> np.ndarray:
+def _float_unary(op: str, kernel: Callable[..., np.ndarray]) -> Method:
+    def method(self: Backend, x: np.ndarray) -> np.ndarray:
         if x.dtype.kind != "f":
             raise KernelError(op, [x], "expected a floating dtype")
         return kernel(x, out=...)
@@ -377,8 +382,8 @@ def _float_unary(op: str, kernel: Callable) -> Callable:
     return _named(op, method)
 
 
-def _any_unary(op: str, ufunc: np.ufunc) -> Callable:
-    def method(self: Any, x: np.ndarray) -> np.ndarray:
+def _any_unary(op: str, ufunc: np.ufunc) -> Method:
+    def method(self: Backend, x: np.ndarray) -> np.ndarray:
         try:
             return ufunc(x, out=...)
         except TypeError:
@@ -387,8 +392,8 @@ def _any_unary(op: str, ufunc: np.ufunc) -> Callable:
     return _named(op, method)
 
 
-def _binary(op: str, ufunc: np.ufunc) -> Callable:
-    def method(self: Any, a: Any, b: Any) -> np.ndarray:
+def _binary(op: str, ufunc: np.ufunc) -> Method:
+    def method(self: Backend, a: Operand, b: Operand) -> np.ndarray:
         try:
             return ufunc(a, b, out=...)
         except (ValueError, TypeError) as exc:
@@ -433,7 +438,8 @@ class CpuBackend(BackwardOps, FusedOps, CpuRecurrentOps, CpuGatherOps, CpuAttent
         # This type only: a subclass may override an op, which a plan's kernel would skip.
         return type(self) is CpuBackend
 
-    def launch_elementwise(self, kernel: Any, operands: tuple, out: Any = None) -> Callable:
+    def launch_elementwise(self, kernel: ElementwiseKernel, operands: tuple[Operand, ...],
+                           out: np.ndarray | None = None) -> Callable[..., Any]:
         launch = kernel.launcher(operands, out)  # the compiled loop without the call's checks
         return kernel if launch is None else launch
 
@@ -470,7 +476,7 @@ class CpuBackend(BackwardOps, FusedOps, CpuRecurrentOps, CpuGatherOps, CpuAttent
     equal = _binary("equal", np.equal)
     not_equal = _binary("not_equal", np.not_equal)
 
-    def where(self, cond: Any, a: Any, b: Any) -> np.ndarray:
+    def where(self, cond: np.ndarray, a: Operand, b: Operand) -> np.ndarray:
         try:
             return np.where(cond, a, b)
         except (ValueError, TypeError):
@@ -487,7 +493,7 @@ class CpuBackend(BackwardOps, FusedOps, CpuRecurrentOps, CpuGatherOps, CpuAttent
         except (ValueError, TypeError) as exc:
             raise KernelError("clip", [x], f"cannot clip to [{lo}, {hi}]: {exc}") from None
 
-    def astype(self, x: np.ndarray, dtype: Any) -> np.ndarray:
+    def astype(self, x: np.ndarray, dtype: DTypeLike) -> np.ndarray:
         try:
             return x.astype(dtype)
         except (ValueError, TypeError) as exc:
@@ -589,7 +595,7 @@ class CpuBackend(BackwardOps, FusedOps, CpuRecurrentOps, CpuGatherOps, CpuAttent
         )
         return np.reshape(self.reduce_sum(x, axes, True), shape)
 
-    def getitem(self, x: np.ndarray, index: Any) -> np.ndarray:
+    def getitem(self, x: np.ndarray, index: Index) -> np.ndarray:
         try:
             result = x[index]
         except (IndexError, ValueError, TypeError) as exc:
@@ -599,11 +605,13 @@ class CpuBackend(BackwardOps, FusedOps, CpuRecurrentOps, CpuGatherOps, CpuAttent
             return np.array(result)
         return result.copy() if np.may_share_memory(result, x) else result
 
-    def scatter_add(self, values: np.ndarray, index: Any, shape: Shape) -> np.ndarray:
+    def scatter_add(self, values: np.ndarray, index: Index, shape: Shape) -> np.ndarray:
         out = np.zeros(shape, dtype=values.dtype)
         try:
             if has_int_array(index):
-                np.add.at(out, index, values)  # repeated indices accumulate
+                # Repeated indices accumulate. np.add.at indexes as `[]` does; its stub
+                # names fewer index kinds.
+                np.add.at(out, index, values)  # type: ignore[arg-type]
             else:
                 out[index] = values
         except (IndexError, ValueError, TypeError) as exc:
@@ -613,7 +621,8 @@ class CpuBackend(BackwardOps, FusedOps, CpuRecurrentOps, CpuGatherOps, CpuAttent
             ) from None
         return out
 
-    def concatenate(self, arrays: list | tuple, axis: int) -> np.ndarray:
+    def concatenate(self, arrays: list[np.ndarray] | tuple[np.ndarray, ...], axis: int
+                    ) -> np.ndarray:
         try:
             return np.concatenate(arrays, axis=axis)
         except (ValueError, TypeError) as exc:
@@ -630,7 +639,7 @@ class CpuBackend(BackwardOps, FusedOps, CpuRecurrentOps, CpuGatherOps, CpuAttent
         except (ValueError, TypeError, OverflowError) as exc:
             raise KernelError("pad2d", [x], f"cannot pad with {value!r}: {exc}") from None
 
-    def matmul(self, a: np.ndarray, b: np.ndarray, out: Any = None) -> np.ndarray:
+    def matmul(self, a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         try:
             return gemm.matmul(a, b, out)
         except (ValueError, TypeError):
@@ -638,7 +647,7 @@ class CpuBackend(BackwardOps, FusedOps, CpuRecurrentOps, CpuGatherOps, CpuAttent
 
     def conv2d(
         self, x: np.ndarray, w: np.ndarray, stride: Pair, padding: Pair,
-        dilation: Pair = (1, 1), groups: int = 1, out: Any = None,
+        dilation: Pair = (1, 1), groups: int = 1, out: np.ndarray | None = None,
     ) -> np.ndarray:
         return conv.conv2d(x, w, stride, padding, dilation, groups, out=out)
 
@@ -670,12 +679,12 @@ class CpuBackend(BackwardOps, FusedOps, CpuRecurrentOps, CpuGatherOps, CpuAttent
 
     def max_pool2d(
         self, x: np.ndarray, kernel: Pair, stride: Pair, padding: Pair, dilation: Pair = (1, 1),
-        out: Any = None,
+        out: np.ndarray | None = None,
     ) -> np.ndarray:
         return conv.max_pool2d(x, kernel, stride, padding, dilation, out=out)
 
     def avg_pool2d(self, x: np.ndarray, kernel: Pair, stride: Pair, padding: Pair,
-                   out: Any = None) -> np.ndarray:
+                   out: np.ndarray | None = None) -> np.ndarray:
         return conv.avg_pool2d(x, kernel, stride, padding, out=out)
 
     def softmax(self, x: np.ndarray, axis: int) -> np.ndarray:
@@ -684,22 +693,23 @@ class CpuBackend(BackwardOps, FusedOps, CpuRecurrentOps, CpuGatherOps, CpuAttent
     def log_softmax(self, x: np.ndarray, axis: int) -> np.ndarray:
         return rowwise_op("log_softmax", log_softmax_kernel, x, axis)
 
-    def asarray(self, data: Any, dtype: Any = None) -> np.ndarray:
+    def asarray(self, data: ArrayLike, dtype: DTypeLike | None = None) -> np.ndarray:
         try:
             return np.array(data, dtype=dtype)
         except (ValueError, TypeError) as exc:
             raise KernelError("asarray", [], f"cannot make an array: {exc}") from None
 
-    def zeros(self, shape: Shape, dtype: Any) -> np.ndarray:
+    def zeros(self, shape: Shape, dtype: DTypeLike) -> np.ndarray:
         return np.zeros(shape, dtype=dtype)
 
-    def ones(self, shape: Shape, dtype: Any) -> np.ndarray:
+    def ones(self, shape: Shape, dtype: DTypeLike) -> np.ndarray:
         return np.ones(shape, dtype=dtype)
 
-    def full(self, shape: Shape, value: Any, dtype: Any = None) -> np.ndarray:
+    def full(self, shape: Shape, value: float, dtype: DTypeLike | None = None) -> np.ndarray:
         return np.full(shape, value, dtype=dtype)
 
-    def arange(self, start: Any, stop: Any = None, step: Any = 1, dtype: Any = None) -> np.ndarray:
+    def arange(self, start: float, stop: float | None = None, step: float = 1,
+               dtype: DTypeLike | None = None) -> np.ndarray:
         return np.arange(start, stop, step, dtype=dtype)
 
     def to_numpy(self, x: np.ndarray) -> np.ndarray:
@@ -800,7 +810,7 @@ class CpuBackend(BackwardOps, FusedOps, CpuRecurrentOps, CpuGatherOps, CpuAttent
     def conv2d_epilogue(
         self, x: np.ndarray, w: np.ndarray, bias: np.ndarray | None,
         scale: np.ndarray | None, shift: np.ndarray | None, residual: np.ndarray | None,
-        relu: bool, stride: Any, padding: Any, dilation: Any = (1, 1), groups: int = 1,
+        relu: bool, stride: Pair, padding: Pair, dilation: Pair = (1, 1), groups: int = 1,
         out: np.ndarray | None = None,
     ) -> np.ndarray:
         # A subclass that overrides conv2d gets the defaults, through its own conv2d.
@@ -840,7 +850,8 @@ class CpuBackend(BackwardOps, FusedOps, CpuRecurrentOps, CpuGatherOps, CpuAttent
 
     # -- fused backward kernels ------------------------------------------------------------
 
-    def relu_backward(self, upstream: np.ndarray, forward_input: np.ndarray, out: Any = None
+    def relu_backward(self, upstream: np.ndarray, forward_input: np.ndarray,
+                      out: np.ndarray | None = None
                       ) -> np.ndarray:
         if out is None:
             return relu_backward_kernel(upstream, forward_input)
@@ -939,7 +950,7 @@ class CpuBackend(BackwardOps, FusedOps, CpuRecurrentOps, CpuGatherOps, CpuAttent
 
     def conv2d_input_backward(
         self, upstream: np.ndarray, weight: np.ndarray, input_shape: Shape, stride: Pair,
-        padding: Pair, dilation: Pair = (1, 1), groups: int = 1, out: Any = None,
+        padding: Pair, dilation: Pair = (1, 1), groups: int = 1, out: np.ndarray | None = None,
     ) -> np.ndarray:
         return conv.conv2d_input_backward(upstream, weight, input_shape, stride, padding,
                                           dilation, groups, out=out)
@@ -956,7 +967,8 @@ class CpuBackend(BackwardOps, FusedOps, CpuRecurrentOps, CpuGatherOps, CpuAttent
 
     def max_pool2d_backward(
         self, upstream: np.ndarray, forward_input: np.ndarray, forward_output: np.ndarray,
-        kernel: Pair, stride: Pair, padding: Pair, dilation: Pair = (1, 1), out: Any = None,
+        kernel: Pair, stride: Pair, padding: Pair, dilation: Pair = (1, 1),
+        out: np.ndarray | None = None,
     ) -> np.ndarray:
         return conv.max_pool2d_backward(
             upstream, forward_input, forward_output, kernel, stride, padding, dilation, out=out
@@ -964,7 +976,7 @@ class CpuBackend(BackwardOps, FusedOps, CpuRecurrentOps, CpuGatherOps, CpuAttent
 
     def avg_pool2d_backward(
         self, upstream: np.ndarray, input_shape: Shape, kernel: Pair, stride: Pair,
-        padding: Pair, out: Any = None,
+        padding: Pair, out: np.ndarray | None = None,
     ) -> np.ndarray:
         return conv.avg_pool2d_backward(upstream, input_shape, kernel, stride, padding, out=out)
 

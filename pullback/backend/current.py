@@ -7,10 +7,13 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .base import Backend
 
 # The process-wide backend (`set_backend`), made on first use.
-_default: list[Any] = []
+_default: list[Backend] = []
 _default_lock = threading.Lock()
 
 
@@ -18,10 +21,10 @@ _default_lock = threading.Lock()
 # one thread never changes what another thread runs on (as PyTorch's per-thread modes).
 # A ContextVar: each thread has its own context, and `get` is one C call, cheap enough
 # for the per-op hot path.
-ACTIVE: ContextVar[Any] = ContextVar("pullback_backend", default=None)
+ACTIVE: ContextVar[Backend | None] = ContextVar("pullback_backend", default=None)
 
 
-def get_backend() -> Any:
+def get_backend() -> Backend:
     """The backend ops run on in this thread: the innermost `use_backend` block's, else
     the process-wide one (a `CpuBackend` until `set_backend` sets another)."""
     active = ACTIVE.get()
@@ -36,7 +39,7 @@ def get_backend() -> Any:
     return _default[0]
 
 
-def set_backend(backend: Any) -> None:
+def set_backend(backend: Backend) -> None:
     """Make `backend` the one ops run on from now on, in every thread: the setting is
     process-wide. A `use_backend` block (per thread) still takes precedence inside it."""
     from .base import Backend
@@ -48,7 +51,7 @@ def set_backend(backend: Any) -> None:
 
 
 @contextmanager
-def use_backend(backend: Any) -> Iterator[Any]:
+def use_backend(backend: Backend) -> Iterator[Backend]:
     """Run this thread's ops on `backend` inside the block, then restore the previous
     one; other threads are not affected."""
     from .base import Backend

@@ -12,11 +12,11 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from pullback.backend.base import Array, Mixin
+from pullback.backend.base import Array, Backend, Mixin, Pair
 from pullback.errors import KernelError
 
 
-def check_labels(op: str, logits: Any, labels: Any) -> None:
+def check_labels(op: str, logits: Array, labels: Array) -> None:
     """Logits (..., C) and integer labels (...) in [0, C), or a KernelError."""
     shape, label_shape = tuple(logits.shape), tuple(labels.shape)
     if logits.dtype.kind != "f":
@@ -29,7 +29,7 @@ def check_labels(op: str, logits: Any, labels: Any) -> None:
         raise KernelError(op, [logits, labels], f"labels must lie in [0, {shape[-1]})")
 
 
-def check_channels(op: str, x: Any) -> None:
+def check_channels(op: str, x: Array) -> None:
     """A floating array of shape (N, C, *spatial), or a KernelError."""
     if x.dtype.kind != "f":
         raise KernelError(op, [x], "expected a floating dtype")
@@ -37,7 +37,7 @@ def check_channels(op: str, x: Any) -> None:
         raise KernelError(op, [x], "expected (N, C) or (N, C, *spatial)")
 
 
-def check_rows(op: str, x: Any) -> None:
+def check_rows(op: str, x: Array) -> None:
     """A floating array with a last axis to normalize over, or a KernelError."""
     if x.dtype.kind != "f":
         raise KernelError(op, [x], "expected a floating dtype")
@@ -55,7 +55,7 @@ class FusedOps(Mixin):
 
     # -- cross-entropy ----------------------------------------------------------------
 
-    def _label_index(self, labels: Array, grid: tuple[int, ...]) -> tuple:
+    def _label_index(self, labels: Array, grid: tuple[int, ...]) -> tuple[Array, Array]:
         # (row numbers, labels) as an advanced index into (rows, C).
         rows = math.prod(grid)
         return (self.arange(rows, dtype="int64"), self.reshape(labels, (rows,)))
@@ -173,7 +173,7 @@ class FusedOps(Mixin):
 
     def conv2d_epilogue(self, x: Array, w: Array, bias: Array | None, scale: Array | None,
                         shift: Array | None, residual: Array | None, relu: bool,
-                        stride: tuple, padding: tuple, dilation: tuple = (1, 1),
+                        stride: Pair, padding: Pair, dilation: Pair = (1, 1),
                         groups: int = 1) -> Array:
         """relu(((conv2d(x, w) + bias) * scale + shift) + residual): bias, scale and shift
         (O,) per output channel (a convolution's bias, then a batch norm's affine map)
@@ -194,13 +194,13 @@ class FusedOps(Mixin):
 class _Defaults(FusedOps):
     """FusedOps' defaults over the forward ops of a backend without FusedOps."""
 
-    def __init__(self, backend: Any):
+    def __init__(self, backend: Backend) -> None:
         self._backend = backend
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._backend, name)
 
 
-def fused_ops(backend: Any) -> FusedOps:
+def fused_ops(backend: Backend) -> FusedOps:
     """The backend's fused ops: its own, or the defaults written in its forward ops."""
     return backend if isinstance(backend, FusedOps) else _Defaults(backend)

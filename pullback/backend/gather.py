@@ -14,13 +14,13 @@ from typing import Any
 
 import numpy as np
 
-from pullback.backend.base import Array, Mixin, Shape
+from pullback.backend.base import Array, Backend, Mixin, Shape
 from pullback.errors import KernelIndexError
 from pullback.kernels import gather as compiled
 from pullback.kernels.base import SUPPORTED_DTYPES
 
 
-def out_of_range(op: str, operands: list, indices: Any, size: int, axis: int) -> \
+def out_of_range(op: str, operands: list[Any], indices: Array, size: int, axis: int) -> \
         KernelIndexError | None:
     """The error for `indices` outside [-size, size) along `axis`, or None when they fit."""
     if not indices.size:
@@ -32,13 +32,13 @@ def out_of_range(op: str, operands: list, indices: Any, size: int, axis: int) ->
                             f"{axis} (of size {size}), got values from {lo} to {hi}")
 
 
-def _check(op: str, operands: list, indices: Any, size: int, axis: int) -> None:
+def _check(op: str, operands: list[Any], indices: Array, size: int, axis: int) -> None:
     error = out_of_range(op, operands, indices, size, axis)
     if error is not None:
         raise error
 
 
-def _with_axis(shape: tuple, axis: int, size: int) -> Shape:
+def _with_axis(shape: Shape, axis: int, size: int) -> Shape:
     return shape[:axis] + (size,) + shape[axis + 1:]
 
 
@@ -59,7 +59,7 @@ class GatherOps(Mixin):
             tuple(values.shape[axis + indices.ndim:])
         return self.scatter_add(values, (slice(None),) * axis + (indices,), shape)
 
-    def _along(self, shape: tuple, indices: Array, axis: int) -> tuple:
+    def _along(self, shape: Shape, indices: Array, axis: int) -> tuple[Array, ...]:
         # The advanced index that picks indices[..., j, ...] along axis and walks every
         # other axis of `shape`: how np.take_along_axis builds it.
         ndim = len(shape)
@@ -137,13 +137,13 @@ class CpuGatherOps(GatherOps):
 class _Defaults(GatherOps):
     """GatherOps' defaults over the forward ops of a backend without GatherOps."""
 
-    def __init__(self, backend: Any):
+    def __init__(self, backend: Backend) -> None:
         self._backend = backend
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._backend, name)
 
 
-def gather_ops(backend: Any) -> GatherOps:
+def gather_ops(backend: Backend) -> GatherOps:
     """The backend's gathers: its own, or the defaults written in its forward ops."""
     return backend if isinstance(backend, GatherOps) else _Defaults(backend)

@@ -15,9 +15,10 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+from numpy.typing import DTypeLike
 
 from pullback.backend.backward_ops import from_rule
-from pullback.backend.base import Array, Mixin
+from pullback.backend.base import Array, Backend, Mixin
 from pullback.errors import KernelError
 from pullback.kernels import recurrent as kernels
 
@@ -38,7 +39,8 @@ def _shape(value: Any) -> tuple:
     return tuple(getattr(value, "shape", ()))
 
 
-def _check(op: str, xp: Any, state: Any, w_hh: Any, gates: int, extra: tuple) -> tuple:
+def _check(op: str, xp: Array, state: Array, w_hh: Array, gates: int,
+           extra: tuple[Array, ...]) -> tuple[int, int, int]:
     """(T, N, H) of a recurrence on xp (T, N, gates H) from `state` (N, H) with w_hh
     (gates H, H); `extra` are further operands that must be (N, H) (LSTM's c0) or
     (gates H,) (GRU's b_hh). A KernelError naming op and every operand otherwise."""
@@ -66,12 +68,12 @@ def _check(op: str, xp: Any, state: Any, w_hh: Any, gates: int, extra: tuple) ->
     return shape[0], n, h
 
 
-def check_lstm(op: str, xp: Any, h0: Any, c0: Any, w_hh: Any) -> tuple:
+def check_lstm(op: str, xp: Array, h0: Array, c0: Array, w_hh: Array) -> tuple[int, int, int]:
     """(T, N, H) of an LSTM sequence, or a KernelError naming op (see `_check`)."""
     return _check(op, xp, h0, w_hh, LSTM_GATES, (c0,))
 
 
-def check_gru(op: str, xp: Any, h0: Any, w_hh: Any, b_hh: Any) -> tuple:
+def check_gru(op: str, xp: Array, h0: Array, w_hh: Array, b_hh: Array) -> tuple[int, int, int]:
     """(T, N, H) of a GRU sequence, or a KernelError naming op (see `_check`)."""
     return _check(op, xp, h0, w_hh, GRU_GATES, (b_hh,))
 
@@ -105,7 +107,8 @@ class RecurrentOps(Mixin):
         return self._states(rows, (LSTM_STATES, steps, n, h), xp.dtype)
 
     def lstm_sequence_backward(self, upstream: Array, xp: Array, h0: Array, c0: Array,
-                               w_hh: Array, y: Array, needed: tuple | None = None) -> tuple:
+                               w_hh: Array, y: Array, needed: tuple[bool, ...] | None = None
+                               ) -> tuple[Array | None, ...]:
         """The cotangents of (xp, h0, c0, w_hh) from upstream, the cotangent of y; None
         for an operand not `needed`."""
         check_lstm("lstm_sequence_backward", xp, h0, c0, w_hh)
@@ -135,7 +138,8 @@ class RecurrentOps(Mixin):
         return self._states(rows, (GRU_STATES, steps, n, h), xp.dtype)
 
     def gru_sequence_backward(self, upstream: Array, xp: Array, h0: Array, w_hh: Array,
-                              b_hh: Array, y: Array, needed: tuple | None = None) -> tuple:
+                              b_hh: Array, y: Array, needed: tuple[bool, ...] | None = None
+                              ) -> tuple[Array | None, ...]:
         """The cotangents of (xp, h0, w_hh, b_hh) from upstream, the cotangent of y; None
         for an operand not `needed`."""
         check_gru("gru_sequence_backward", xp, h0, w_hh, b_hh)
@@ -143,7 +147,8 @@ class RecurrentOps(Mixin):
         return from_rule(self, "gru_sequence_backward", upstream, (xp, h0, w_hh, b_hh), y,
                          tuple(_shape(v) for v in (xp, h0, w_hh, b_hh)), needed)
 
-    def _states(self, rows: list[list[Array]], shape: tuple, dtype: Any) -> Array:
+    def _states(self, rows: list[list[Array]], shape: tuple[int, ...], dtype: DTypeLike
+                ) -> Array:
         # Per state, its T steps (N, H) stacked into the (K, T, N, H) state array.
         if not shape[1]:
             return self.zeros(shape, dtype)
@@ -177,7 +182,8 @@ class CpuRecurrentOps(RecurrentOps):
 
     def lstm_sequence_backward(self, upstream: np.ndarray, xp: np.ndarray, h0: np.ndarray,
                                c0: np.ndarray, w_hh: np.ndarray, y: np.ndarray,
-                               needed: tuple | None = None) -> tuple:
+                               needed: tuple[bool, ...] | None = None
+                               ) -> tuple[np.ndarray | None, ...]:
         steps, n, h = check_lstm("lstm_sequence_backward", xp, h0, c0, w_hh)
         _check_upstream("lstm_sequence_backward", upstream, y)
         dtype = kernels.check_dtype("lstm_sequence_backward", [upstream, xp, h0, c0, w_hh, y])
@@ -217,7 +223,8 @@ class CpuRecurrentOps(RecurrentOps):
 
     def gru_sequence_backward(self, upstream: np.ndarray, xp: np.ndarray, h0: np.ndarray,
                               w_hh: np.ndarray, b_hh: np.ndarray, y: np.ndarray,
-                              needed: tuple | None = None) -> tuple:
+                              needed: tuple[bool, ...] | None = None
+                              ) -> tuple[np.ndarray | None, ...]:
         steps, n, h = check_gru("gru_sequence_backward", xp, h0, w_hh, b_hh)
         _check_upstream("gru_sequence_backward", upstream, y)
         dtype = kernels.check_dtype("gru_sequence_backward", [upstream, xp, h0, w_hh, b_hh, y])
@@ -251,16 +258,17 @@ class CpuRecurrentOps(RecurrentOps):
         return da.reshape(steps * n, width).T @ h_prev.reshape(steps * n, y.shape[-1])
 
 
-def _wants(needed: tuple | None, index: int) -> bool:
+def _wants(needed: tuple[bool, ...] | None, index: int) -> bool:
     return needed is None or bool(needed[index])
 
 
-def _only_needed(grads: tuple, needed: tuple | None) -> tuple:
+def _only_needed(grads: tuple[np.ndarray | None, ...], needed: tuple[bool, ...] | None
+                 ) -> tuple[np.ndarray | None, ...]:
     return grads if needed is None else tuple(g if wanted else None
                                               for g, wanted in zip(grads, needed))
 
 
-def recurrent_ops(backend: Any) -> RecurrentOps:
+def recurrent_ops(backend: Backend) -> RecurrentOps:
     """The backend's recurrent ops: its own, or the defaults written in its forward ops."""
     return backend if isinstance(backend, RecurrentOps) else _Defaults(backend)
 
@@ -268,7 +276,7 @@ def recurrent_ops(backend: Any) -> RecurrentOps:
 class _Defaults(RecurrentOps):
     """RecurrentOps' defaults over the forward ops of a backend without RecurrentOps."""
 
-    def __init__(self, backend: Any):
+    def __init__(self, backend: Backend) -> None:
         self._backend = backend
 
     def __getattr__(self, name: str) -> Any:

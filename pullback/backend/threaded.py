@@ -16,19 +16,19 @@ from typing import Any
 import numpy as np
 
 from pullback.backend import cpu
-from pullback.backend.base import Backend, Shape
+from pullback.backend.base import Backend, Operand, Shape
 from pullback.backend.cpu import CpuBackend
 from pullback.errors import KernelError
-from pullback.kernels.elementwise import fortran_call, transpose_all
+from pullback.kernels.elementwise import ElementwiseKernel, fortran_call, transpose_all
 
 
-def _named(op: str, method: Callable) -> Callable:
+def _named(op: str, method: cpu.Method) -> cpu.Method:
     method.__name__ = method.__qualname__ = op
     method.__doc__ = getattr(Backend, op, getattr(CpuBackend, op)).__doc__
     return method
 
 
-def _split_float_unary(op: str, kernel: Callable) -> Callable:
+def _split_float_unary(op: str, kernel: Callable[..., np.ndarray]) -> cpu.Method:
     def method(self: ThreadedCpuBackend, x: np.ndarray) -> np.ndarray:
         if x.dtype.kind != "f":
             raise KernelError(op, [x], "expected a floating dtype")
@@ -39,7 +39,7 @@ def _split_float_unary(op: str, kernel: Callable) -> Callable:
     return _named(op, method)
 
 
-def _split_any_unary(op: str, ufunc: np.ufunc) -> Callable:
+def _split_any_unary(op: str, ufunc: np.ufunc) -> cpu.Method:
     whole = getattr(CpuBackend, op)
 
     def method(self: ThreadedCpuBackend, x: np.ndarray) -> np.ndarray:
@@ -55,8 +55,8 @@ def _weak_dtype(value: Any) -> Any:
     return type(value) if isinstance(value, (bool, int, float, complex)) else np.result_type(value)
 
 
-def _split_binary(op: str, ufunc: np.ufunc) -> Callable:
-    def method(self: ThreadedCpuBackend, a: Any, b: Any) -> np.ndarray:
+def _split_binary(op: str, ufunc: np.ufunc) -> cpu.Method:
+    def method(self: ThreadedCpuBackend, a: Operand, b: Operand) -> np.ndarray:
         try:
             limit = self.parallel_threshold
             if getattr(a, "size", 1) < limit and getattr(b, "size", 1) < limit:
@@ -78,7 +78,7 @@ class ThreadedCpuBackend(CpuBackend):
     # costs more than it saves (measured on these machines at about 32k elements).
     parallel_threshold: int = 32768
 
-    def __init__(self, num_threads: int | None = None):
+    def __init__(self, num_threads: int | None = None) -> None:
         self.num_threads = max(1, int(num_threads or os.cpu_count() or 1))
         self._pool: ThreadPoolExecutor | None = None
         self._pool_lock = threading.Lock()
@@ -125,11 +125,12 @@ class ThreadedCpuBackend(CpuBackend):
         # This type only: a subclass may override an op, which a plan's kernel would skip.
         return type(self) is ThreadedCpuBackend
 
-    def launch_elementwise(self, kernel: Any, operands: tuple, out: Any = None) -> Callable:
+    def launch_elementwise(self, kernel: ElementwiseKernel, operands: tuple[Operand, ...],
+                           out: np.ndarray | None = None) -> Callable[..., Any]:
         return lambda *arrays, out=None: self.map_kernel(kernel, arrays, out)
 
-    def map_kernel(self, kernel: Callable, operands: tuple, out: np.ndarray | None = None
-                   ) -> np.ndarray:
+    def map_kernel(self, kernel: Callable[..., np.ndarray], operands: tuple[Operand, ...],
+                   out: np.ndarray | None = None) -> np.ndarray:
         """An elementwise kernel (`kernel(*operands, out=...)`, broadcasting) split over the
         pool when the result is large: what a plan's fused chains run through."""
         arrays = [op for op in operands if isinstance(op, np.ndarray)]
@@ -217,7 +218,7 @@ class ThreadedCpuBackend(CpuBackend):
     equal = _split_binary("equal", np.equal)
     not_equal = _split_binary("not_equal", np.not_equal)
 
-    def where(self, cond: Any, a: Any, b: Any) -> np.ndarray:
+    def where(self, cond: np.ndarray, a: Operand, b: Operand) -> np.ndarray:
         small = max(np.size(cond), np.size(a), np.size(b)) < self.parallel_threshold
         if small or getattr(cond, "dtype", None) != np.bool_:
             return super().where(cond, a, b)  # np.copyto's mask must be bool
