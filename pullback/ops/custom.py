@@ -59,12 +59,14 @@ class CustomOp:
         # Spelled as callables so that a subclass may name its own parameters
         # (`forward(self, x, y)`); what they return is still checked.
         forward: Callable[..., NDArray[Any]]
-        #: `backward(upstream, inputs, output)`: one gradient (or None) per input.
         backward: Callable[[NDArray[Any], tuple[NDArray[Any] | None, ...], NDArray[Any] | None],
                            Sequence[ArrayLike | None]]
-        #: `jvp(tangents, inputs, output)`: the output's tangent.
+        """`backward(upstream, inputs, output)`: one gradient (or None) per input; an op
+        that defines it is trainable."""
         jvp: Callable[[tuple[NDArray[Any] | None, ...], tuple[NDArray[Any] | None, ...],
                        NDArray[Any] | None], ArrayLike]
+        """`jvp(tangents, inputs, output)`: the output's tangent, for forward mode
+        (optional)."""
     else:
 
         def forward(self, *arrays: NDArray[Any]) -> NDArray[Any]:
