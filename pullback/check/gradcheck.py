@@ -7,8 +7,8 @@ it); `adjoint_check` compares forward with reverse mode, no differences taken.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
@@ -20,6 +20,10 @@ __all__ = ["Finding", "GradcheckError", "adjoint_check", "gradcheck", "measure"]
 DIRECTIONS = 3  # random directions per fast check
 FULL_LOCALIZE_LIMIT = 200_000  # Jacobian entries beyond which a fast failure is not localized
 
+if TYPE_CHECKING:
+    from ..ops.hints import TensorLike
+    from ..tensor import Tensor
+
 _DEFAULTS = {  # dtype: (eps, atol, rtol) for central differences
     "float32": (1e-3, 1e-3, 1e-2),
     "float64": (1e-6, 1e-7, 1e-5),
@@ -28,14 +32,14 @@ _ADJOINT = {"float32": (1e-7, 1e-5), "float64": (1e-15, 1e-12)}  # dtype: (atol,
 
 
 def gradcheck(
-    f: Callable[..., Any],
-    inputs: Any,
+    f: Callable[..., Tensor | Sequence[Tensor]],
+    inputs: TensorLike | Sequence[object],
     *,
     eps: float | None = None,
     atol: float | None = None,
     rtol: float | None = None,
     order: int = 1,
-    mode: str = "fast",
+    mode: Literal["fast", "full"] = "fast",
 ) -> bool:
     """True if `f`'s vjp and jvp agree with central differences at `inputs`, else
     raise `GradcheckError` naming the input, the worst element and both values.
@@ -52,14 +56,14 @@ def gradcheck(
 
 
 def measure(
-    f: Callable[..., Any],
-    inputs: Any,
+    f: Callable[..., Tensor | Sequence[Tensor]],
+    inputs: TensorLike | Sequence[object],
     *,
     eps: float | None = None,
     atol: float | None = None,
     rtol: float | None = None,
     order: int = 1,
-    mode: str = "fast",
+    mode: Literal["fast", "full"] = "fast",
     seed: int = 0,
     min_order: int = 1,
 ) -> Finding | None:
@@ -187,8 +191,8 @@ def _elementwise(problem: Problem, i: int, what: str, analytical: np.ndarray,
 
 
 def adjoint_check(
-    f: Callable[..., Any],
-    inputs: Any,
+    f: Callable[..., Tensor | Sequence[Tensor]],
+    inputs: TensorLike | Sequence[object],
     *,
     atol: float | None = None,
     rtol: float | None = None,

@@ -7,7 +7,7 @@ Every gradient and tangent is checked for its shape and dtype on the way.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,7 +62,7 @@ class Finding:
                 f"(difference {self.error:.3g}, tolerance {self.allowed:.3g})")
 
 
-def worst(found: list[Finding | None]) -> Finding | None:
+def worst(found: Sequence[Finding | None]) -> Finding | None:
     """The finding furthest beyond (or least within) its tolerance; NaNs count worst."""
     real = [f for f in found if f is not None]
     if not real:

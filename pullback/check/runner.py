@@ -14,7 +14,7 @@ from __future__ import annotations
 import zlib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -149,7 +149,8 @@ def _check_op(name: str, prim: Any, spec: Spec, backend: str, dtype: str) -> lis
     return rows
 
 
-def _second_order_mode(backend: str, spec: Spec, arrays: list[np.ndarray]) -> str:
+def _second_order_mode(backend: str, spec: Spec, arrays: list[np.ndarray]
+                       ) -> Literal["fast", "full"]:
     """How a second derivative is compared: whole, or along random directions (see
     FULL_SECOND_ORDER)."""
     if backend not in FULL_SECOND_ORDER_BACKENDS:

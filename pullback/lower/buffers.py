@@ -14,7 +14,7 @@ in place, as PyTorch's caching allocator keeps its blocks).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -25,9 +25,9 @@ from .graph import Var
 
 @dataclass(frozen=True)
 class Buffer:
-    shape: tuple
-    dtype: np.dtype
-    order: str = "C"  # "F" for a matrix product laid out by columns (backend.gemm)
+    shape: tuple[int, ...]
+    dtype: np.dtype[Any]
+    order: Literal["C", "F"] = "C"  # "F": a matrix product laid out by columns (backend.gemm)
 
     def allocate(self) -> np.ndarray:
         return np.empty(self.shape, self.dtype, order=self.order)

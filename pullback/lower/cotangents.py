@@ -74,7 +74,7 @@ def assign(backward: list[tuple], folded: dict[int, Var], skipped: set[int],
         incoming = pending.pop(eqn.out.index, set())
         first = parents_of[i][0] if parents_of[i] else None
         kind = _writable(eqn, first, fortran)
-        if kind is not None and producers.get(first.index) == 1:
+        if kind is not None and first is not None and producers.get(first.index) == 1:
             pool = idle.get(kind)
             owner[i] = pool.pop() if pool else len(buffers)
             if owner[i] == len(buffers):

@@ -13,6 +13,7 @@ array after every call, and later reads in the trace see the written value.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,6 +30,14 @@ from ..tensor.eager import evaluate, wrap
 
 class LoweringError(ValueError):
     """A graph that cannot be lowered as asked."""
+
+
+def impl_of(prim: Primitive) -> Callable[..., Any]:
+    """The primitive's forward, `impl(backend, *operands, **params)`."""
+    impl = prim.impl
+    if impl is None:
+        raise LoweringError(f"{prim.name}: the primitive declares no forward (impl)")
+    return impl
 
 
 @dataclass(eq=False)
@@ -70,8 +79,9 @@ class Eqn:
         return tuple(found)
 
 
-def resolve_params(params: dict, env: list) -> dict:
-    """The parameters with each Var replaced by its value in `env`."""
+def resolve_params(params: dict[str, Any], env: Sequence[Any] | Mapping[int, Any]
+                   ) -> dict[str, Any]:
+    """The parameters with each Var replaced by its value in `env` (by the Var's index)."""
 
     def one(v: Any) -> Any:
         if isinstance(v, Var):
@@ -276,12 +286,13 @@ class _Tracer:
         return out
 
 
-def trace(fn: Any, example_inputs: tuple) -> tuple[StaticGraph, Any]:
-    """Run `fn` once on the examples, recording a static graph; returns it and the
-    structure of the outputs (a tensor, or a tuple of them)."""
+def trace(fn: Callable[..., object], example_inputs: tuple[object, ...]
+          ) -> tuple[StaticGraph, bool]:
+    """Run `fn` once on the examples, recording a static graph; returns it and whether
+    `fn` returned one tensor (else a tuple of them)."""
     graph = StaticGraph()
     tracer = _Tracer(graph)
-    args = []
+    args: list[object] = []
     for x in example_inputs:
         if isinstance(x, (Tensor, np.ndarray)):
             t = wrap(np.asarray(x._data if isinstance(x, Tensor) else x), None)
@@ -292,7 +303,7 @@ def trace(fn: Any, example_inputs: tuple) -> tuple[StaticGraph, Any]:
     previous = set_evaluator(tracer)
     token = set_concrete_check(tracer.refuse_concrete)
     try:
-        out = fn(*args)
+        out: Any = fn(*args)  # checked below
     finally:
         reset_concrete_check(token)
         set_evaluator(previous)

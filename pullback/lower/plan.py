@@ -15,11 +15,13 @@ from __future__ import annotations
 import copy
 import enum
 import threading
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import numpy as np
 
 from ..ad import BackwardSchedule, DerivativeError, Leaf, Node, run_schedule
+from ..backend.backward_ops import BackwardOps
 from ..backend.current import get_backend
 from ..tensor import hooks
 from ..tensor.backward import EagerExecutor, accumulate_grad
@@ -30,8 +32,14 @@ from .fuse import Step, schedule
 from .graph import Eqn, LoweringError, StaticGraph, Var, resolve_params, trace
 from .retrace import Retracer
 
+if TYPE_CHECKING:
+    from ..tensor import Tensor
 
-def _accumulate(param: Any, ct: Any, taken: set[int]) -> None:
+# What a compiled function returns, and so its plan: a tensor, or a tuple of tensors.
+_R = TypeVar("_R", bound="Tensor | Sequence[Tensor]")
+
+
+def _accumulate(param: Tensor, ct: Any, taken: set[int]) -> None:
     """Leave a cotangent in `param.grad`. A plan's cotangents are its own fresh arrays, so
     when one is C-ordered and the sole view of its buffer, the gradient takes it over
     instead of copying it (7 MiB a step on the wide MLP). `taken` holds the ids of
@@ -60,10 +68,12 @@ class LoweringMode(enum.Enum):
     TRAINING = "training"
 
 
-def compile(fn: Any, *example_inputs: Any, mode: LoweringMode = LoweringMode.INFERENCE) -> Plan:
+def compile(fn: Callable[..., _R], *example_inputs: object,
+            mode: LoweringMode = LoweringMode.INFERENCE) -> Plan[_R]:
     """Trace `fn` (a function or a module) on the examples and lower it to a plan, called
-    like the function. Tensors and arrays among the examples are the plan's inputs;
-    anything else (a module) is bound at compile time.
+    like the function and returning what it returns (a tuple where it returns a list).
+    Tensors and arrays among the examples are the plan's inputs; anything else (a
+    module) is bound at compile time.
 
     A plan never runs stale: called with inputs of other shapes or dtypes (a last
     partial batch), after a module it closes over switched between `train()` and
@@ -77,7 +87,7 @@ def compile(fn: Any, *example_inputs: Any, mode: LoweringMode = LoweringMode.INF
     if not isinstance(mode, LoweringMode):
         raise TypeError(f"compile: mode must be a LoweringMode, not {mode!r}")
 
-    def lower(examples: tuple) -> Plan:
+    def lower(examples: tuple[object, ...]) -> Plan[Any]:
         graph, single = trace(fn, examples)
         if mode is LoweringMode.TRAINING:
             return TrainingPlan(graph, single)
@@ -86,7 +96,7 @@ def compile(fn: Any, *example_inputs: Any, mode: LoweringMode = LoweringMode.INF
     return Retracer(fn, example_inputs, lower).first()
 
 
-def _fmt_bytes(n: int) -> str:
+def _fmt_bytes(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB"):
         if n < 1024 or unit == "GiB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
@@ -98,14 +108,14 @@ def _describe(var: Var) -> str:
     return f"{var.shape} {var.dtype}"
 
 
-class Plan:
+class Plan(Generic[_R]):
     """An inference plan: `plan(*inputs)` returns what the traced function returned.
 
     A plan from `compile` traces its function again when called with inputs of other
     shapes or dtypes, or after a module's train/eval mode or a parameter's identity
     changed (see `compile`); `traces` counts the traces so far."""
 
-    mode = LoweringMode.INFERENCE
+    mode: LoweringMode = LoweringMode.INFERENCE
     _retracer: Retracer | None = None  # set by `compile`: the plans of other signatures
 
     @property
@@ -113,7 +123,7 @@ class Plan:
         """How many times the function was traced (once, unless a signature changed)."""
         return 1 if self._retracer is None else self._retracer.traces
 
-    def __init__(self, graph: StaticGraph, single: bool):
+    def __init__(self, graph: StaticGraph, single: bool) -> None:
         inference = self.mode is LoweringMode.INFERENCE
         # Inference only: a training plan's batch norms train, and its weights are
         # differentiated as they are.
@@ -217,7 +227,9 @@ class Plan:
             for s in frees:
                 env[s] = None
 
-    def __call__(self, *inputs: Any) -> Any:
+    def __call__(self, *inputs: object) -> _R:
+        """The traced function's result for these inputs (its tensor arguments, and its
+        other arguments, which were bound at compile time)."""
         retracer = self._retracer
         plan = self if retracer is None else retracer.plan_for(inputs, self)
         return plan._call(inputs)
@@ -308,7 +320,7 @@ class Plan:
         return peak, live
 
 
-class TrainingPlan(Plan):
+class TrainingPlan(Plan[_R]):
     """`plan(*inputs)` runs forward and backward: returns the loss, and leaves each
     parameter's gradient in its `.grad` (accumulated, as `loss.backward()` does).
 
@@ -319,7 +331,7 @@ class TrainingPlan(Plan):
 
     mode = LoweringMode.TRAINING
 
-    def __init__(self, graph: StaticGraph, single: bool):
+    def __init__(self, graph: StaticGraph, single: bool) -> None:
         if graph.outputs[0].shape not in ((), (1,)) or graph.outputs[0].dtype.kind != "f":
             raise LoweringError("compile: a TRAINING plan needs a function returning one "
                                 f"floating scalar loss (first, if it returns several); this "
@@ -358,11 +370,11 @@ class TrainingPlan(Plan):
                 if isinstance(a, Var):
                     readers[a.index] = readers.get(a.index, 0) + 1
         results = {v.index for v in self.graph.outputs}
-        folded = {}
+        folded: dict[int, Var] = {}
         for eqn in self.graph.eqns:
             y = eqn.args[0] if eqn.args else None
             relu = getattr(y, "producer", None)
-            if (eqn.primitive.absorbs is not None and relu is not None
+            if (eqn.primitive.absorbs is not None and isinstance(y, Var) and relu is not None
                     and relu.primitive is eqn.primitive.absorbs and readers.get(y.index) == 1
                     and y.index not in results and y.index in self._active
                     and isinstance(relu.args[0], Var) and relu.args[0].index in self._active):
@@ -410,6 +422,7 @@ class TrainingPlan(Plan):
             parents = tuple(a if isinstance(a, Var) and a.index in self._active else None
                             for a in eqn.args)
             saves_in = prim.saves_inputs
+            needed_in: tuple[int, ...]
             if saves_in and prim.bilinear and (parents[0] is None or parents[1] is None):
                 needed_in = (1,) if parents[1] is None else (0,)
                 needed_in += tuple(i for i in (0, 1) if i not in needed_in
@@ -417,7 +430,8 @@ class TrainingPlan(Plan):
                                    and eqn.args[i].index in param_views)
             else:
                 needed_in = tuple(range(len(eqn.args))) if saves_in else ()
-            saved = tuple(eqn.args[i].index for i in needed_in if isinstance(eqn.args[i], Var))
+            saved: tuple[int, ...] = tuple(eqn.args[i].index for i in needed_in
+                                           if isinstance(eqn.args[i], Var))
             saved += tuple(v.index for v in eqn.param_vars)  # the rules read the params
             if prim.saves_output:
                 saved += (eqn.out.index,)
@@ -439,8 +453,9 @@ class TrainingPlan(Plan):
         """The active equations in the order the core's backward schedule visits them:
         the schedule eager backward runs over the same graph, computed once here over
         the core's nodes (a Leaf per parameter) and replayed at each call."""
-        nodes = self._node_of = {}  # var index -> its node in the schedule
-        self._leaves = []
+        nodes: dict[int, Leaf | Node] = {}  # var index -> its node in the schedule
+        self._node_of = nodes
+        self._leaves: list[Leaf] = []
         for var, _ in self.graph.params:
             leaf = nodes[var.index] = Leaf(var.shape, var.dtype)
             self._leaves.append(leaf)
@@ -517,6 +532,7 @@ class TrainingPlan(Plan):
         # Buffers a gradient may not take over, gathered before the backward frees any
         # value (an id freed meanwhile and reused only costs a copy).
         taken = {id(a) for a in env if type(a) is np.ndarray}
+        assert self._arena is not None  # allocated by the forward
         taken.update(id(a) for a in self._arena)
         taken.update(id(a) for a in arena)
         param_of = self._param_of
@@ -599,7 +615,7 @@ class _PlanExecutor(EagerExecutor):
         super().__init__()
         self.plan, self.env, self.arena = plan, env, arena
 
-    def linearize_recorded_graph(self, node: Any) -> int:
+    def linearize_recorded_graph(self, node: Any) -> int:  # type: ignore[override]  # a step's index
         return self.plan._step_of[id(node)]  # the step does its own work, from the cache
 
     def run_transposed_linear(self, linearization: Any, ct: Any) -> tuple:
@@ -610,6 +626,7 @@ class _PlanExecutor(EagerExecutor):
             node.params = resolve_params(eqn.params, env)
         if fused and eqn.out.index in plan._pool_relu:  # relu's backward folded in:
             # relu's own backward on the pooled maxima, one pass, its NaN rule.
+            assert isinstance(backend, BackwardOps)  # as `fused` says
             ct = backend.relu_backward(ct, env[eqn.out.index])
         plan._load(node, reads, env, eqn.out)
         writer = plan._ct_writers[k]

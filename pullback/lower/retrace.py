@@ -160,9 +160,10 @@ class Retracer:
         if len(inputs) == len(self.examples):
             examples = inputs
         else:  # the tensors only, in the tensor examples' places
-            examples = list(self.examples)
+            filled = list(self.examples)
             for i, x in zip(self.tensor_positions, arrays):
-                examples[i] = x
+                filled[i] = x
+            examples = tuple(filled)
         plan = self._trace(tuple(examples))
         plans[key] = plan
         while len(plans) > CACHE_SIZE:
