@@ -192,7 +192,9 @@ def sum_to_shape(x: TensorLike, shape: Sequence[int]) -> Tensor:
 
 
 def normalize_index(index: Index) -> Any:
-    """Tensors in an index become arrays (indices are never differentiated)."""
+    """Tensors in an index become arrays (indices are never differentiated). The result
+    goes to NumPy's indexing (or a backend's), which judges it: typed Any, as it holds
+    whatever the caller's index held."""
     if isinstance(index, tuple):
         return tuple(getattr(i, "_data", i) for i in index)
     return getattr(index, "_data", index)
