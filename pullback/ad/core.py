@@ -13,7 +13,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from contextvars import ContextVar
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .linear import LinearGraph
 
 
 class Zero:
@@ -40,7 +43,9 @@ class LinearVar:
     # NumPy must defer to our operators instead of building object arrays.
     __array_ufunc__ = None
 
-    def __init__(self, graph: Any, shape: Any, dtype: Any):
+    # graph None: a placeholder that stands for an active operand in a transpose rule
+    # called directly (`transpose_node`), which reads its shape and dtype only.
+    def __init__(self, graph: LinearGraph | None, shape: Any, dtype: Any):
         self.graph = graph
         self.shape = shape
         self.dtype = dtype
@@ -178,12 +183,14 @@ class Primitive:
         """Apply the primitive: record it if an operand is a `LinearVar`, else evaluate."""
         for arg in args:
             if type(arg) is LinearVar:
+                assert arg.graph is not None, f"{self.name}: a placeholder tangent in an op"
                 return arg.graph.record(self, args, params)
         return EVALUATOR.get(_default_evaluator)(self, args, params)
 
     def bind1(self, x: Any) -> Any:
         """`bind` for one operand and no parameters: the hot path of unary ops."""
         if type(x) is LinearVar:
+            assert x.graph is not None, f"{self.name}: a placeholder tangent in an op"
             return x.graph.record(self, (x,), _NO_PARAMS)
         return EVALUATOR.get(_default_evaluator)(self, (x,), _NO_PARAMS)
 

@@ -9,10 +9,13 @@ chain of any length differentiates without touching the recursion limit.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .core import DerivativeError, LinearVar, Primitive, Zero, jvp_of
 from .linear import LinearGraph
+
+if TYPE_CHECKING:
+    from .executor import BackwardExecutor
 
 
 class Node:
@@ -198,7 +201,7 @@ def transpose_node(node: Node, inputs: tuple | None, ct: Any) -> list:
 
 
 def linearize_graph(
-    output_nodes: Sequence[Any], input_nodes: Sequence[Any], executor: Any
+    output_nodes: Sequence[Any], input_nodes: Sequence[Any], executor: BackwardExecutor
 ) -> LinearGraph:
     """One linear graph for a whole recorded computation: input tangents to output tangents.
 

@@ -11,9 +11,12 @@ exist only while the backward step that transposes its JVP runs.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .core import Primitive, Zero, jvp_of
+
+if TYPE_CHECKING:
+    from .executor import BackwardExecutor
 
 
 class Slot:
@@ -142,7 +145,7 @@ def run_region(region: Region, operands: Sequence[Any],
 
 
 def replay_jvp(region: Region, operands: Sequence[Any], tangents: Sequence[Any],
-               executor: Any) -> list:
+               executor: BackwardExecutor) -> list:
     """The tangents of the region's outputs (None where zero), from its operands' (a
     `Zero` or None where inactive): the forward is replayed with the executor's
     `execute_forward`, and each equation's JVP rule is applied to the recomputed values,

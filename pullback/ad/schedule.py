@@ -55,7 +55,8 @@ class BackwardSchedule:
         self.ends = ends
 
 
-def run_schedule(schedule: BackwardSchedule, roots: Sequence[tuple[Any, Any]], executor: Any,
+def run_schedule(schedule: BackwardSchedule, roots: Sequence[tuple[Any, Any]],
+                 executor: BackwardExecutor,
                  release: bool = False,
                  on_result: Callable[[Any, Any], None] | None = None) -> dict:
     """Push the cotangents of `roots` (pairs of node and cotangent) through the schedule.
@@ -111,7 +112,7 @@ def run_schedule(schedule: BackwardSchedule, roots: Sequence[tuple[Any, Any]], e
 
 def backward_pass(
     roots: Sequence[tuple[Any, Any]],
-    executor: Any,
+    executor: BackwardExecutor,
     targets: Sequence[Any] | None = None,
     release: bool = False,
     on_result: Callable[[Any, Any], None] | None = None,
