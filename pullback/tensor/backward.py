@@ -36,6 +36,8 @@ from .eager import Tensor, wrap
 from .state import grad_mode
 
 if TYPE_CHECKING:
+    from numpy.typing import NDArray
+
     from ..ops.hints import TensorLike
 
 # Whether eager backward may use backends' fused kernels; off, every node goes through
@@ -202,7 +204,8 @@ def owned(arrays: list[Any], given: tuple[Any, ...] = ()) -> list[Any]:
     return result
 
 
-def initial_cotangent(op: str, output: Tensor, grad: TensorLike | None) -> Any:
+def initial_cotangent(op: str, output: Tensor, grad: TensorLike | None
+                      ) -> NDArray[Any] | Tensor:
     """The cotangent a backward starts from: `grad` checked against the output (one for a
     one-element output when None), as an array, or a tensor when `grad` is recorded."""
     if grad is None:
@@ -221,7 +224,7 @@ def initial_cotangent(op: str, output: Tensor, grad: TensorLike | None) -> Any:
     return grad if isinstance(grad, Tensor) and grad._node is not None else data
 
 
-def accumulate_grad(tensor: Tensor, ct: Any, create_graph: bool) -> None:
+def accumulate_grad(tensor: Tensor, ct: NDArray[Any] | Tensor, create_graph: bool) -> None:
     """Add a cotangent to a leaf's `.grad`, as PyTorch accumulates."""
     if create_graph:
         value = ct if isinstance(ct, Tensor) else wrap(ct, None)

@@ -10,7 +10,7 @@ Arguments keep pullback's names (`axis`, `keepdims`) where an op has them; PyTor
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, overload
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 import numpy as np
 
@@ -73,7 +73,7 @@ class TorchMethods:
             correction: float = 1) -> Tensor:
         return ops.std(self, axis, keepdims, correction=correction)
 
-    def norm(self: Any, p: float | str = 2, axis: Axis = None, keepdims: bool = False
+    def norm(self: Any, p: float | Literal["fro"] = 2, axis: Axis = None, keepdims: bool = False
              ) -> Tensor:
         return ops.norm(self, p, axis, keepdims)
 

@@ -32,6 +32,8 @@ from .eager import Tensor, wrap
 from .state import grad_enabled, grad_mode
 
 if TYPE_CHECKING:
+    from numpy.typing import NDArray
+
     from ..ops.hints import TensorLike
 
 _P = ParamSpec("_P")
@@ -80,7 +82,7 @@ def _records_outside(outs: Sequence[Tensor], inputs: Sequence[Tensor]) -> bool:
     return any(n.primitive is None and id(n) not in ours for n in toposort(roots))
 
 
-def _result(ct: Any, like: Tensor) -> Tensor:
+def _result(ct: NDArray[Any] | Tensor | None, like: Tensor) -> Tensor:
     if ct is None:
         return wrap(np.zeros(like.shape, like.dtype), None)  # the output does not depend on it
     return ct if isinstance(ct, Tensor) else wrap(ct, None)
