@@ -56,7 +56,8 @@ def draw_from(generator: Callable[[], np.random.Generator]) -> None:
 # ---------------------------------------------------------------- the primitive
 
 
-def _shape(q: Any, k: Any, v: Any, bias: Any, keep: Any, scale: float, causal: bool) -> tuple:
+def _shape(q: Any, k: Any, v: Any, bias: Any, keep: Any, scale: float, causal: bool
+           ) -> tuple[Any, ...]:
     """q (..., L, E), k (..., S, E), v (..., S, Ev), batch dimensions broadcast; bias and
     keep None or broadcastable to the scores (..., L, S) without widening them."""
     operands = tuple(x for x in (q, k, v, bias, keep) if x is not None)
@@ -99,7 +100,7 @@ def _impl(backend: Any, q: Any, k: Any, v: Any, bias: Any, keep: Any, scale: flo
 attention_p = declare(OP, _impl, _shape, saves_inputs=True, aliasing="fresh")
 
 
-def _vjp(be: Any, g: Any, node: Any) -> tuple:
+def _vjp(be: Any, g: Any, node: Any) -> tuple[Any, ...]:
     q, k, v, bias, keep = node.inputs
     bias_grad = bias is not None and node.parents[3] is not None
     params = node.params
@@ -192,7 +193,7 @@ def scaled_dot_product_attention(
     return attention_p.bind(query, key, value, bias, keep, scale=scale, causal=bool(is_causal))
 
 
-def _as_bias(mask: Any, dtype: Any, operands: tuple) -> Any:
+def _as_bias(mask: Any, dtype: Any, operands: tuple[Any, ...]) -> Any:
     """A bool mask as 0 / -inf, a float one as it is, at least 2-D."""
     mask_dtype = dtype_of(mask)
     if str(mask_dtype) == "bool":

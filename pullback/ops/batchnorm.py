@@ -39,7 +39,7 @@ _NAMES = ("running_mean", "running_var", "weight", "bias")
 
 
 def _shape(x: Any, running_mean: Any, running_var: Any, weight: Any, bias: Any,
-           training: bool, eps: float) -> tuple:
+           training: bool, eps: float) -> tuple[Any, ...]:
     shape = shape_of(x)
     given = (running_mean, running_var, weight, bias)
     operands = tuple(v for v in (x, *given) if v is not None)  # what the error lists
@@ -162,7 +162,7 @@ def _jvp_bias(t: Any, out: Any, x: Any, running_mean: Any, running_var: Any, wei
 defjvp(batch_norm_p, _jvp_x, _jvp_running_mean, _jvp_running_var, _jvp_weight, _jvp_bias)
 
 
-def _vjp(be: Any, g: Any, n: Any) -> tuple:
+def _vjp(be: Any, g: Any, n: Any) -> tuple[Any, ...]:
     needed = tuple(p is not None for p in n.parents)
     if not n.params["training"]:
         # Eval mode, an affine map per channel and seldom differentiated (a frozen
@@ -230,7 +230,7 @@ def batch_norm(x: TensorLike, running_mean: TensorLike | None, running_var: Tens
 # ---------------------------------------------------------------- samples for `pullback check`
 
 
-def _both_modes(x: Any, mean_: Any, var: Any, w: Any, b: Any) -> tuple:
+def _both_modes(x: Any, mean_: Any, var: Any, w: Any, b: Any) -> tuple[Any, ...]:
     return batch_norm(x, None, None, w, b, training=True), batch_norm(x, mean_, var, w, b)
 
 

@@ -126,14 +126,14 @@ def _declare(cls: type[CustomOp]) -> tuple[Primitive, Primitive]:
             spec.shape, spec.dtype = out.shape, out.dtype
         return out
 
-    def no_shape_rule(*args: Any, op: CustomOp, spec: Any = None) -> tuple:
+    def no_shape_rule(*args: Any, op: CustomOp, spec: Any = None) -> tuple[Any, ...]:
         raise DerivativeError(f"{name} is not linear; it cannot be applied to a tangent")
 
     prim = declare(name, impl, no_shape_rule, saves_inputs=saves_inputs,
                    saves_output=saves_output, register=False)
     prim.exact_inputs = True  # the user's backward sees its inputs as they were given
 
-    def linear_impl(backend: Any, *tangents: Any, op: CustomOp, inputs: tuple,
+    def linear_impl(backend: Any, *tangents: Any, op: CustomOp, inputs: tuple[Any, ...],
                     output: np.ndarray | None, spec: Any = None) -> np.ndarray:
         if not _defines(op, "jvp"):
             raise ForwardModeError(f"{name} defines no jvp(): forward mode through it is "
@@ -142,15 +142,15 @@ def _declare(cls: type[CustomOp]) -> tuple[Primitive, Primitive]:
         like = output if output is not None else spec
         return _checked(name, "jvp", op.jvp(tangents, inputs, output), like)
 
-    def linear_shape(*tangents: Any, op: CustomOp, inputs: tuple, output: np.ndarray | None,
-                     spec: Any = None) -> tuple:
+    def linear_shape(*tangents: Any, op: CustomOp, inputs: tuple[Any, ...],
+                     output: np.ndarray | None, spec: Any = None) -> tuple[Any, ...]:
         like = output if output is not None else spec
         return like.shape, like.dtype
 
     linear = declare(f"{name}.jvp", linear_impl, linear_shape, register=False)
 
-    def transpose(ct: Any, *tangents: Any, op: CustomOp, inputs: tuple,
-                  output: np.ndarray | None, spec: Any = None) -> tuple:
+    def transpose(ct: Any, *tangents: Any, op: CustomOp, inputs: tuple[Any, ...],
+                  output: np.ndarray | None, spec: Any = None) -> tuple[Any, ...]:
         if getattr(ct, "_node", None) is not None:
             raise DerivativeError(f"{name}.backward is NumPy code: second derivatives through "
                                   f"{name} are unsupported")
@@ -163,7 +163,8 @@ def _declare(cls: type[CustomOp]) -> tuple[Primitive, Primitive]:
                                                                                   **params))
     deflinear(linear, transpose, linear_args=ALL_ARGS)
 
-    def jvp(tangents: tuple, output: Any, inputs: tuple, op: CustomOp, spec: Any = None) -> Any:
+    def jvp(tangents: tuple[Any, ...], output: Any, inputs: tuple[Any, ...], op: CustomOp,
+            spec: Any = None) -> Any:
         if any(getattr(v, "_node", None) is not None for v in (*inputs, output)):
             # The derivative is being recorded to be differentiated again, but the op's
             # backward and jvp are NumPy code: the result would silently be a constant.
@@ -179,7 +180,7 @@ def _declare(cls: type[CustomOp]) -> tuple[Primitive, Primitive]:
         # differentiating through it (or lowering it for training) is refused up front.
         defjvp_full(prim, jvp)
 
-    def vjp(backend: Any, upstream: Any, node: Any) -> tuple:
+    def vjp(backend: Any, upstream: Any, node: Any) -> tuple[Any, ...]:
         return _backward(node.params["op"], upstream, node.inputs, node.output, node.parents,
                          node.in_shapes)
 
@@ -188,8 +189,8 @@ def _declare(cls: type[CustomOp]) -> tuple[Primitive, Primitive]:
     return prim, linear
 
 
-def _backward(op: CustomOp, upstream: Any, inputs: tuple | None, output: Any, active: tuple,
-              shapes: tuple) -> tuple:
+def _backward(op: CustomOp, upstream: Any, inputs: tuple[Any, ...] | None, output: Any,
+              active: tuple[Any, ...], shapes: tuple[Any, ...]) -> tuple[Any, ...]:
     """The op's backward, checked. `active` has one entry per input, falsy for an input
     that needs no gradient (or the input's node, whose leaves name it in errors);
     `shapes` gives each input's shape (or an object with one) where it was not saved."""
@@ -215,7 +216,7 @@ def _backward(op: CustomOp, upstream: Any, inputs: tuple | None, output: Any, ac
         for i, g in enumerate(grads))
 
 
-def _operand(inputs: tuple | None, i: int) -> str:
+def _operand(inputs: tuple[Any, ...] | None, i: int) -> str:
     value = inputs[i] if inputs is not None else None
     return f" ({value.shape} {value.dtype})" if isinstance(value, np.ndarray) else ""
 
@@ -248,5 +249,5 @@ def _array(value: Any) -> Any:
     return getattr(value, "_data", value)
 
 
-def _arrays(values: tuple) -> tuple:
+def _arrays(values: tuple[Any, ...]) -> tuple[Any, ...]:
     return tuple(_array(v) for v in values)

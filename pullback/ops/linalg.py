@@ -37,7 +37,7 @@ def _as_matrices(sa: tuple[int, ...], sb: tuple[int, ...]
     return ((1,) + sa if len(sa) == 1 else sa), (sb + (1,) if len(sb) == 1 else sb)
 
 
-def _matmul_shape(a: Any, b: Any) -> tuple:
+def _matmul_shape(a: Any, b: Any) -> tuple[Any, ...]:
     sa, sb = shape_of(a), shape_of(b)
     if not sa or not sb:
         raise KernelError("matmul", (a, b), "operands must have at least one dimension")
@@ -97,7 +97,7 @@ def _transpose_rhs(ct: Any, a: Any, b: Any) -> Tensor:
 
 
 defbilinear(matmul_p, _transpose_lhs, _transpose_rhs)
-def _matmul_vjp(be: Any, g: Any, n: Any) -> tuple:
+def _matmul_vjp(be: Any, g: Any, n: Any) -> tuple[Any, ...]:
     # An operand that was not saved (its own gradient is not needed) is passed as a
     # zero-stride stand-in of its shape: the kernel reads only its shape.
     lhs, rhs = (
@@ -112,7 +112,7 @@ defvjp(matmul_p, _matmul_vjp)
 backward_kernel(matmul_p, "matmul_backward")
 
 
-def _ct_order(args: tuple, first: Any, by_columns: bool, first_by_columns: bool
+def _ct_order(args: tuple[Any, ...], first: Any, by_columns: bool, first_by_columns: bool
               ) -> str | None:
     """The lhs cotangent laid out as the lhs itself, which its consumers read beside it
     (a relu's backward its output, a flattened convolution's the maps). By the product's
@@ -125,7 +125,7 @@ def _ct_order(args: tuple, first: Any, by_columns: bool, first_by_columns: bool
     return "F" if first_by_columns else "C"
 
 
-def _ct_into(be: Any, g: Any, n: Any, out: Any) -> tuple:
+def _ct_into(be: Any, g: Any, n: Any, out: Any) -> tuple[Any, ...]:
     """_matmul_vjp for 2-D operands, the lhs gradient g @ rhs.T written into `out`."""
     lhs, rhs = n.inputs
     grad_lhs = be.matmul(g, be.transpose(rhs, (1, 0)), out=out)

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 __all__ = ["one_hot"]  # the rest are building blocks the layers above call
 
 
-def _one_hot_shape(labels: Any, depth: int, dtype: Any) -> tuple:
+def _one_hot_shape(labels: Any, depth: int, dtype: Any) -> tuple[Any, ...]:
     return shape_of(labels) + (depth,), dtype
 
 
@@ -71,7 +71,8 @@ def one_hot(labels: TensorLike, num_classes: int = -1, dtype: DTypeLike | None =
 REDUCTIONS = ("mean", "sum", "none")
 
 
-def _cross_entropy_shape(logits: Any, labels: Any, ignore_index: int, reduction: str) -> tuple:
+def _cross_entropy_shape(logits: Any, labels: Any, ignore_index: int, reduction: str
+                         ) -> tuple[Any, ...]:
     shape = shape_of(logits)
     if not shape or not is_float(dtype_of(logits)):
         raise KernelError("cross_entropy", (logits, labels), "logits must be (..., C) floating")
@@ -148,7 +149,7 @@ def _cross_entropy_jvp(t: Any, out: Any, logits: Any, labels: Any, ignore_index:
 defjvp(cross_entropy_p, _cross_entropy_jvp, None)
 
 
-def _cross_entropy_vjp(be: Any, g: Any, node: Any) -> tuple:
+def _cross_entropy_vjp(be: Any, g: Any, node: Any) -> tuple[Any, ...]:
     logits, labels = node.inputs
 
     def run(labels: Any, kept: Any, count: int) -> Any:

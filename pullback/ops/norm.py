@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 __all__ = ["layer_norm"]
 
 
-def _shape(x: Any, weight: Any, bias: Any, eps: float) -> tuple:
+def _shape(x: Any, weight: Any, bias: Any, eps: float) -> tuple[Any, ...]:
     shape = shape_of(x)
     operands = (x, weight, bias)
     if not shape or not is_float(dtype_of(x)):
@@ -84,7 +84,7 @@ def _jvp_bias(t: Any, out: Any, x: Any, weight: Any, bias: Any, eps: float) -> A
 defjvp(layer_norm_p, _jvp_x, _jvp_weight, _jvp_bias)
 
 
-def _vjp(be: Any, g: Any, n: Any) -> tuple:
+def _vjp(be: Any, g: Any, n: Any) -> tuple[Any, ...]:
     # mean and rstd are recomputed (two reductions) rather than kept: a primitive keeps
     # one output, and the layer's output is what the next op reads.
     x, weight, _ = n.inputs

@@ -45,12 +45,12 @@ if TYPE_CHECKING:
 __all__: list[str] = []
 
 
-def _lstm_shape(xp: Any, h0: Any, c0: Any, w_hh: Any) -> tuple:
+def _lstm_shape(xp: Any, h0: Any, c0: Any, w_hh: Any) -> tuple[Any, ...]:
     steps, n, h = check_lstm("lstm_sequence", xp, h0, c0, w_hh)
     return (LSTM_STATES, steps, n, h), dtype_of(xp)
 
 
-def _gru_shape(xp: Any, h0: Any, w_hh: Any, b_hh: Any) -> tuple:
+def _gru_shape(xp: Any, h0: Any, w_hh: Any, b_hh: Any) -> tuple[Any, ...]:
     steps, n, h = check_gru("gru_sequence", xp, h0, w_hh, b_hh)
     return (GRU_STATES, steps, n, h), dtype_of(xp)
 
@@ -83,14 +83,14 @@ def _times(tangent: Any, primal: Any) -> Any:
     return None if tangent is None else mul(tangent, primal)
 
 
-def _gates(a: Any, h: int, count: int) -> tuple:
+def _gates(a: Any, h: int, count: int) -> tuple[Any, ...]:
     """The `count` gate blocks (N, H) of a (N, count H) tangent, or Nones."""
     if a is None:
         return (None,) * count
     return tuple(getitem(a, (slice(None), slice(k * h, (k + 1) * h))) for k in range(count))
 
 
-def _assemble(rows: list[list[Any]], shape: tuple) -> Any:
+def _assemble(rows: list[list[Any]], shape: tuple[Any, ...]) -> Any:
     """The (K, T, N, H) tangent from rows[k][t], each (N, H) or None (a zero): runs of
     steps stacked, placed into the state array's shape where some are zero."""
     runs = []
@@ -111,11 +111,11 @@ def _assemble(rows: list[list[Any]], shape: tuple) -> Any:
                     for k, start, stop, block in runs))
 
 
-def _active(tangents: tuple) -> list:
+def _active(tangents: tuple[Any, ...]) -> list[Any]:
     return [None if type(t) is Zero else t for t in tangents]
 
 
-def _lstm_jvp(tangents: tuple, y: Any, operands: tuple) -> Any:
+def _lstm_jvp(tangents: tuple[Any, ...], y: Any, operands: tuple[Any, ...]) -> Any:
     dxp, dh, dc, dw = _active(tangents)
     _, h0, c0, w_hh = operands
     _, steps, _, h = y.shape
@@ -141,7 +141,7 @@ def _lstm_jvp(tangents: tuple, y: Any, operands: tuple) -> Any:
     return _assemble(rows, tuple(y.shape))
 
 
-def _gru_jvp(tangents: tuple, y: Any, operands: tuple) -> Any:
+def _gru_jvp(tangents: tuple[Any, ...], y: Any, operands: tuple[Any, ...]) -> Any:
     dxp, dh, dw, db = _active(tangents)
     _, h0, w_hh, _ = operands
     _, steps, n, h = y.shape
