@@ -13,7 +13,7 @@ import argparse
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypedDict
 
 from . import __version__
 from .check.runner import BACKENDS, format_table, run_checks, summary
@@ -26,6 +26,13 @@ if TYPE_CHECKING:
 
     # What `main` adds subcommands to.
     Commands = argparse._SubParsersAction[argparse.ArgumentParser]
+
+
+class _Injected(TypedDict):
+    """What `main` passes every subcommand besides its arguments (`check` uses it)."""
+
+    primitives: Mapping[str, Primitive] | None
+    specs: Mapping[str, Spec] | None
 
 
 def main(
@@ -42,7 +49,8 @@ def main(
     if args.command is None:
         parser.print_help()
         return 2
-    status: int = args.run(args, {"primitives": primitives, "specs": specs})
+    injected: _Injected = {"primitives": primitives, "specs": specs}
+    status: int = args.run(args, injected)
     return status
 
 
@@ -113,7 +121,7 @@ def _add_train(commands: Commands) -> None:
     train.set_defaults(run=_run_train, command_parser=train)
 
 
-def _run_train(args: argparse.Namespace, injected: dict[str, Any]) -> int:
+def _run_train(args: argparse.Namespace, injected: _Injected) -> int:
     from .gpt import MODEL as GPT_MODEL
     from .gpt import GPTConfig, GPTResult, train_gpt
     from .training import TrainConfig, TrainResult, train
@@ -183,7 +191,7 @@ def _add_sample(commands: Commands) -> None:
     sample.set_defaults(run=_run_sample, command_parser=sample)
 
 
-def _run_sample(args: argparse.Namespace, injected: dict[str, Any]) -> int:
+def _run_sample(args: argparse.Namespace, injected: _Injected) -> int:
     from .gpt import sample
 
     try:
@@ -213,7 +221,7 @@ def _add_check(commands: Commands) -> None:
     check.set_defaults(run=_run_check, command_parser=check)
 
 
-def _run_check(args: argparse.Namespace, injected: dict[str, Any]) -> int:
+def _run_check(args: argparse.Namespace, injected: _Injected) -> int:
     backends = list(BACKENDS) if args.backend == "all" else [args.backend]
     start = time.perf_counter()
     try:
@@ -243,7 +251,7 @@ def _add_run(commands: Commands) -> None:
     run.set_defaults(run=_run_run, command_parser=run)
 
 
-def _run_run(args: argparse.Namespace, injected: dict[str, Any]) -> int:
+def _run_run(args: argparse.Namespace, injected: _Injected) -> int:
     import numpy as np
 
     try:

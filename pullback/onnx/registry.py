@@ -11,12 +11,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..tensor import Tensor
 from .errors import OnnxImportError
+
+if TYPE_CHECKING:
+    from .interpreter import RunContext
 
 DEFAULT_DOMAIN = ""
 
@@ -91,7 +94,9 @@ _REQUIRED = object()
 class NodeView:
     """One node as a converter sees it: name, op type, attributes, and the run's services."""
 
-    def __init__(self, proto: Any, index: int, since: int, attrs: dict[str, Any], run: Any):
+    # `proto` is the onnx NodeProto (onnx has no type information).
+    def __init__(self, proto: Any, index: int, since: int, attrs: dict[str, Any],
+                 run: RunContext) -> None:
         self.proto = proto
         self.op_type = proto.op_type
         self.name = proto.name or f"#{index} ({', '.join(proto.output) or 'no outputs'})"
@@ -109,7 +114,7 @@ class NodeView:
                                   f"{name!r} is missing")
         return default
 
-    def static(self, value: Any, what: str) -> np.ndarray:
+    def static(self, value: object, what: str) -> np.ndarray:
         """`value` as a NumPy array known while the plan is built (a shape, axes, pads):
         a constant, or anything while running eagerly."""
         if isinstance(value, np.ndarray):
@@ -127,7 +132,7 @@ class NodeView:
         raise OnnxImportError(f"{self.op_type} node {self.name!r}: {what} must be a tensor, "
                               f"not {type(value).__name__}")
 
-    def static_ints(self, value: Any, what: str) -> list[int]:
+    def static_ints(self, value: object, what: str) -> list[int]:
         array = self.static(value, what)
         if array.dtype.kind not in "iu":
             raise OnnxImportError(f"{self.op_type} node {self.name!r}: {what} must be "

@@ -9,6 +9,7 @@ import numpy as np
 
 from ... import ops
 from ..errors import OnnxImportError
+from ..registry import NodeView
 
 
 def shape(x: Any) -> tuple:
@@ -19,7 +20,7 @@ def dtype(x: Any) -> np.dtype:
     return np.dtype(x.dtype)
 
 
-def axis_of(node: Any, axis: int, ndim: int, what: str = "axis") -> int:
+def axis_of(node: NodeView, axis: int, ndim: int, what: str = "axis") -> int:
     """A possibly negative axis as a non-negative one, or an error naming the node."""
     if not -ndim <= axis < max(ndim, 1):
         raise OnnxImportError(f"{what} {axis} is out of range for {ndim} dimensions")
@@ -31,7 +32,7 @@ def constant(value: Any, like: Any) -> np.ndarray:
     return np.asarray(value, dtype=dtype(like))
 
 
-def legacy_broadcast(node: Any, a: Any, b: Any) -> Any:
+def legacy_broadcast(node: NodeView, a: Any, b: Any) -> Any:
     """Before opset 7, binary ops broadcast only when `broadcast=1`, and then `b` aligns
     with `a` starting at `axis` (or at the trailing dimensions without `axis`)."""
     if node.since >= 7:
@@ -119,7 +120,7 @@ def same_pads(auto_pad: str, sizes: tuple, kernel: tuple, strides: tuple,
     return begins + ends
 
 
-def window_pads(node: Any, sizes: tuple, kernel: tuple, strides: tuple,
+def window_pads(node: NodeView, sizes: tuple, kernel: tuple, strides: tuple,
                 dilations: tuple) -> list[int]:
     """The pads a conv or pool node asks for, from `pads` or `auto_pad`."""
     auto_pad = node.attr("auto_pad", "NOTSET")

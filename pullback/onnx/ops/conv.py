@@ -15,13 +15,13 @@ from typing import Any
 from ... import ops
 from ..errors import OnnxImportError
 from ..interpreter import check_size
-from ..registry import converter
+from ..registry import NodeView, converter
 from .common import dtype, pad_nd, shape, window_pads
 
 _CONV_ATTRS = ("auto_pad", "dilations", "group", "kernel_shape", "pads", "strides")
 
 
-def conv2d(node: Any, x: Any, w: Any, stride: tuple, padding: tuple, dilation: tuple,
+def conv2d(node: NodeView, x: Any, w: Any, stride: tuple, padding: tuple, dilation: tuple,
            groups: int) -> Any:
     """pb.conv2d, passing dilation and groups only where they are not the defaults.
 
@@ -43,7 +43,7 @@ def conv2d(node: Any, x: Any, w: Any, stride: tuple, padding: tuple, dilation: t
     return ops.conv2d(x, w, None, stride, padding, **extra)
 
 
-def _window_attrs(node: Any, x: Any, kernel: tuple) -> tuple:
+def _window_attrs(node: NodeView, x: Any, kernel: tuple) -> tuple:
     nd = len(kernel)
     strides = tuple(node.attr("strides", [1] * nd))
     dilations = tuple(node.attr("dilations", [1] * nd))
@@ -66,7 +66,7 @@ def _symmetric(x: Any, pads: list[int], nd: int) -> tuple[Any, tuple]:
 
 
 @converter("Conv", (1, 11), _CONV_ATTRS)
-def _conv(node: Any, x: Any, w: Any, b: Any = None) -> Any:
+def _conv(node: NodeView, x: Any, w: Any, b: Any = None) -> Any:
     sx, sw = shape(x), shape(w)
     nd = len(sx) - 2
     if nd not in (1, 2, 3) or len(sw) != nd + 2:
@@ -99,7 +99,7 @@ def _conv(node: Any, x: Any, w: Any, b: Any = None) -> Any:
     return y
 
 
-def _conv3d(node: Any, x: Any, w: Any, strides: tuple, padding: tuple, dilations: tuple,
+def _conv3d(node: NodeView, x: Any, w: Any, strides: tuple, padding: tuple, dilations: tuple,
             groups: int) -> Any:
     """Sum over kernel depth i of a 2-D conv of the depth slices i*d, i*d + s, ..."""
     if padding[0]:
@@ -127,7 +127,7 @@ def _conv3d(node: Any, x: Any, w: Any, strides: tuple, padding: tuple, dilations
 
 
 @converter("ConvTranspose", (1, 11), _CONV_ATTRS + ("output_padding", "output_shape"))
-def _conv_transpose(node: Any, x: Any, w: Any, b: Any = None) -> Any:
+def _conv_transpose(node: NodeView, x: Any, w: Any, b: Any = None) -> Any:
     sx, sw = shape(x), shape(w)
     nd = len(sx) - 2
     if nd not in (1, 2) or len(sw) != nd + 2:

@@ -12,7 +12,7 @@ import numpy as np
 
 from ... import ops
 from ..errors import OnnxImportError
-from ..registry import converter
+from ..registry import NodeView, converter
 from .common import broadcast_shape, constant, dtype, legacy_broadcast, shape
 
 _LEGACY = ("broadcast", "axis")
@@ -20,7 +20,7 @@ _LEGACY = ("broadcast", "axis")
 
 def _binary(op_type: str, fn: Any) -> None:
     @converter(op_type, (6, 7, 13, 14), _LEGACY)
-    def convert(node: Any, a: Any, b: Any) -> Any:
+    def convert(node: NodeView, a: Any, b: Any) -> Any:
         b = legacy_broadcast(node, a, b)
         if dtype(a) != dtype(b):
             raise OnnxImportError(f"operands have different dtypes {dtype(a)} and {dtype(b)}")
@@ -43,7 +43,7 @@ _binary("Div", _divide)
 
 
 @converter("Pow", (1, 7, 12, 13, 15), _LEGACY)
-def _pow(node: Any, a: Any, b: Any) -> Any:
+def _pow(node: NodeView, a: Any, b: Any) -> Any:
     b = legacy_broadcast(node, a, b) if node.since == 1 else b
     if dtype(a).kind != "f":
         raise OnnxImportError(f"Pow of a {dtype(a)} base is not implemented")
@@ -54,7 +54,7 @@ def _pow(node: Any, a: Any, b: Any) -> Any:
 
 def _unary(op_type: str, fn: Any, versions: tuple = (6, 13)) -> None:
     @converter(op_type, versions)
-    def convert(node: Any, x: Any) -> Any:
+    def convert(node: NodeView, x: Any) -> Any:
         return fn(x)
 
 
@@ -76,7 +76,7 @@ _unary("Cos", ops.cos, (7,))
 
 def _comparison(op_type: str, fn: Any, versions: tuple) -> None:
     @converter(op_type, versions)
-    def convert(node: Any, a: Any, b: Any) -> Any:
+    def convert(node: NodeView, a: Any, b: Any) -> Any:
         if dtype(a) != dtype(b):
             raise OnnxImportError(f"operands have different dtypes {dtype(a)} and {dtype(b)}")
         broadcast_shape(shape(a), shape(b))
@@ -91,14 +91,14 @@ _comparison("Equal", ops.equal, (7, 11, 13))
 
 
 @converter("Not", (1,))
-def _not(node: Any, x: Any) -> Any:
+def _not(node: NodeView, x: Any) -> Any:
     if dtype(x) != np.bool_:
         raise OnnxImportError(f"Not takes a bool tensor, not {dtype(x)}")
     return ops.equal(x, np.zeros((), np.bool_))
 
 
 @converter("Where", (9, 16))
-def _where(node: Any, cond: Any, a: Any, b: Any) -> Any:
+def _where(node: NodeView, cond: Any, a: Any, b: Any) -> Any:
     # pb.where reads its condition afresh at every plan call (a traced parameter).
     if dtype(cond) != np.bool_:
         raise OnnxImportError(f"Where takes a bool condition, not {dtype(cond)}")
@@ -109,14 +109,14 @@ def _where(node: Any, cond: Any, a: Any, b: Any) -> Any:
 
 
 @converter("Elu", (6,), ("alpha",))
-def _elu(node: Any, x: Any) -> Any:
+def _elu(node: NodeView, x: Any) -> Any:
     alpha = node.attr("alpha", 1.0)
     negative = ops.sub(ops.exp(ops.minimum(x, constant(0.0, x))), 1.0)
     return ops.add(ops.relu(x), ops.mul(negative, alpha))
 
 
 @converter("Selu", (6,), ("alpha", "gamma"))
-def _selu(node: Any, x: Any) -> Any:
+def _selu(node: NodeView, x: Any) -> Any:
     alpha = node.attr("alpha", 1.67326319217681884765625)
     gamma = node.attr("gamma", 1.05070102214813232421875)
     negative = ops.sub(ops.exp(ops.minimum(x, constant(0.0, x))), 1.0)
@@ -124,13 +124,13 @@ def _selu(node: Any, x: Any) -> Any:
 
 
 @converter("LeakyRelu", (6, 16), ("alpha",))
-def _leaky_relu(node: Any, x: Any) -> Any:
+def _leaky_relu(node: NodeView, x: Any) -> Any:
     alpha = node.attr("alpha", 0.01)
     return ops.add(ops.relu(x), ops.mul(ops.minimum(x, constant(0.0, x)), alpha))
 
 
 @converter("PRelu", (6, 7, 9, 16))
-def _prelu(node: Any, x: Any, slope: Any) -> Any:
+def _prelu(node: NodeView, x: Any, slope: Any) -> Any:
     sx, ss = shape(x), shape(slope)
     if node.since < 7 and len(ss) == 1 and len(sx) >= 2 and ss[0] == sx[1] and ss[0] != 1:
         # Opset 6 PRelu took a per-channel slope of shape (C,) for NCHW data.
@@ -141,7 +141,7 @@ def _prelu(node: Any, x: Any, slope: Any) -> Any:
 
 
 @converter("Shrink", (9,), ("bias", "lambd"))
-def _shrink(node: Any, x: Any) -> Any:
+def _shrink(node: NodeView, x: Any) -> Any:
     bias, lambd = node.attr("bias", 0.0), node.attr("lambd", 0.5)
     # x - bias above lambd, x + bias below -lambd, 0 between: two ramps plus two steps.
     above = ops.astype(ops.greater(x, lambd), dtype(x))
@@ -151,7 +151,7 @@ def _shrink(node: Any, x: Any) -> Any:
 
 
 @converter("Clip", (6, 11, 12, 13), ("min", "max"), static_inputs=(1, 2))
-def _clip(node: Any, x: Any, lo: Any = None, hi: Any = None) -> Any:
+def _clip(node: NodeView, x: Any, lo: Any = None, hi: Any = None) -> Any:
     if node.since < 11:
         lo, hi = node.attr("min", -math.inf), node.attr("max", math.inf)
     else:
@@ -162,7 +162,7 @@ def _clip(node: Any, x: Any, lo: Any = None, hi: Any = None) -> Any:
 
 def _variadic(op_type: str, fn: Any, versions: tuple) -> None:
     @converter(op_type, versions)
-    def convert(node: Any, *xs: Any) -> Any:
+    def convert(node: NodeView, *xs: Any) -> Any:
         if not xs:
             raise OnnxImportError("needs at least one input")
         if node.since < 8 and len({shape(x) for x in xs}) > 1:

@@ -14,19 +14,19 @@ from ... import ops
 from ...ops.reduce import cumsum_p  # CumSum's reverse, which pb.cumsum does not take
 from ...tensor import Tensor
 from ..errors import OnnxImportError
-from ..registry import converter
+from ..registry import NodeView, converter
 from .common import axis_of, dtype, shape
 
 
 @converter("MatMul", (1, 9, 13))
-def _matmul(node: Any, a: Any, b: Any) -> Any:
+def _matmul(node: NodeView, a: Any, b: Any) -> Any:
     if dtype(a) != dtype(b):
         raise OnnxImportError(f"operands have different dtypes {dtype(a)} and {dtype(b)}")
     return ops.matmul(a, b)
 
 
 @converter("Gemm", (6, 7, 9, 11, 13), ("alpha", "beta", "transA", "transB", "broadcast"))
-def _gemm(node: Any, a: Any, b: Any, c: Any = None) -> Any:
+def _gemm(node: NodeView, a: Any, b: Any, c: Any = None) -> Any:
     if len(shape(a)) != 2 or len(shape(b)) != 2:
         raise OnnxImportError("A and B must be matrices")
     alpha, beta = node.attr("alpha", 1.0), node.attr("beta", 1.0)
@@ -47,7 +47,7 @@ def _gemm(node: Any, a: Any, b: Any, c: Any = None) -> Any:
 
 def _row_op(op_type: str, fn: Any) -> None:
     @converter(op_type, (1, 11, 13), ("axis",))
-    def convert(node: Any, x: Any) -> Any:
+    def convert(node: NodeView, x: Any) -> Any:
         sx = shape(x)
         if node.since >= 13:
             return fn(x, axis_of(node, node.attr("axis", -1), len(sx)))
@@ -69,7 +69,7 @@ _row_op("LogSoftmax", ops.log_softmax)
 def _reduce(op_type: str, fn: Any, versions: tuple, axes_input_from: int) -> None:
     @converter(op_type, versions, ("axes", "keepdims", "noop_with_empty_axes"),
                static_inputs=(1,))
-    def convert(node: Any, x: Any, axes: Any = None) -> Any:
+    def convert(node: NodeView, x: Any, axes: Any = None) -> Any:
         ndim = len(shape(x))
         keepdims = bool(node.attr("keepdims", 1))
         if node.since < axes_input_from:
@@ -96,7 +96,7 @@ _reduce("ReduceL2", lambda x, axes, keepdims: ops.norm(x, 2, axes, keepdims), (1
 
 def _arg_reduce(op_type: str, fn: Any) -> None:
     @converter(op_type, (1, 11, 12, 13), ("axis", "keepdims", "select_last_index"))
-    def convert(node: Any, x: Any) -> Any:
+    def convert(node: NodeView, x: Any) -> Any:
         sx = shape(x)
         axis = axis_of(node, node.attr("axis", 0), len(sx))
         keepdims = bool(node.attr("keepdims", 1))
@@ -112,12 +112,12 @@ _arg_reduce("ArgMin", ops.argmin)
 
 
 @converter("GlobalAveragePool", (1,))
-def _global_average_pool(node: Any, x: Any) -> Any:
+def _global_average_pool(node: NodeView, x: Any) -> Any:
     return ops.mean(x, tuple(range(2, len(shape(x)))), True)
 
 
 @converter("GlobalMaxPool", (1,))
-def _global_max_pool(node: Any, x: Any) -> Any:
+def _global_max_pool(node: NodeView, x: Any) -> Any:
     return ops.max(x, tuple(range(2, len(shape(x)))), True)
 
 
@@ -129,7 +129,7 @@ def _per_channel(v: Any, ndim: int) -> Any:
 @converter("BatchNormalization", (6, 7, 9, 14, 15),
            ("epsilon", "momentum", "is_test", "spatial", "training_mode"),
            statistics_inputs=(3, 4))
-def _batch_norm(node: Any, x: Any, scale: Any, bias: Any, mean: Any, var: Any) -> Any:
+def _batch_norm(node: NodeView, x: Any, scale: Any, bias: Any, mean: Any, var: Any) -> Any:
     if len([o for o in node.outputs if o]) > 1 or node.attr("training_mode", 0):
         raise OnnxImportError("training mode (running statistics as outputs) is not "
                               "implemented; only inference")
@@ -147,7 +147,7 @@ def _batch_norm(node: Any, x: Any, scale: Any, bias: Any, mean: Any, var: Any) -
 
 
 @converter("InstanceNormalization", (6,), ("epsilon",))
-def _instance_norm(node: Any, x: Any, scale: Any, bias: Any) -> Any:
+def _instance_norm(node: NodeView, x: Any, scale: Any, bias: Any) -> Any:
     sx = shape(x)
     axes = tuple(range(2, len(sx)))
     if len(sx) < 3:
@@ -161,7 +161,7 @@ def _instance_norm(node: Any, x: Any, scale: Any, bias: Any) -> Any:
 
 
 @converter("LayerNormalization", (17,), ("axis", "epsilon", "stash_type"))
-def _layer_norm(node: Any, x: Any, scale: Any, bias: Any = None
+def _layer_norm(node: NodeView, x: Any, scale: Any, bias: Any = None
                 ) -> Tensor | tuple[Tensor, Tensor, Tensor]:
     sx = shape(x)
     axis = axis_of(node, node.attr("axis", -1), len(sx))
@@ -194,7 +194,7 @@ def _layer_norm(node: Any, x: Any, scale: Any, bias: Any = None
 
 
 @converter("LRN", (1, 13), ("alpha", "beta", "bias", "size"))
-def _lrn(node: Any, x: Any) -> Any:
+def _lrn(node: NodeView, x: Any) -> Any:
     sx = shape(x)
     size = node.attr("size")
     alpha, beta, bias = node.attr("alpha", 1e-4), node.attr("beta", 0.75), node.attr("bias", 1.0)
@@ -217,7 +217,7 @@ def _lrn(node: Any, x: Any) -> Any:
 
 @converter("Dropout", (6, 7, 10, 12, 13), ("ratio", "is_test", "seed"),
            static_inputs=(1, 2))
-def _dropout(node: Any, x: Any, ratio: Any = None, training_mode: Any = None) -> Any:
+def _dropout(node: NodeView, x: Any, ratio: Any = None, training_mode: Any = None) -> Any:
     if training_mode is not None and bool(node.static(training_mode, "training_mode").item()):
         raise OnnxImportError("training_mode=True (random dropout) is not implemented; "
                               "inference only")
@@ -232,7 +232,7 @@ def _dropout(node: Any, x: Any, ratio: Any = None, training_mode: Any = None) ->
 
 
 @converter("CumSum", (11, 14), ("exclusive", "reverse"), static_inputs=(1,))
-def _cumsum(node: Any, x: Any, axis: Any) -> Any:
+def _cumsum(node: NodeView, x: Any, axis: Any) -> Any:
     chosen = node.static_ints(axis, "axis")
     if len(chosen) != 1 or not shape(x):
         raise OnnxImportError(f"CumSum node {node.name!r}: needs one axis of an input with "

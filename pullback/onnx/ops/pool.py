@@ -20,13 +20,13 @@ from numpy.typing import NDArray
 from ... import ops
 from ...tensor import Tensor
 from ..errors import OnnxImportError
-from ..registry import converter
+from ..registry import NodeView, converter
 from .common import dtype, pad_nd, shape, window_pads
 
 _POOL_ATTRS = ("auto_pad", "ceil_mode", "dilations", "kernel_shape", "pads", "strides")
 
 
-def _geometry(node: Any, x: Any) -> tuple:
+def _geometry(node: NodeView, x: Any) -> tuple:
     """kernel, strides, dilations, begin pads, end pads (ceil_mode's extra included),
     output sizes and the pads ONNX asked for."""
     sizes = shape(x)[2:]
@@ -83,7 +83,7 @@ def _native(pool: Any, x: Any, kernel: tuple, strides: tuple, begins: list, ends
 
 
 @converter("MaxPool", (1, 8, 10, 11, 12), _POOL_ATTRS + ("storage_order",))
-def _max_pool(node: Any, x: Any) -> Any:
+def _max_pool(node: NodeView, x: Any) -> Any:
     if len([o for o in node.outputs if o]) > 1:
         raise OnnxImportError("the Indices output is not implemented")
     if dtype(x).kind != "f":
@@ -102,7 +102,7 @@ def _max_pool(node: Any, x: Any) -> Any:
 
 
 @converter("AveragePool", (1, 7, 10, 11, 19), _POOL_ATTRS + ("count_include_pad",))
-def _average_pool(node: Any, x: Any) -> Any:
+def _average_pool(node: NodeView, x: Any) -> Any:
     if dtype(x).kind != "f":
         raise OnnxImportError(f"AveragePool of {dtype(x)} is not implemented (floats are)")
     kernel, strides, dilations, begins, ends, extra, outs = _geometry(node, x)

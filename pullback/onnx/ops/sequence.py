@@ -13,7 +13,7 @@ import numpy as np
 
 from ... import ops
 from ..errors import OnnxImportError
-from ..registry import converter
+from ..registry import NodeView, converter
 from .common import axis_of, dtype, shape
 from .shape import split_along, split_sizes
 
@@ -26,7 +26,7 @@ def _sequence(value: Any, what: str = "the sequence") -> list:
     return value
 
 
-def _position(node: Any, pos: Any, length: int, inserting: bool) -> int:
+def _position(node: NodeView, pos: Any, length: int, inserting: bool) -> int:
     p = int(node.static(pos, "position").reshape(-1)[0]) if pos is not None else None
     high = length if inserting else length - 1
     if p is None:
@@ -37,19 +37,19 @@ def _position(node: Any, pos: Any, length: int, inserting: bool) -> int:
 
 
 @converter("SequenceEmpty", _V, ("dtype",))
-def _empty(node: Any) -> list:
+def _empty(node: NodeView) -> list:
     return []
 
 
 @converter("SequenceConstruct", _V)
-def _construct(node: Any, *xs: Any) -> list:
+def _construct(node: NodeView, *xs: Any) -> list:
     if len({dtype(x) for x in xs}) > 1:
         raise OnnxImportError("the tensors have different dtypes")
     return list(xs)
 
 
 @converter("SequenceInsert", _V, static_inputs=(2,))
-def _insert(node: Any, seq: Any, x: Any, pos: Any = None) -> list:
+def _insert(node: NodeView, seq: Any, x: Any, pos: Any = None) -> list:
     items = list(_sequence(seq))
     if items and dtype(items[0]) != dtype(x):
         raise OnnxImportError(f"cannot insert a {dtype(x)} tensor into a sequence of "
@@ -59,7 +59,7 @@ def _insert(node: Any, seq: Any, x: Any, pos: Any = None) -> list:
 
 
 @converter("SequenceAt", _V, static_inputs=(1,))
-def _at(node: Any, seq: Any, pos: Any) -> Any:
+def _at(node: NodeView, seq: Any, pos: Any) -> Any:
     items = _sequence(seq)
     if not items:
         raise OnnxImportError("the sequence is empty")
@@ -67,7 +67,7 @@ def _at(node: Any, seq: Any, pos: Any) -> Any:
 
 
 @converter("SequenceErase", _V, static_inputs=(1,))
-def _erase(node: Any, seq: Any, pos: Any = None) -> list:
+def _erase(node: NodeView, seq: Any, pos: Any = None) -> list:
     items = list(_sequence(seq))
     if not items:
         raise OnnxImportError("the sequence is empty")
@@ -76,12 +76,12 @@ def _erase(node: Any, seq: Any, pos: Any = None) -> list:
 
 
 @converter("SequenceLength", _V)
-def _length(node: Any, seq: Any) -> np.ndarray:
+def _length(node: NodeView, seq: Any) -> np.ndarray:
     return np.asarray(len(_sequence(seq)), dtype=np.int64)
 
 
 @converter("SplitToSequence", _V, ("axis", "keepdims"), static_inputs=(1,))
-def _split_to_sequence(node: Any, x: Any, split: Any = None) -> list:
+def _split_to_sequence(node: NodeView, x: Any, split: Any = None) -> list:
     sx = shape(x)
     axis = axis_of(node, node.attr("axis", 0), len(sx))
     length = sx[axis]
@@ -100,7 +100,7 @@ def _split_to_sequence(node: Any, x: Any, split: Any = None) -> list:
 
 
 @converter("ConcatFromSequence", _V, ("axis", "new_axis"))
-def _concat_from_sequence(node: Any, seq: Any) -> Any:
+def _concat_from_sequence(node: NodeView, seq: Any) -> Any:
     items = _sequence(seq)
     if not items:
         raise OnnxImportError("the sequence is empty")

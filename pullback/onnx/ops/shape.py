@@ -14,7 +14,7 @@ import numpy as np
 from ... import ops
 from ...tensor import Tensor
 from ..errors import OnnxImportError
-from ..registry import converter
+from ..registry import NodeView, converter
 from .common import axis_of, broadcast_shape, dtype, pad_nd, shape
 
 
@@ -26,7 +26,7 @@ def _size(dims: tuple) -> int:
 
 
 @converter("Reshape", (5, 13, 14), ("allowzero",), static_inputs=(1,))
-def _reshape(node: Any, x: Any, target: Any) -> Any:
+def _reshape(node: NodeView, x: Any, target: Any) -> Any:
     dims = node.static_ints(target, "shape")
     allowzero = node.attr("allowzero", 0)
     sx = shape(x)
@@ -52,7 +52,7 @@ def _reshape(node: Any, x: Any, target: Any) -> Any:
 
 
 @converter("Flatten", (1, 9, 11, 13, 21), ("axis",))
-def _flatten(node: Any, x: Any) -> Any:
+def _flatten(node: NodeView, x: Any) -> Any:
     sx = shape(x)
     axis = node.attr("axis", 1)
     if not -len(sx) <= axis <= len(sx):
@@ -63,7 +63,7 @@ def _flatten(node: Any, x: Any) -> Any:
 
 
 @converter("Transpose", (1, 13, 21), ("perm",))
-def _transpose(node: Any, x: Any) -> Any:
+def _transpose(node: NodeView, x: Any) -> Any:
     ndim = len(shape(x))
     perm = node.attr("perm", list(reversed(range(ndim))))
     if sorted(perm) != list(range(ndim)):
@@ -71,7 +71,7 @@ def _transpose(node: Any, x: Any) -> Any:
     return ops.transpose(x, tuple(perm))
 
 
-def _axes(node: Any, axes_input: Any, ndim: int) -> list[int] | None:
+def _axes(node: NodeView, axes_input: Any, ndim: int) -> list[int] | None:
     """Axes from the attribute (before opset 13) or the optional input (from 13)."""
     if node.since < 13:
         axes = node.attr("axes", None)
@@ -86,7 +86,7 @@ def _axes(node: Any, axes_input: Any, ndim: int) -> list[int] | None:
 
 
 @converter("Squeeze", (1, 11, 13, 21), ("axes",), static_inputs=(1,))
-def _squeeze(node: Any, x: Any, axes: Any = None) -> Any:
+def _squeeze(node: NodeView, x: Any, axes: Any = None) -> Any:
     sx = shape(x)
     chosen = _axes(node, axes, len(sx))
     if chosen is None:
@@ -98,7 +98,7 @@ def _squeeze(node: Any, x: Any, axes: Any = None) -> Any:
 
 
 @converter("Unsqueeze", (1, 11, 13, 21), ("axes",), static_inputs=(1,))
-def _unsqueeze(node: Any, x: Any, axes: Any = None) -> Any:
+def _unsqueeze(node: NodeView, x: Any, axes: Any = None) -> Any:
     sx = shape(x)
     if node.since < 13:
         raw = node.attr("axes")
@@ -117,7 +117,7 @@ def _unsqueeze(node: Any, x: Any, axes: Any = None) -> Any:
 
 
 @converter("Concat", (4, 11, 13), ("axis",))
-def _concat(node: Any, *xs: Any) -> Any:
+def _concat(node: NodeView, *xs: Any) -> Any:
     xs = tuple(x for x in xs if x is not None)
     if not xs:
         raise OnnxImportError("needs at least one input")
@@ -129,7 +129,7 @@ def _concat(node: Any, *xs: Any) -> Any:
     return ops.concatenate(xs, axis)
 
 
-def split_sizes(node: Any, length: int, parts: int, split: list[int] | None) -> list[int]:
+def split_sizes(node: NodeView, length: int, parts: int, split: list[int] | None) -> list[int]:
     if split is None:
         if parts < 1 or length % parts:
             raise OnnxImportError(f"cannot split a dimension of {length} into {parts} equal "
@@ -150,7 +150,7 @@ def split_along(x: Any, axis: int, sizes: list[int]) -> tuple:
 
 
 @converter("Split", (2, 11, 13), ("axis", "split"), static_inputs=(1,))
-def _split(node: Any, x: Any, split: Any = None) -> tuple:
+def _split(node: NodeView, x: Any, split: Any = None) -> tuple:
     sx = shape(x)
     axis = axis_of(node, node.attr("axis", 0), len(sx))
     if node.since < 13:
@@ -166,7 +166,7 @@ def _split(node: Any, x: Any, split: Any = None) -> tuple:
 
 @converter("Slice", (1, 10, 11, 13), ("starts", "ends", "axes"),
            static_inputs=(1, 2, 3, 4))
-def _slice(node: Any, x: Any, starts: Any = None, ends: Any = None, axes: Any = None,
+def _slice(node: NodeView, x: Any, starts: Any = None, ends: Any = None, axes: Any = None,
            steps: Any = None) -> Any:
     sx = shape(x)
     if node.since < 10:
@@ -191,7 +191,7 @@ def _slice(node: Any, x: Any, starts: Any = None, ends: Any = None, axes: Any = 
 
 
 @converter("Gather", (1, 11, 13), ("axis",), static_inputs=(1,))
-def _gather(node: Any, x: Any, indices: Any) -> Any:
+def _gather(node: NodeView, x: Any, indices: Any) -> Any:
     sx = shape(x)
     axis = axis_of(node, node.attr("axis", 0), len(sx))
     idx = node.static(indices, "indices")
@@ -204,7 +204,7 @@ def _gather(node: Any, x: Any, indices: Any) -> Any:
 
 
 @converter("GatherElements", (11, 13), ("axis",))
-def _gather_elements(node: Any, x: Any, indices: Any) -> Any:
+def _gather_elements(node: NodeView, x: Any, indices: Any) -> Any:
     sx, si = shape(x), shape(indices)
     axis = axis_of(node, node.attr("axis", 0), len(sx))
     if len(si) != len(sx) or any(i > d for a, (i, d) in enumerate(zip(si, sx)) if a != axis):
@@ -219,14 +219,14 @@ def _gather_elements(node: Any, x: Any, indices: Any) -> Any:
 
 
 @converter("Expand", (8, 13), static_inputs=(1,))
-def _expand(node: Any, x: Any, target: Any) -> Any:
+def _expand(node: NodeView, x: Any, target: Any) -> Any:
     dims = tuple(node.static_ints(target, "shape"))
     out = broadcast_shape(shape(x), dims)  # bidirectional: a 1 in `shape` keeps x's size
     return ops.broadcast_to(x, out)
 
 
 @converter("Tile", (6, 13), static_inputs=(1,))
-def _tile(node: Any, x: Any, repeats: Any) -> Any:
+def _tile(node: NodeView, x: Any, repeats: Any) -> Any:
     sx = shape(x)
     reps = node.static_ints(repeats, "repeats")
     if len(reps) != len(sx) or any(r < 0 for r in reps):
@@ -238,7 +238,7 @@ def _tile(node: Any, x: Any, repeats: Any) -> Any:
 
 
 @converter("Pad", (2, 11, 13), ("mode", "pads", "value"), static_inputs=(1, 2))
-def _pad(node: Any, x: Any, pads: Any = None, value: Any = None) -> Any:
+def _pad(node: NodeView, x: Any, pads: Any = None, value: Any = None) -> Any:
     sx = shape(x)
     mode = node.attr("mode", "constant")
     if node.since < 11:
@@ -255,7 +255,7 @@ def _pad(node: Any, x: Any, pads: Any = None, value: Any = None) -> Any:
 @converter("Constant", (1, 9, 11, 12, 13),
            ("value", "value_float", "value_floats", "value_int", "value_ints", "value_string",
             "value_strings"))
-def _constant(node: Any) -> np.ndarray:
+def _constant(node: NodeView) -> np.ndarray:
     if len(node.attrs) != 1:
         raise OnnxImportError(f"needs exactly one value attribute, has {sorted(node.attrs)}")
     ((name, value),) = node.attrs.items()
@@ -267,7 +267,7 @@ def _constant(node: Any) -> np.ndarray:
 
 
 @converter("ConstantOfShape", (9,), ("value",), static_inputs=(0,))
-def _constant_of_shape(node: Any, target: Any) -> Tensor:
+def _constant_of_shape(node: NodeView, target: Any) -> Tensor:
     dims = tuple(node.static_ints(target, "shape"))
     value = node.attr("value", np.zeros(1, np.float32))
     if value.size != 1:
@@ -277,14 +277,14 @@ def _constant_of_shape(node: Any, target: Any) -> Tensor:
 
 
 @converter("Shape", (1, 13, 15), ("start", "end"))
-def _shape(node: Any, x: Any) -> np.ndarray:
+def _shape(node: NodeView, x: Any) -> np.ndarray:
     dims = shape(x)
     start, end = node.attr("start", 0), node.attr("end", len(dims))
     return np.asarray(dims[start:end], dtype=np.int64)
 
 
 @converter("Cast", (6, 9, 13), ("to",))
-def _cast(node: Any, x: Any) -> Any:
+def _cast(node: NodeView, x: Any) -> Any:
     from onnx import helper
 
     target = np.dtype(helper.tensor_dtype_to_np_dtype(node.attr("to")))

@@ -19,7 +19,7 @@ _PLAIN_LOCALES = ("", "C", "POSIX", "en", "en_US", "en_US.UTF-8", "en-US")
 @converter("StringNormalizer", (10,),
            ("case_change_action", "is_case_sensitive", "locale", "stopwords"),
            eager_only="works on strings, in NumPy")
-def _string_normalizer(node: Any, x: Any) -> np.ndarray:
+def _string_normalizer(node: NodeView, x: Any) -> np.ndarray:
     if not isinstance(x, np.ndarray) or x.dtype.kind not in "OUS":
         raise OnnxImportError("the input must be a string tensor")
     if x.ndim not in (1, 2) or (x.ndim == 2 and x.shape[0] != 1):
@@ -52,7 +52,7 @@ def _string_normalizer(node: Any, x: Any) -> np.ndarray:
 
 @converter("Gradient", (1,), ("xs", "y", "zs"), domain=TRAINING_DOMAIN,
            eager_only="differentiates part of the graph with pullback's reverse mode")
-def _gradient(node: Any, *values: Any) -> tuple:
+def _gradient(node: NodeView, *values: Any) -> tuple:
     from ..interpreter import RunContext, apply
 
     xs, zs, y = list(node.attr("xs")), list(node.attr("zs", [])), node.attr("y")
