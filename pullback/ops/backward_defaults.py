@@ -23,7 +23,7 @@ from ..ad import (
     transpose_linear,
 )
 from ..backend import backward_ops
-from ..backend.base import Backend
+from ..backend.base import Array, Backend
 
 
 def backward_kernel(prim: Primitive, kernel: str, symmetric: bool = False) -> None:
@@ -36,10 +36,10 @@ def backward_kernel(prim: Primitive, kernel: str, symmetric: bool = False) -> No
     backward_ops.derive_default(kernel, partial(rule_vjp, prim, symmetric=symmetric))
 
 
-def rule_vjp(prim: Primitive, backend: Backend, upstream: Any, inputs: tuple[Any, ...], output: Any,
-             params: dict[str, Any], shapes: tuple[Any, ...],
-             needed: tuple[bool, ...] | None = None,
-             symmetric: bool = False) -> tuple[Any, ...]:
+def rule_vjp(prim: Primitive, backend: Backend, upstream: Array, inputs: tuple[Any, ...],
+             output: Array | None, params: dict[str, Any], shapes: tuple[Any, ...],
+             needed: tuple[bool, ...] | None = None, symmetric: bool = False
+             ) -> tuple[Any, ...]:
     """The cotangents of `prim`'s operands (of shapes `shapes`) from `upstream`, by its
     JVP rule transposed, computed on `backend`'s forward ops; None for an operand not
     `needed` (all are, by default) or that no cotangent reaches. `inputs` and `output`
@@ -79,7 +79,7 @@ def _on_backend(backend: Backend, prim: Primitive, args: tuple[Any, ...],
     return prim.impl(backend, *args, **kwargs)
 
 
-def _transposed(transpose: Callable[..., Any], upstream: Any, inputs: tuple[Any, ...],
+def _transposed(transpose: Callable[..., Any], upstream: Array, inputs: tuple[Any, ...],
                 params: dict[str, Any], shapes: tuple[Any, ...], needed: tuple[bool, ...]
                 ) -> tuple[Any, ...]:
     # A bilinear primitive is transposed in one operand at a time, the other a constant.

@@ -28,8 +28,8 @@ class KernelOp(CustomOp):
     def forward(self, *arrays: Any) -> np.ndarray:
         return self.kernel(*arrays)
 
-    def backward(self, upstream: np.ndarray, inputs: tuple[Any, ...], output: Any
-                 ) -> tuple[np.ndarray | None, ...]:
+    def backward(self, upstream: np.ndarray, inputs: tuple[Any, ...],
+                 output: np.ndarray | None) -> tuple[np.ndarray | None, ...]:
         args = [inputs[r] if isinstance(r, int) else output for r in self.reads]
         # An elementwise kernel: `_reads` checked it when the op's class was made.
         backward = cast(ElementwiseKernel, self.kernel.backward)

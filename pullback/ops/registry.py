@@ -122,11 +122,11 @@ def tensor_method(prim: Primitive) -> Callable[[_Function], _Function]:
     return register
 
 
-def shape_of(x: Any) -> Shape:
+def shape_of(x: object) -> Shape:
     return tuple(x.shape) if hasattr(x, "shape") else ()
 
 
-def dtype_of(x: Any) -> Any:
+def dtype_of(x: object) -> Any:
     """The dtype of an array operand; None for a scalar, a NumPy scalar included (it acts
     as the Python scalar it equals, taking the arrays' dtype)."""
     if isinstance(x, np.generic):
@@ -177,7 +177,7 @@ def elementwise_rule(op: str) -> Callable[..., tuple[Shape, Any]]:
     return rule
 
 
-def normalize_axes(op: str, x: Any, axis: Axis) -> tuple[int, ...]:
+def normalize_axes(op: str, x: object, axis: Axis) -> tuple[int, ...]:
     """Sorted non-negative axes from None, an int or a sequence; KernelError if out of range."""
     ndim = len(shape_of(x))
     if axis is None:
