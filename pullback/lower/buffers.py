@@ -13,14 +13,20 @@ in place, as PyTorch's caching allocator keeps its blocks).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
 from ..kernels.core import SUPPORTED_DTYPES
 from .fuse import Step
-from .graph import Var
+from .graph import Var, impl_of
+
+if TYPE_CHECKING:
+    from numpy.typing import NDArray
+
+    from ..ad import Primitive
 
 
 @dataclass(frozen=True)
@@ -29,7 +35,7 @@ class Buffer:
     dtype: np.dtype[Any]
     order: Literal["C", "F"] = "C"  # "F": a matrix product laid out by columns (backend.gemm)
 
-    def allocate(self) -> np.ndarray:
+    def allocate(self) -> NDArray[Any]:
         return np.empty(self.shape, self.dtype, order=self.order)
 
     @property
@@ -37,11 +43,12 @@ class Buffer:
         return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
 
 
-def _into(prim: Any) -> Any:
+def _into(prim: Primitive) -> Callable[..., Any]:
     """A step of `prim` writing into `out` on a backend that runs plan kernels; any other
     backend (a subclass that may override the op included) runs the primitive's own
     implementation, through its own ops."""
-    write, impl = prim.into, prim.impl
+    write, impl = prim.into, impl_of(prim)
+    assert write is not None  # `writer` checked that it declares one
 
     def run(backend: Any, *args: Any, out: Any = None, **params: Any) -> Any:
         if out is not None and backend.runs_plan_kernels():
@@ -51,7 +58,7 @@ def _into(prim: Any) -> Any:
     return run
 
 
-def writer(step: Step) -> Any:
+def writer(step: Step) -> Callable[..., Any] | None:
     """The step's implementation taking `out=` (a buffer to write its result into), or
     None when it cannot take one."""
     if step.out.dtype not in SUPPORTED_DTYPES or not step.out.shape:

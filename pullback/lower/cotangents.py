@@ -18,18 +18,22 @@ cotangent that may view it is consumed; then the next one may take it.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from ..kernels.core import SUPPORTED_DTYPES
 from .buffers import Buffer
 from .graph import Var
+
+if TYPE_CHECKING:
+    from ..ad import Primitive
 
 # A cotangent smaller than this stays a fresh array: NumPy's small allocations do not
 # page-fault, and a buffer per small gradient would only add bookkeeping.
 MIN_BYTES = 1 << 16
 
 
-def writer(prim: Any) -> Any:
+def writer(prim: Primitive) -> Callable[..., Any] | None:
     """The primitive's way of writing its first operand's cotangent into a buffer
     (`write(backend, upstream, node, out)`, computing what its vjp computes), run on a
     backend whose `runs_plan_kernels()` is true; None when it declares none."""

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -26,6 +26,9 @@ from ..ops.shape import broadcast_to, stop_gradient_p
 from ..tensor import Tensor, no_grad
 from ..tensor.concrete import reset_concrete_check, set_concrete_check
 from ..tensor.eager import evaluate, wrap
+
+if TYPE_CHECKING:
+    from ..ops.hints import DTypeLike, Shape
 
 
 class LoweringError(ValueError):
@@ -45,10 +48,10 @@ class Var:
     """A value in a static graph."""
 
     index: int
-    shape: tuple
-    dtype: np.dtype
+    shape: Shape
+    dtype: np.dtype[Any]
     kind: str  # "input", "param", "const" or "value"
-    producer: Any = None  # the equation that computes it ("value" only)
+    producer: Eqn | None = None  # the equation that computes it ("value" only)
 
     @property
     def nbytes(self) -> int:
@@ -61,8 +64,8 @@ class Var:
 @dataclass(eq=False)
 class Eqn:
     primitive: Primitive
-    args: tuple  # Var or a Python scalar
-    params: dict  # may hold Vars (in tuples too): values computed from the inputs
+    args: tuple[Any, ...]  # Var or a Python scalar
+    params: dict[str, Any]  # may hold Vars (in tuples too): values computed from the inputs
     out: Var
 
     @property
@@ -109,7 +112,7 @@ class StaticGraph:
     #: each call and computes nothing from them once for all (fold.py).
     tensor_consts: set[int] = field(default_factory=set)
 
-    def new_var(self, shape: tuple, dtype: Any, kind: str) -> Var:
+    def new_var(self, shape: Sequence[int], dtype: DTypeLike, kind: str) -> Var:
         var = Var(len(self.vars), tuple(shape), np.dtype(dtype), kind)
         self.vars.append(var)
         return var

@@ -22,10 +22,13 @@ from __future__ import annotations
 import threading
 import types
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from itertools import chain
 from operator import itemgetter, methodcaller
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .plan import Plan
 
 CACHE_SIZE = 8  # plans kept per compiled function, one per signature
 _TRAINING = itemgetter("training")
@@ -105,7 +108,8 @@ class _Reach:
 class Retracer:
     """The plans of one compiled function, one per signature (at most `CACHE_SIZE`)."""
 
-    def __init__(self, fn: Any, example_inputs: tuple, lower: Callable[[tuple], Any]):
+    def __init__(self, fn: Callable[..., object], example_inputs: tuple[object, ...],
+                 lower: Callable[[tuple[object, ...]], Plan[Any]]) -> None:
         self.fn = fn
         self.examples = example_inputs
         self.tensor_positions = [i for i, x in enumerate(example_inputs)
@@ -120,11 +124,11 @@ class Retracer:
         self._found = [m.__dict__ for m in self.modules]  # their attribute dicts
         self._param_dicts = [d["_parameters"] for d in self._found]
         self.cells, self.globals = reach.cells, reach.globals
-        self.plans: OrderedDict[tuple, Any] = OrderedDict()
+        self.plans: OrderedDict[tuple[Hashable, ...], Plan[Any]] = OrderedDict()
         self.traces = 0
         self._lock = threading.Lock()  # threads calling one plan share its cache
 
-    def signature(self, arrays: list) -> tuple:
+    def signature(self, arrays: list[Any]) -> tuple[Hashable, ...]:
         """What a plan depends on beyond its graph: input shapes and dtypes, modules'
         modes, and parameters' identities."""
         # Read at every call, so in C loops (map) over what compile time found.
@@ -134,14 +138,14 @@ class Retracer:
                 tuple([id(c.cell_contents) for c in self.cells]) if self.cells else (),
                 tuple([id(g.get(n)) for g, n in self.globals]) if self.globals else ())
 
-    def first(self) -> Any:
+    def first(self) -> Plan[Any]:
         """The plan traced on the examples at compile time."""
         plan = self._trace(self.examples)
         arrays = [self.examples[i] for i in self.tensor_positions]
         self.plans[self.signature(arrays)] = plan
         return plan
 
-    def plan_for(self, inputs: tuple, current: Any) -> Any:
+    def plan_for(self, inputs: tuple[object, ...], current: Plan[Any]) -> Plan[Any]:
         """The plan for these inputs under the current modes and parameters: `current`
         when it fits, a cached one, or one traced now."""
         arrays = [x for x in inputs if hasattr(x, "shape")]
@@ -151,7 +155,8 @@ class Retracer:
         with self._lock:
             return self._plan(key, inputs, arrays)
 
-    def _plan(self, key: tuple, inputs: tuple, arrays: list) -> Any:
+    def _plan(self, key: tuple[Hashable, ...], inputs: tuple[object, ...], arrays: list[Any]
+              ) -> Plan[Any]:
         plans = self.plans
         plan = plans.get(key)
         if plan is not None:
@@ -170,7 +175,7 @@ class Retracer:
             plans.popitem(last=False)
         return plan
 
-    def _trace(self, examples: tuple) -> Any:
+    def _trace(self, examples: tuple[object, ...]) -> Plan[Any]:
         plan = self._lower(examples)
         plan._retracer = self
         self.traces += 1
