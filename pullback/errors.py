@@ -24,7 +24,7 @@ def describe(value: object) -> tuple[tuple[int, ...], str]:
 class KernelError(ValueError):
     """An op was called with shapes, dtypes or arguments it does not accept."""
 
-    def __init__(self, op: str, operands: Sequence[object], reason: str):
+    def __init__(self, op: str, operands: Sequence[object], reason: str) -> None:
         self.op = op
         described = [describe(v) for v in operands]
         self.shapes = tuple(s for s, _ in described)
@@ -56,7 +56,7 @@ class TracingError(RuntimeError):
     `ConcretizationTypeError` refuses it. A RuntimeError, not a TypeError, so that no
     `except TypeError` on the way (a shape argument tried as an int) swallows it."""
 
-    def __init__(self, operation: str, value: object, where: str):
+    def __init__(self, operation: str, value: object, where: str) -> None:
         self.operation = operation
         self.where = where
         shape, dtype = describe(value)
