@@ -22,6 +22,8 @@ import numpy as np
 
 from ..ad import Zero, defjvp_full, defvjp
 from ..backend.attention import attention_ops
+from ..backend.backward_ops import BackwardOps
+from ..backend.base import Backend
 from ..errors import KernelError
 from .checks import declare_check, inputs, normal
 from .elementwise import add, astype, equal, mul, sub, where
@@ -91,7 +93,7 @@ def _shape(q: Any, k: Any, v: Any, bias: Any, keep: Any, scale: float, causal: b
     return batch + (sq[-2], sv[-1]), dtype
 
 
-def _impl(backend: Any, q: Any, k: Any, v: Any, bias: Any, keep: Any, scale: float,
+def _impl(backend: Backend, q: Any, k: Any, v: Any, bias: Any, keep: Any, scale: float,
           causal: bool) -> Any:
     _shape(q, k, v, bias, keep, scale, causal)  # eager calls skip shape rules
     return attention_ops(backend).attention(q, k, v, bias, keep, scale, causal)
@@ -100,7 +102,7 @@ def _impl(backend: Any, q: Any, k: Any, v: Any, bias: Any, keep: Any, scale: flo
 attention_p = declare(OP, _impl, _shape, saves_inputs=True, aliasing="fresh")
 
 
-def _vjp(be: Any, g: Any, node: Any) -> tuple[Any, ...]:
+def _vjp(be: BackwardOps, g: Any, node: Any) -> tuple[Any, ...]:
     q, k, v, bias, keep = node.inputs
     bias_grad = bias is not None and node.parents[3] is not None
     params = node.params

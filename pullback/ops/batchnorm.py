@@ -18,6 +18,8 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from ..ad import defjvp, defvjp
+from ..backend.backward_ops import BackwardOps
+from ..backend.base import Backend
 from ..backend.fused import fused_ops
 from ..errors import KernelError
 from .backward_defaults import rule_vjp
@@ -59,7 +61,7 @@ def _shape(x: Any, running_mean: Any, running_var: Any, weight: Any, bias: Any,
     return shape, dtype_of(x)
 
 
-def _eval_affine(backend: Any, x: Any, running_mean: Any, running_var: Any, weight: Any,
+def _eval_affine(backend: Backend, x: Any, running_mean: Any, running_var: Any, weight: Any,
                  bias: Any, eps: float) -> Any:
     """x * scale + shift per channel, the running statistics folded into (C,) vectors."""
     scale = backend.div(1.0, backend.sqrt(backend.add(running_var, eps)))
@@ -73,7 +75,7 @@ def _eval_affine(backend: Any, x: Any, running_mean: Any, running_var: Any, weig
                        backend.reshape(shift, column))
 
 
-def _impl(backend: Any, x: Any, running_mean: Any, running_var: Any, weight: Any, bias: Any,
+def _impl(backend: Backend, x: Any, running_mean: Any, running_var: Any, weight: Any, bias: Any,
           training: bool, eps: float) -> Any:
     # Eager calls skip shape rules; these shapes must agree.
     _shape(x, running_mean, running_var, weight, bias, training, eps)
@@ -162,7 +164,7 @@ def _jvp_bias(t: Any, out: Any, x: Any, running_mean: Any, running_var: Any, wei
 defjvp(batch_norm_p, _jvp_x, _jvp_running_mean, _jvp_running_var, _jvp_weight, _jvp_bias)
 
 
-def _vjp(be: Any, g: Any, n: Any) -> tuple[Any, ...]:
+def _vjp(be: BackwardOps, g: Any, n: Any) -> tuple[Any, ...]:
     needed = tuple(p is not None for p in n.parents)
     if not n.params["training"]:
         # Eval mode, an affine map per channel and seldom differentiated (a frozen

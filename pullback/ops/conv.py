@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..ad import defbilinear, defjvp, deflinear, defvjp
+from ..backend.backward_ops import BackwardOps
 from ..backend.current import get_backend
 from ..errors import KernelError
 from .backward_defaults import backward_kernel
@@ -226,7 +227,7 @@ def _conv_transpose_weight(ct: Any, x: Any, w: Any, stride: _Pair, padding: _Pai
 defbilinear(conv2d_p, _conv_transpose_input, _conv_transpose_weight)
 
 
-def _conv_vjp(be: Any, g: Any, n: Any) -> tuple[Any, ...]:
+def _conv_vjp(be: BackwardOps, g: Any, n: Any) -> tuple[Any, ...]:
     x, w = n.inputs  # only what each active operand's gradient needs was saved
     x_shape, w_shape = n.in_shapes
     p = n.params
@@ -242,7 +243,7 @@ backward_kernel(conv2d_p, "conv2d_input_backward")
 backward_kernel(conv2d_p, "conv2d_weight_backward")
 
 
-def _conv_ct_into(be: Any, g: Any, n: Any, out: Any) -> tuple[Any, ...]:
+def _conv_ct_into(be: BackwardOps, g: Any, n: Any, out: Any) -> tuple[Any, ...]:
     """_conv_vjp with the input's gradient written into `out`."""
     x, w = n.inputs
     p = n.params

@@ -27,6 +27,7 @@ from ..ad import (
     defvjp,
     leaves_above,
 )
+from ..backend.base import Backend
 from ..errors import KernelError
 from .hints import TensorLike
 from .registry import declare
@@ -117,7 +118,7 @@ def _declare(cls: type[CustomOp]) -> tuple[Primitive, Primitive]:
     name = cls.__name__
     saves_inputs, saves_output = _saves(cls)
 
-    def impl(backend: Any, *arrays: Any, op: CustomOp, spec: Any = None) -> np.ndarray:
+    def impl(backend: Backend, *arrays: Any, op: CustomOp, spec: Any = None) -> np.ndarray:
         out = op.forward(*arrays)
         if not isinstance(out, np.ndarray):
             raise KernelError(name, arrays, f"forward returned a {type(out).__name__}, not a "
@@ -133,7 +134,7 @@ def _declare(cls: type[CustomOp]) -> tuple[Primitive, Primitive]:
                    saves_output=saves_output, register=False)
     prim.exact_inputs = True  # the user's backward sees its inputs as they were given
 
-    def linear_impl(backend: Any, *tangents: Any, op: CustomOp, inputs: tuple[Any, ...],
+    def linear_impl(backend: Backend, *tangents: Any, op: CustomOp, inputs: tuple[Any, ...],
                     output: np.ndarray | None, spec: Any = None) -> np.ndarray:
         if not _defines(op, "jvp"):
             raise ForwardModeError(f"{name} defines no jvp(): forward mode through it is "
@@ -180,7 +181,7 @@ def _declare(cls: type[CustomOp]) -> tuple[Primitive, Primitive]:
         # differentiating through it (or lowering it for training) is refused up front.
         defjvp_full(prim, jvp)
 
-    def vjp(backend: Any, upstream: Any, node: Any) -> tuple[Any, ...]:
+    def vjp(backend: Backend, upstream: Any, node: Any) -> tuple[Any, ...]:
         return _backward(node.params["op"], upstream, node.inputs, node.output, node.parents,
                          node.in_shapes)
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ..ad import defbilinear, defvjp
+from ..backend.backward_ops import BackwardOps
+from ..backend.base import Backend
 from ..backend.gemm import result_order
 from ..errors import KernelError
 from .backward_defaults import backward_kernel
@@ -49,7 +51,7 @@ def _matmul_shape(a: Any, b: Any) -> tuple[Any, ...]:
     return out, result_dtype("matmul", a, b)
 
 
-def _matmul_impl(backend: Any, a: Any, b: Any) -> Any:
+def _matmul_impl(backend: Backend, a: Any, b: Any) -> Any:
     if not hasattr(a, "dtype") or not hasattr(b, "dtype"):  # a Python number
         raise KernelError("matmul", (a, b), "operands must have at least one dimension")
     if a.dtype is not b.dtype and a.dtype != b.dtype:
@@ -97,7 +99,7 @@ def _transpose_rhs(ct: Any, a: Any, b: Any) -> Tensor:
 
 
 defbilinear(matmul_p, _transpose_lhs, _transpose_rhs)
-def _matmul_vjp(be: Any, g: Any, n: Any) -> tuple[Any, ...]:
+def _matmul_vjp(be: BackwardOps, g: Any, n: Any) -> tuple[Any, ...]:
     # An operand that was not saved (its own gradient is not needed) is passed as a
     # zero-stride stand-in of its shape: the kernel reads only its shape.
     lhs, rhs = (
@@ -125,7 +127,7 @@ def _ct_order(args: tuple[Any, ...], first: Any, by_columns: bool, first_by_colu
     return "F" if first_by_columns else "C"
 
 
-def _ct_into(be: Any, g: Any, n: Any, out: Any) -> tuple[Any, ...]:
+def _ct_into(be: BackwardOps, g: Any, n: Any, out: Any) -> tuple[Any, ...]:
     """_matmul_vjp for 2-D operands, the lhs gradient g @ rhs.T written into `out`."""
     lhs, rhs = n.inputs
     grad_lhs = be.matmul(g, be.transpose(rhs, (1, 0)), out=out)

@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..ad import defjvp, defvjp
+from ..backend.backward_ops import BackwardOps
+from ..backend.base import Backend
 from ..backend.fused import fused_ops
 from ..errors import KernelError
 from .checks import declare_check, inputs, labels, normal
@@ -33,7 +35,7 @@ def _one_hot_shape(labels: Any, depth: int, dtype: Any) -> tuple[Any, ...]:
     return shape_of(labels) + (depth,), dtype
 
 
-def _one_hot_impl(backend: Any, labels: Any, depth: int, dtype: Any) -> Any:
+def _one_hot_impl(backend: Backend, labels: Any, depth: int, dtype: Any) -> Any:
     eye = backend.astype(backend.equal(backend.reshape(labels, tuple(labels.shape) + (1,)),
                                        backend.arange(0, depth, 1, labels.dtype)), dtype)
     return eye
@@ -85,7 +87,7 @@ def _cross_entropy_shape(logits: Any, labels: Any, ignore_index: int, reduction:
     return (shape[:-1] if reduction == "none" else ()), dtype_of(logits)
 
 
-def _on_counted_rows(backend: Any, logits: Any, labels: Any, ignore_index: int,
+def _on_counted_rows(backend: Backend, logits: Any, labels: Any, ignore_index: int,
                      run: Callable[[Any, Any, int], Any]) -> Any:
     """`run(labels, kept, count)`: on the labels as they are (kept None, count all of
     them) when none is ignore_index, else on the labels with the ignored ones read as
@@ -107,7 +109,7 @@ def _on_counted_rows(backend: Any, logits: Any, labels: Any, ignore_index: int,
     return run(backend.where(kept, labels, 0), kept, size - ignored)
 
 
-def _cross_entropy_impl(backend: Any, logits: Any, labels: Any, ignore_index: int,
+def _cross_entropy_impl(backend: Backend, logits: Any, labels: Any, ignore_index: int,
                         reduction: str) -> Any:
     def run(labels: Any, kept: Any, count: int) -> Any:
         # One pass per row on the CPU backends (FusedOps); labels out of range raise.
@@ -149,7 +151,7 @@ def _cross_entropy_jvp(t: Any, out: Any, logits: Any, labels: Any, ignore_index:
 defjvp(cross_entropy_p, _cross_entropy_jvp, None)
 
 
-def _cross_entropy_vjp(be: Any, g: Any, node: Any) -> tuple[Any, ...]:
+def _cross_entropy_vjp(be: BackwardOps, g: Any, node: Any) -> tuple[Any, ...]:
     logits, labels = node.inputs
 
     def run(labels: Any, kept: Any, count: int) -> Any:
@@ -177,7 +179,7 @@ def _mask_shape(x: Any, p: float, rng: Callable[[], np.random.Generator]) -> tup
     return shape_of(x), dtype_of(x)
 
 
-def _mask_impl(backend: Any, x: Any, p: float, rng: Callable[[], np.random.Generator]) -> Any:
+def _mask_impl(backend: Backend, x: Any, p: float, rng: Callable[[], np.random.Generator]) -> Any:
     keep = backend.asarray(rng().random(x.shape) >= p)
     return backend.mul(backend.astype(keep, x.dtype), 1.0 / (1.0 - p))
 

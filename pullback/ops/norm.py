@@ -11,6 +11,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ..ad import defjvp, defvjp
+from ..backend.backward_ops import BackwardOps
+from ..backend.base import Backend
 from ..backend.fused import fused_ops
 from ..errors import KernelError
 from .checks import declare_check, inputs, normal
@@ -40,7 +42,7 @@ def _shape(x: Any, weight: Any, bias: Any, eps: float) -> tuple[Any, ...]:
     return shape, dtype_of(x)
 
 
-def _statistics(backend: Any, x: Any, eps: float) -> tuple[Any, Any]:
+def _statistics(backend: Backend, x: Any, eps: float) -> tuple[Any, Any]:
     """Per row of the last axis: mean and 1 / sqrt(variance + eps), shaped x.shape[:-1]."""
     last = (x.ndim - 1,)
     width = x.shape[-1]
@@ -51,7 +53,7 @@ def _statistics(backend: Any, x: Any, eps: float) -> tuple[Any, Any]:
     return backend.reshape(mu, x.shape[:-1]), backend.reshape(rstd, x.shape[:-1])
 
 
-def _impl(backend: Any, x: Any, weight: Any, bias: Any, eps: float) -> Any:
+def _impl(backend: Backend, x: Any, weight: Any, bias: Any, eps: float) -> Any:
     _shape(x, weight, bias, eps)  # eager calls skip shape rules; these shapes must agree
     return fused_ops(backend).layer_norm(x, weight, bias, eps)[0]
 
@@ -84,7 +86,7 @@ def _jvp_bias(t: Any, out: Any, x: Any, weight: Any, bias: Any, eps: float) -> A
 defjvp(layer_norm_p, _jvp_x, _jvp_weight, _jvp_bias)
 
 
-def _vjp(be: Any, g: Any, n: Any) -> tuple[Any, ...]:
+def _vjp(be: BackwardOps, g: Any, n: Any) -> tuple[Any, ...]:
     # mean and rstd are recomputed (two reductions) rather than kept: a primitive keeps
     # one output, and the layer's output is what the next op reads.
     x, weight, _ = n.inputs

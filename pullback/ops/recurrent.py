@@ -19,7 +19,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from ..ad import Zero, defjvp_full, defvjp
-from ..backend.backward_ops import derive_default
+from ..backend.backward_ops import BackwardOps, derive_default
 from ..backend.recurrent import (
     GRU_GATES,
     GRU_STATES,
@@ -172,13 +172,13 @@ defjvp_full(gru_sequence_p, _gru_jvp)
 # ---------------------------------------------------------------- backward kernels
 
 
-def _lstm_vjp(be: Any, g: Any, n: Any) -> tuple[Any, ...]:
+def _lstm_vjp(be: BackwardOps, g: Any, n: Any) -> tuple[Any, ...]:
     needed = tuple(p is not None for p in n.parents)
     xp, h0, c0, w_hh = n.inputs
     return recurrent_ops(be).lstm_sequence_backward(g, xp, h0, c0, w_hh, n.output, needed)
 
 
-def _gru_vjp(be: Any, g: Any, n: Any) -> tuple[Any, ...]:
+def _gru_vjp(be: BackwardOps, g: Any, n: Any) -> tuple[Any, ...]:
     needed = tuple(p is not None for p in n.parents)
     xp, h0, w_hh, b_hh = n.inputs
     return recurrent_ops(be).gru_sequence_backward(g, xp, h0, w_hh, b_hh, n.output, needed)
