@@ -4,7 +4,7 @@ gives: no public function or method of `pb`, `pb.nn`, `pb.optim`, `pb.io` or `pb
 has a parameter or result annotated `Any` or left unannotated.
 
 `Any` remains legitimate for values that really are anything (`*args`/`**kwargs` passed
-through); those are not counted.
+through); those are not counted, nor the one result in `ANY_ON_PURPOSE`.
 """
 
 from __future__ import annotations
@@ -22,10 +22,16 @@ from pullback import io, nn, onnx, optim
 
 ROOT = Path(__file__).resolve().parent.parent
 
+# The base `Module.forward` only raises (a subclass defines forward); its result is what
+# a module known only as `nn.Module` gives when called, and that may be anything, as in
+# PyTorch. Each layer's forward, and so its call, has its own result type.
+ANY_ON_PURPOSE = {"pullback.nn.Module.forward": ["return"]}
+
 
 def test_mypy_passes_as_configured():
-    done = subprocess.run([sys.executable, "-m", "mypy"], cwd=ROOT, capture_output=True,
-                          text=True, timeout=300)
+    """The package, and tests/type_usage.py: what users' code sees when it calls it."""
+    done = subprocess.run([sys.executable, "-m", "mypy", "pullback", "tests/type_usage.py"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-2000:]
     assert "Success: no issues found" in done.stdout
 
@@ -67,7 +73,7 @@ def test_public_api_has_real_types():
     for module in (pb, nn, optim, io, onnx):
         for name, fn in _public_functions(module):
             seen += 1
-            if missing := _untyped(fn):
+            if (missing := _untyped(fn)) and missing != ANY_ON_PURPOSE.get(name):
                 untyped[name] = missing
     assert seen > 300  # the walk found the API, not an empty list
     assert not untyped, f"{len(untyped)} public functions say Any: {untyped}"
