@@ -9,12 +9,17 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..ad import ForwardModeError
 from ..tensor import Tensor, jvp, no_grad, tensor, vjp
+
+if TYPE_CHECKING:
+    from numpy.typing import NDArray
+
+    from ..ops.hints import TensorLike
 
 # Central differences lose about this many ulps of each output to rounding.
 ROUNDING_ULPS = 8.0
@@ -86,7 +91,8 @@ def _index(flat: int, shape: tuple) -> tuple[int, ...]:
 class Problem:
     """`f` as a function of its floating inputs (`primals`), the others held fixed."""
 
-    def __init__(self, f: Callable[..., Any], inputs: Any, numbers: list[int] | None = None):
+    def __init__(self, f: Callable[..., Tensor | Sequence[Tensor]],
+                 inputs: TensorLike | Sequence[object], numbers: list[int] | None = None):
         inputs = tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
         self.f = f
         self.args = [_as_argument(x) for x in inputs]
@@ -117,7 +123,7 @@ class Problem:
         self.out_sizes = [int(np.prod(self.outputs[k][0])) for k in self.float_outs]
         self.jacobian_size = sum(self.in_sizes) * sum(self.out_sizes)
 
-    def __call__(self, *xs: Any) -> Any:
+    def __call__(self, *xs: Tensor) -> Any:  # what `f` returns (checked at construction)
         args = list(self.args)
         for i, x in zip(self.wrt, xs, strict=True):
             args[i] = x
@@ -162,13 +168,14 @@ class Problem:
 
     # -- derivatives, with their shapes and dtypes checked --------------------------------
 
-    def cotangent_arg(self, u: list[np.ndarray]) -> Any:
+    def cotangent_arg(self, u: list[np.ndarray]) -> NDArray[Any] | tuple[NDArray[Any], ...]:
         cts = [np.zeros(shape, dtype) for shape, dtype in self.outputs]
         for k, c in zip(self.float_outs, u, strict=True):
             cts[k] = np.asarray(c, dtype=self.outputs[k][1])
         return cts[0] if self.single else tuple(cts)
 
-    def pullback(self, vjp_fn: Callable, u: list[np.ndarray]) -> list[np.ndarray]:
+    def pullback(self, vjp_fn: Callable[[Any], tuple[Tensor, ...]], u: list[np.ndarray]
+                 ) -> list[np.ndarray]:
         grads = vjp_fn(self.cotangent_arg(u))
         if len(grads) != len(self.primals):
             raise GradcheckError(f"gradcheck: the vjp returned {len(grads)} gradients for "

@@ -201,6 +201,11 @@ def linearize(f: Callable[..., _Outs], *primals: TensorLike
               ) -> tuple[_Outs, Callable[..., tuple[Tensor, ...]]]: ...
 
 
+@overload
+def linearize(f: Callable[..., Tensor | Sequence[Tensor]], *primals: TensorLike
+              ) -> tuple[Tensor | Sequence[Tensor], Callable[..., Tensor | tuple[Tensor, ...]]]: ...
+
+
 def linearize(f: Callable[..., Tensor | Sequence[Tensor]], *primals: TensorLike
               ) -> tuple[Tensor | Sequence[Tensor], Callable[..., Tensor | tuple[Tensor, ...]]]:
     """`(f(*primals), f_jvp)` where `f_jvp(*tangents)` is the linear map at the primals
@@ -260,6 +265,12 @@ def jvp(f: Callable[..., Tensor], primals: Sequence[TensorLike], tangents: Seque
 @overload
 def jvp(f: Callable[..., _Outs], primals: Sequence[TensorLike], tangents: Sequence[TensorLike]
         ) -> tuple[_Outs, tuple[Tensor, ...]]: ...
+
+
+@overload
+def jvp(f: Callable[..., Tensor | Sequence[Tensor]], primals: Sequence[TensorLike],
+        tangents: Sequence[TensorLike]
+        ) -> tuple[Tensor | Sequence[Tensor], Tensor | tuple[Tensor, ...]]: ...
 
 
 def jvp(f: Callable[..., Tensor | Sequence[Tensor]], primals: Sequence[TensorLike],
