@@ -57,17 +57,17 @@ class CustomOp:
     _pullback_primitives: ClassVar[tuple[Primitive, Primitive]]
 
     if TYPE_CHECKING:
-        # Spelled as callables so that a subclass may name its own parameters
-        # (`forward(self, x, y)`); what they return is still checked.
+        # Spelled as callables so that a subclass names and types its own parameters
+        # (`forward(self, x, y)`; `output: np.ndarray` where `saves` keeps it); what
+        # they return is still checked.
         forward: Callable[..., NDArray[Any]]
-        backward: Callable[[NDArray[Any], tuple[NDArray[Any] | None, ...], NDArray[Any] | None],
-                           Sequence[ArrayLike | None]]
+        backward: Callable[..., Sequence[ArrayLike | None]]
         """`backward(upstream, inputs, output)`: one gradient (or None) per input; an op
-        that defines it is trainable."""
-        jvp: Callable[[tuple[NDArray[Any] | None, ...], tuple[NDArray[Any] | None, ...],
-                       NDArray[Any] | None], ArrayLike]
+        that defines it is trainable. `inputs` is a tuple of arrays (of Nones where
+        `saves` leaves them out), `output` an array (None where left out)."""
+        jvp: Callable[..., ArrayLike]
         """`jvp(tangents, inputs, output)`: the output's tangent, for forward mode
-        (optional)."""
+        (optional); `tangents` holds None for an input that carries none."""
     else:
 
         def forward(self, *arrays: NDArray[Any]) -> NDArray[Any]:
