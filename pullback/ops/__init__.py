@@ -6,7 +6,8 @@ what the installed evaluator makes of them (tensors, under `pullback.tensor`).
 
 The ops come from their declaration modules: each module's `__all__` names the
 ones `import pullback as pb` offers as `pb.<name>`, and this package's `__all__`
-gathers them, so adding an op edits only its own module. The building blocks the
+gathers them; type checkers read the same names from the literal list below (a test
+says when a new public op is missing there). The building blocks the
 layers above call as `ops.<name>` (indexing, folds, the loss primitives) are
 re-exported by name below but are not `pb`'s.
 """
