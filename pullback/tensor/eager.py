@@ -40,6 +40,7 @@ if TYPE_CHECKING:
 _new = object.__new__
 _FLOATS = frozenset([np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.float16)])
 _GRAD_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+_Casting = Literal["no", "equiv", "safe", "same_kind", "unsafe"]  # np.can_cast's rules
 
 
 def _rebuild_leaf(data: NDArray[Any], requires_grad: bool, name: str | None,
@@ -178,8 +179,6 @@ def saved_as_float(arrays: tuple[Any, ...], dtype: np.dtype[Any]) -> tuple[Any, 
 
 set_default_evaluator(evaluate)
 
-
-_Casting = Literal["no", "equiv", "safe", "same_kind", "unsafe"]  # np.can_cast's rules
 
 _NO_PARAMS: dict[str, Any] = {}  # shared by parameterless ops; nothing writes into it
 # This thread's evaluator (eager's `evaluate`, every thread's default, or a tracer's) and

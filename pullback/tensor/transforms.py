@@ -210,11 +210,6 @@ def linearize(f: Callable[..., Tensor | Sequence[Tensor]], *primals: TensorLike
               ) -> tuple[Tensor | Sequence[Tensor], Callable[..., Tensor | tuple[Tensor, ...]]]:
     """`(f(*primals), f_jvp)` where `f_jvp(*tangents)` is the linear map at the primals
     (one tangent per primal; a tensor out for a tensor `f` returns, else a tuple)."""
-    return _linearize(f, primals)
-
-
-def _linearize(f: Callable[..., Tensor | Sequence[Tensor]], primals: Sequence[TensorLike]
-               ) -> tuple[Tensor | Sequence[Tensor], Callable[..., Tensor | tuple[Tensor, ...]]]:
     inputs, nested = _trace_inputs("linearize", primals)
     with grad_mode(True):
         out = f(*inputs)
@@ -280,7 +275,7 @@ def jvp(f: Callable[..., Tensor | Sequence[Tensor]], primals: Sequence[TensorLik
     primals, tangents = tuple(primals), tuple(tangents)
     if len(primals) != len(tangents):
         raise ValueError(f"jvp: {len(primals)} primals but {len(tangents)} tangents")
-    out, f_jvp = _linearize(f, primals)
+    out, f_jvp = linearize(f, *primals)
     return out, f_jvp(*tangents)
 
 
