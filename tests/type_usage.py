@@ -13,6 +13,7 @@ import numpy as np
 
 import pullback as pb
 from pullback import nn, optim
+from pullback.lower import Plan
 
 if TYPE_CHECKING:
     from typing_extensions import assert_type
@@ -33,6 +34,10 @@ def ops_and_methods(x: Tensor, a: np.ndarray) -> None:
     assert_type(x[0], Tensor)
     assert_type(x.shape, tuple[int, ...])
     assert_type(x.reshape(2, -1).T, Tensor)
+    assert_type(x.size(0), int)
+    assert_type(x.item(), int | float)
+    assert_type(x.grad, Tensor | None)
+    assert_type(x.topk(2), tuple[Tensor, Tensor])
     pb.sum(x, axis="rows")  # type: ignore[arg-type]
 
 
@@ -45,6 +50,20 @@ def transforms(x: Tensor) -> None:
     assert_type(pb.value_and_grad(f)(x), tuple[Tensor, Tensor])
     assert_type(pb.jvp(f, (x,), (x,)), tuple[Tensor, Tensor])
     pb.grad(f)(x, x)  # type: ignore[call-arg]
+    out, vjp_fn = pb.vjp(f, x)
+    assert_type(out, Tensor)
+    assert_type(vjp_fn(pb.ones_like(out)), tuple[Tensor, ...])
+    assert_type(pb.checkpoint(f)(x), Tensor)
+    plan = pb.compile(f, x)
+    assert_type(plan, Plan[Tensor])
+    assert_type(plan(x), Tensor)
+
+    @pb.no_grad()
+    def g(t: Tensor, k: int) -> Tensor:
+        return t * k
+
+    assert_type(g(x, 2), Tensor)
+    g(x, "2")  # type: ignore[arg-type]
 
 
 def modules(x: Tensor) -> None:

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from numpy.typing import NDArray
     from typing_extensions import CapsuleType
 
-    from ..ops.hints import DTypeLike, Shape, TensorLike
+    from ..ops.hints import ArrayLike, DTypeLike, Shape, TensorLike
 
 
 class SupportsDLPack(Protocol):
@@ -30,7 +30,7 @@ class SupportsDLPack(Protocol):
     def __dlpack__(self, /, *, stream: None = None) -> CapsuleType: ...
 
 
-def tensor(data: TensorLike, dtype: DTypeLike | None = None, requires_grad: bool = False
+def tensor(data: Tensor | ArrayLike, dtype: DTypeLike | None = None, requires_grad: bool = False
            ) -> Tensor:
     """A tensor from nested lists, scalars, NumPy arrays or another tensor; it copies
     the data (as `torch.tensor` does), so later writes to `data` do not reach it."""

@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from typing_extensions import CapsuleType
 
     from ..backend import Backend
-    from ..ops.hints import Axis, DTypeLike, Shape, TensorLike
+    from ..ops.hints import ArrayLike, Axis, DTypeLike, Shape, TensorLike
     from ..ops.shape import Index
 
 _new = object.__new__
@@ -64,6 +64,9 @@ def wrap(data: NDArray[Any], node: Node | Leaf | None) -> Tensor:
     return t
 
 
+_NUMBERS = (bool, int, float)
+
+
 def evaluate(prim: Primitive, args: tuple[Any, ...], params: dict[str, Any]) -> Tensor:
     """Run `prim` on concrete operands (tensors, arrays, scalars); record if active."""
     backend = _active_backend() or get_backend()
@@ -78,6 +81,8 @@ def evaluate(prim: Primitive, args: tuple[Any, ...], params: dict[str, Any]) -> 
             active = parents[0] is not None
         else:
             x, parents, active = _plain_operand(prim, a, args), (None,), False
+            if type(x) in _NUMBERS:  # pb.exp(1.0): an op of one operand needs its dtype
+                x = np.asarray(x)
         arrays = (x,)
         out = prim.impl(backend, x, **params) if params else prim.impl(backend, x)  # type: ignore[misc]  # every primitive has an impl
     elif n_args == 2:
@@ -326,7 +331,7 @@ class Tensor(_Operators):
     _node: Node | Leaf | None  # what recorded it; None: it requires no grad
     grad: Tensor | None  # a leaf's accumulated gradient
 
-    def __init__(self, data: TensorLike, dtype: DTypeLike | None = None,
+    def __init__(self, data: Tensor | ArrayLike, dtype: DTypeLike | None = None,
                  requires_grad: bool = False) -> None:
         self._data = as_array(data._data if isinstance(data, Tensor) else data, dtype)
         self._node = None

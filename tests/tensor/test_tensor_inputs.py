@@ -168,3 +168,18 @@ def test_a_numpy_scalar_acts_as_the_python_scalar_it_equals(scalar, dtype) -> No
     (t * scalar).sum().backward()
     assert t.grad.dtype == dtype
     np.testing.assert_array_equal(t.grad.numpy(), [py, py])
+
+
+# ---------------------------------------------------------------- Python numbers
+
+
+@pytest.mark.parametrize("op, number", [(pb.exp, 1.0), (pb.tanh, 0.5), (pb.neg, 2),
+                                        (pb.abs, -3.5)])
+def test_an_op_of_one_python_number_gives_what_numpy_gives(op, number) -> None:
+    # It once reached the backend as a bare float (`'float' object has no attribute
+    # 'dtype'`); a number alone takes NumPy's dtype for it, as `pb.add(1.0, 2)` does.
+    ours = op(number)
+    expected = getattr(np, {"neg": "negative"}.get(op.__name__, op.__name__))(np.asarray(number))
+    assert isinstance(ours, pb.Tensor) and ours.dtype == expected.dtype
+    np.testing.assert_allclose(ours.numpy(), expected, rtol=1e-15)
+    assert pb.add(number, 0).dtype == ours.dtype
