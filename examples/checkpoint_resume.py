@@ -65,6 +65,7 @@ def main() -> None:
         model, opt = fresh()
         state = io.load_training(path, model=model, optimizer=opt)
         print(f"resumed at step {state['step']} ({state['extra']['note']})")
+        assert state["rng"] is not None  # saved above; a checkpoint may go without one
         train(model, opt, state["rng"], state["step"], steps)
 
         weights = os.path.join(folder, "final.safetensors")

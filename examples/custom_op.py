@@ -67,6 +67,7 @@ def main() -> None:
         w.grad = None
         loss = ((SoftClip()(w * inputs) - target) ** 2).sum()
         loss.backward()
+        assert w.grad is not None
         with pb.no_grad():
             w -= 0.5 * w.grad
     print(f"fitted w = {w.item():.4f} (target 1.5), final loss {loss.item():.2e}")

@@ -45,6 +45,7 @@ def main() -> None:
     # On tensors it records; its backward kernel runs in reverse mode.
     x = pb.randn(4, 5, dtype=pb.float64, seed=0, requires_grad=True)
     (softsign(x) * pb.cos(x)).sum().backward()
+    assert x.grad is not None  # backward() filled it (a type checker cannot know)
     by_kernel = x.grad.numpy()
     by_rules = pb.grad(lambda x: (softsign_composed(x) * pb.cos(x)).sum())(x.detach())
     difference = np.abs(by_kernel - by_rules.numpy()).max()

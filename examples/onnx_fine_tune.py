@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import os
 import tempfile
+from typing import cast
 
 import numpy as np
 import onnx
@@ -65,8 +66,14 @@ def main() -> None:
     model = pullback.onnx.load(proto, trainable=True)
     print("initializers:", model.trainable_initializers())
     opt = optim.Adam(model.parameters(), 0.01)
-    step = pb.compile(lambda x, y: nn.cross_entropy(model(x)[0], y), x, labels,
-                      mode=pb.LoweringMode.TRAINING)
+
+    def loss_of(x: pb.Tensor, y: pb.Tensor) -> pb.Tensor:
+        # A model's outputs may be strings or sequences as ONNX allows; this one's is
+        # numeric, a Tensor (the cast tells the type checker, and does nothing).
+        (logits,) = model(x)
+        return nn.cross_entropy(cast(pb.Tensor, logits), y)
+
+    step = pb.compile(loss_of, x, labels, mode=pb.LoweringMode.TRAINING)
     for i in range(steps):
         opt.zero_grad()
         loss = step(x, labels)

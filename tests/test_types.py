@@ -1,7 +1,8 @@
 """Types an editor can use: mypy passes over the whole package as pyproject.toml
-configures it (strict for the public layers), and the public API says what it takes and
-gives: no public function or method of `pb`, `pb.nn`, `pb.optim`, `pb.io` or `pb.onnx`
-has a parameter or result annotated `Any` or left unannotated.
+configures it (strict for the public layers) and over the guides' scripts, and the
+public API says what it takes and gives: no public function or method of `pb`, `pb.nn`,
+`pb.optim`, `pb.io` or `pb.onnx` has a parameter or result annotated `Any` or left
+unannotated.
 
 `Any` remains legitimate for values that really are anything (`*args`/`**kwargs` passed
 through); those are not counted, nor the one result in `ANY_ON_PURPOSE`.
@@ -29,8 +30,10 @@ ANY_ON_PURPOSE = {"pullback.nn.Module.forward": ["return"]}
 
 
 def test_mypy_passes_as_configured():
-    """The package, and tests/type_usage.py: what users' code sees when it calls it."""
-    done = subprocess.run([sys.executable, "-m", "mypy", "pullback", "tests/type_usage.py"],
+    """The package; tests/type_usage.py, what users' code sees when it calls it; and the
+    guides' scripts in examples/, as a user's code."""
+    done = subprocess.run([sys.executable, "-m", "mypy", "pullback", "tests/type_usage.py",
+                           "examples"],
                           cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-2000:]
     assert "Success: no issues found" in done.stdout
