@@ -45,6 +45,7 @@ def test_wheel_installs_into_a_fresh_venv_and_trains(tmp_path):
         names = set(wheel.namelist())
     assert "pullback/data/digits.csv.gz" in names
     assert "pullback/kernels/conv.py" in names
+    assert "pullback/py.typed" in names  # type checkers read the installed package's types
     assert not any(name.startswith("tests/") for name in names)
     entry = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
     with zipfile.ZipFile(wheels[0]) as wheel:
