@@ -34,8 +34,29 @@ class Windows(NamedTuple):
     out_hw: Pair
 
     def geometry(self, windows: np.ndarray | None = None) -> np.ndarray:
-        return kernels.geometry(self.kernel, self.stride, self.padding, self.dilation,
-                                self.out_hw, windows)
+        """The kernels' geometry array for these windows laid out as `windows` (none for
+        pooling), made once per layout (kernels only read it)."""
+        key = (self, None if windows is None else (windows.itemsize, windows.strides[:4]))
+        found = _GEOMETRIES.get(key)
+        if found is None:
+            found = _keep(_GEOMETRIES, key, kernels.geometry(
+                self.kernel, self.stride, self.padding, self.dilation, self.out_hw, windows))
+        return found
+
+
+# Geometry arrays by windows and layout: a plan's convolutions ask for the same few at
+# every step, and making one (an int64 array from a dozen Python ints) cost a few
+# microseconds each time.
+_GEOMETRIES: dict[tuple, np.ndarray] = {}
+_MOST_KEPT = 256  # more signatures than a plan has: a cache this full starts over
+
+
+def _keep(cache: dict, key: tuple, value: Any) -> Any:
+    """value, kept in `cache` under key (the cache emptied first when full)."""
+    if len(cache) >= _MOST_KEPT:
+        cache.clear()
+    cache[key] = value
+    return value
 
 
 def pair(op: str, operands: Sequence[Any], name: str, value: Any, least: int) -> Pair:
@@ -118,12 +139,56 @@ def fold(cols: np.ndarray, input_shape: Sequence[int], win: Windows) -> np.ndarr
 # ---------------------------------------------------------------- convolution
 
 
+# Validated convolutions by signature (the op, the operands' shapes and dtypes, the
+# geometry): a plan calls the same few convolutions at every step, and validating one
+# from scratch (pairs, groups, dtypes, the window arithmetic) cost about as much Python
+# time as a 2-sample convolution's whole forward. Only successes are kept: an invalid
+# call is validated, and raises, every time.
+_VALIDATED: dict[tuple, Windows] = {}
+
+
+def _validated(key: tuple | None, check: Callable[[], Windows]) -> Windows:
+    """check()'s Windows, computed once per `key`; a key that is None or has an
+    unhashable part (a list for a pair) is checked every time."""
+    if key is None:
+        return check()
+    try:
+        found = _VALIDATED.get(key)
+    except TypeError:
+        return check()
+    if found is None:
+        found = _keep(_VALIDATED, key, check())
+    return found
+
+
+def _signature(op: str, shape: Any, array: Any, *geometry: Any) -> tuple | None:
+    """The key `_validated` keeps a backward kernel's windows under: the op, the shape it
+    is given, the other operand's shape and dtype, the geometry (groups with its type:
+    True is refused where 1 is not); None (never kept) when one is not hashable."""
+    if type(array) is not np.ndarray:
+        return None
+    try:
+        return (op, tuple(shape), array.shape, array.dtype, *geometry, type(geometry[-1]))
+    except TypeError:
+        return None
+
+
 def check_conv(
     x: np.ndarray, w: np.ndarray, stride: Any, padding: Any, dilation: Any = (1, 1),
     groups: Any = 1, op: str = "conv2d", operands: list | None = None,
 ) -> Windows:
     """The windows of a convolution of x by w, or a KernelError naming `op` (the
     forward or the backward kernel the caller called) and its `operands`."""
+    if type(x) is np.ndarray and type(w) is np.ndarray:
+        return _validated((op, x.shape, x.dtype, w.shape, w.dtype, stride, padding, dilation,
+                           groups, type(groups)),
+                          lambda: _check_conv(x, w, stride, padding, dilation, groups, op,
+                                              operands))
+    return _check_conv(x, w, stride, padding, dilation, groups, op, operands)
+
+
+def _check_conv(x: np.ndarray, w: np.ndarray, stride: Any, padding: Any, dilation: Any,
+                groups: Any, op: str, operands: list | None) -> Windows:
     operands = [x, w] if operands is None else operands
     if x.ndim != 4 or w.ndim != 4:
         raise KernelError(
@@ -347,9 +412,11 @@ def conv2d_input_backward(
 ) -> np.ndarray:
     """Gradient wrt x: w^T @ upstream per sample and group, as windows folded back
     (col2im), chunk by chunk (into `out` when given)."""
-    probe = _probe("conv2d_input_backward", input_shape, w.dtype, [upstream, w])
-    win = check_conv(probe, w, stride, padding, dilation, groups, "conv2d_input_backward",
-                     [upstream, w])
+    op = "conv2d_input_backward"
+    win = _validated(
+        _signature(op, input_shape, w, stride, padding, dilation, groups),
+        lambda: _check_conv(_probe(op, input_shape, w.dtype, [upstream, w]), w, stride,
+                            padding, dilation, groups, op, [upstream, w]))
     _check_upstream("conv2d_input_backward", upstream, (input_shape[0], w.shape[0]), win, w)
     n, c = input_shape[:2]
     o = w.shape[0]
@@ -389,9 +456,11 @@ def conv2d_weight_backward(
     """Gradient wrt w: upstream @ windows^T per group, summed over the batch chunk by
     chunk, im2col recomputed per chunk while in cache (cheaper than keeping the
     forward's: it would be the whole batch's windows, written to memory and kept)."""
-    probe = _probe("conv2d_weight_backward", weight_shape, x.dtype, [upstream, x])
-    win = check_conv(x, probe, stride, padding, dilation, groups, "conv2d_weight_backward",
-                     [upstream, x])
+    op = "conv2d_weight_backward"
+    win = _validated(
+        _signature(op, weight_shape, x, stride, padding, dilation, groups),
+        lambda: _check_conv(x, _probe(op, weight_shape, x.dtype, [upstream, x]), stride,
+                            padding, dilation, groups, op, [upstream, x]))
     _check_upstream("conv2d_weight_backward", upstream, (x.shape[0], weight_shape[0]), win, x)
     if upstream.size == 0 or x.size == 0:
         return np.zeros(tuple(weight_shape), x.dtype)  # an empty batch adds nothing
@@ -475,9 +544,13 @@ def _small_maps(win: Windows, chunks: list, channels: int, out_channels: int) ->
 def _batch_inner_geometry(win: Windows, m: int, cols: np.ndarray) -> np.ndarray:
     """The geometry of the windows (1, C, kh, kw, OH, OW m) of a chunk of m samples
     laid out as one (1, C, H, W m) image, batch innermost."""
-    return kernels.geometry(win.kernel, win.stride, (win.padding[0], win.padding[1] * m),
-                            (win.dilation[0], win.dilation[1] * m),
-                            (win.out_hw[0], win.out_hw[1] * m), cols)
+    key = (win, m, cols.itemsize, cols.strides[:4])
+    found = _GEOMETRIES.get(key)
+    if found is None:
+        found = _keep(_GEOMETRIES, key, kernels.geometry(
+            win.kernel, win.stride, (win.padding[0], win.padding[1] * m),
+            (win.dilation[0], win.dilation[1] * m), (win.out_hw[0], win.out_hw[1] * m), cols))
+    return found
 
 
 def _batch_inner_windows(x: np.ndarray, win: Windows) -> np.ndarray:
