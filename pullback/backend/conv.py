@@ -618,15 +618,16 @@ def _weight_backward_batch_inner(upstream: np.ndarray, x: np.ndarray,
     """The weight gradient on small maps: per chunk and group, the upstream
     (O/g, OH OW m) times the windows transposed (OH OW m, C/g kh kw), summed over the
     chunks: one GEMM whose inner dimension is the batch times the map."""
-    o = weight_shape[0]
     upstream = np.ascontiguousarray(upstream)
-    grad = np.zeros((groups, o // groups, int(np.prod(weight_shape[1:]))), x.dtype)
+    grad = None
     for start, stop in chunks:
         cols = _batch_inner_windows(x[start:stop], win)
         up = _batch_inner_upstream(upstream[start:stop])
         width = cols.shape[1]
-        grad += np.matmul(up.reshape(groups, -1, width),
-                          cols.reshape(groups, -1, width).transpose(0, 2, 1))
+        product = np.matmul(up.reshape(groups, -1, width),
+                            cols.reshape(groups, -1, width).transpose(0, 2, 1))
+        # The first chunk's product is the sum so far (no zeros to add it to).
+        grad = product if grad is None else np.add(grad, product, out=grad)
     return grad.reshape(tuple(weight_shape))
 
 
