@@ -128,7 +128,7 @@ class Plan:
         # Values written into buffers (state): results of the plan, written back per call.
         self._state = {new.index for _, _, new in graph.state}
         self._saved: set[int] = self._plan_backward()
-        self._schedule = schedule(graph, keep=self._saved | self._state, epilogues=True)
+        self._schedule = schedule(graph, keep=self._saved | self._state, epilogues=inference)
         self._frees = self._forward_frees(keep=self._saved | self._state)
         self._owner, self._buffers, self._fortran = buffers.assign(
             self._schedule, self._frees, self._saved,
