@@ -457,7 +457,9 @@ def conv2d_weight_backward(
 ) -> np.ndarray:
     """Gradient wrt w: upstream @ windows^T per group, summed over the batch chunk by
     chunk, im2col recomputed per chunk while in cache (cheaper than keeping the
-    forward's: it would be the whole batch's windows, written to memory and kept)."""
+    forward's: it would be the whole batch's windows, written to memory and kept), but
+    on small maps the windows a whole-batch forward left in scratch are taken when they
+    are still there and x is bit for bit that forward's input (`_kept_windows`)."""
     op = "conv2d_weight_backward"
     win = _validated(
         _signature(op, weight_shape, x, stride, padding, dilation, groups),

@@ -394,7 +394,6 @@ def transpose_body(src, dst):
             d[U(b * a_ + a)] = s[U(a * b_ + b)]
 
 
-
 def transposed_equal_body(src, dst):
     """Whether the (B, A) dst holds the (A, B) src transposed, for arrays of unsigned
     integers (floats' bits: equal bits, equal floats, signed zeros and NaNs alike), in
