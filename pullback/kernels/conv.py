@@ -394,6 +394,35 @@ def transpose_body(src, dst):
             d[U(b * a_ + a)] = s[U(a * b_ + b)]
 
 
+def transposed_equal_body(src, dst):
+    """Whether the (B, A) dst holds the (A, B) src transposed, for arrays of unsigned
+    integers (floats' bits: equal bits, equal floats, signed zeros and NaNs alike), in
+    transpose_body's 8 x 8 tiles, stopping after the first band of 8 rows that differs."""
+    a_, b_ = src.shape
+    if src.size == 0:
+        return True
+    s = src.reshape(src.size)
+    d = dst.reshape(dst.size)
+    a8 = a_ - a_ % 8
+    b8 = b_ - b_ % 8
+    for a0 in range(0, a8, 8):
+        differ = s[0] ^ s[0]
+        for b0 in range(0, b8, 8):
+            for b in range(8):
+                for a in range(8):
+                    differ |= d[U((b0 + b) * a_ + a0 + a)] ^ s[U((a0 + a) * b_ + b0 + b)]
+        for b in range(b8, b_):
+            for a in range(8):
+                differ |= d[U(b * a_ + a0 + a)] ^ s[U((a0 + a) * b_ + b)]
+        if differ:
+            return False
+    for a in range(a8, a_):
+        for b in range(b_):
+            if d[U(b * a_ + a)] != s[U(a * b_ + b)]:
+                return False
+    return True
+
+
 # ---------------------------------------------------------------- tiling windows
 # Pools whose windows tile the input (stride = kernel, no padding or dilation: the
 # MaxPool2d(k) of most CNNs) take one pass per output, with the window's taps in the
@@ -538,6 +567,7 @@ _KINDS: dict[Callable, tuple[str, ...]] = {
     avg_pool_body: ("in4", "out4", "geo", "value"),
     avg_pool_backward_body: ("in4", "out4", "geo", "value"),
     transpose_body: ("in2", "out2"),
+    transposed_equal_body: ("in2", "in2"),
 }
 _lock = threading.Lock()
 _compiled_loops: dict[tuple, Any] = {}
@@ -642,6 +672,17 @@ def transpose(src: np.ndarray, dst: np.ndarray) -> np.ndarray:
     dtype = check_dtype("transpose", [src, dst])
     compiled(transpose_body, dtype)(np.ascontiguousarray(src), dst)
     return dst
+
+
+_BITS = {np.dtype(np.float32): np.dtype(np.uint32), np.dtype(np.float64): np.dtype(np.uint64)}
+
+
+def transposed_equal(src: np.ndarray, dst: np.ndarray) -> bool:
+    """Whether the C-contiguous (B, A) dst is the (A, B) matrix src transposed, bit for
+    bit (compared as the floats' bits: 0.0 is not -0.0, a NaN equals the same NaN)."""
+    bits = _BITS[check_dtype("transpose", [src, dst])]
+    return bool(compiled(transposed_equal_body, bits)(
+        np.ascontiguousarray(src).view(bits), dst.view(bits)))
 
 
 def _tiles(geo: np.ndarray) -> bool:

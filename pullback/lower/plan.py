@@ -343,6 +343,9 @@ class TrainingPlan(Plan[_R]):
             self._backward, self._pool_relu, self._folded_relus, self._fortran)
         self._ct_writers = [None if b < 0 else cotangents.writer(eqn.primitive)
                             for (eqn, *_), b in zip(self._backward, self._ct_owner)]
+        # Per backward step, whether its parameters hold values computed from the
+        # inputs (resolved at each call): worked out once, not per step and call.
+        self._traced_params = [bool(eqn.param_vars) for eqn, *_ in self._backward]
         self._ct_arena: list[np.ndarray] | None = None
 
     def _plan_backward(self) -> set[int]:
@@ -622,7 +625,7 @@ class _PlanExecutor(EagerExecutor):
         plan, env, backend, fused = self.plan, self.env, self.backend, self.fused
         k = linearization
         eqn, node, _, reads, _ = plan._backward[k]
-        if eqn.param_vars:  # parameters computed from this call's inputs
+        if plan._traced_params[k]:  # parameters computed from this call's inputs
             node.params = resolve_params(eqn.params, env)
         if fused and eqn.out.index in plan._pool_relu:  # relu's backward folded in:
             # relu's own backward on the pooled maxima, one pass, its NaN rule.

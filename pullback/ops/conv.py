@@ -232,10 +232,11 @@ def _conv_vjp(be: BackwardOps, g: Any, n: Any) -> tuple[Any, ...]:
     x_shape, w_shape = n.in_shapes
     p = n.params
     geometry = (p["stride"], p["padding"], p["dilation"], p["groups"])
-    return (
-        be.conv2d_input_backward(g, w, x_shape, *geometry) if n.parents[0] else None,
-        be.conv2d_weight_backward(g, x, w_shape, *geometry) if n.parents[1] else None,
-    )
+    # The weight's first: it may take the windows the forward left in the backend's
+    # scratch, which the input's gradient then overwrites (backend/conv.py).
+    grad_w = be.conv2d_weight_backward(g, x, w_shape, *geometry) if n.parents[1] else None
+    return (be.conv2d_input_backward(g, w, x_shape, *geometry) if n.parents[0] else None,
+            grad_w)
 
 
 defvjp(conv2d_p, _conv_vjp)
@@ -248,9 +249,9 @@ def _conv_ct_into(be: BackwardOps, g: Any, n: Any, out: Any) -> tuple[Any, ...]:
     x, w = n.inputs
     p = n.params
     geometry = (p["stride"], p["padding"], p["dilation"], p["groups"])
-    return (be.conv2d_input_backward(g, w, n.in_shapes[0], *geometry, out=out),
-            be.conv2d_weight_backward(g, x, n.in_shapes[1], *geometry)
-            if n.parents[1] is not None else None)
+    grad_w = (be.conv2d_weight_backward(g, x, n.in_shapes[1], *geometry)
+              if n.parents[1] is not None else None)  # first, as in _conv_vjp
+    return be.conv2d_input_backward(g, w, n.in_shapes[0], *geometry, out=out), grad_w
 
 
 writes_cotangent_into(
