@@ -656,7 +656,7 @@ def _weight_backward_batch_inner(upstream: np.ndarray, x: np.ndarray,
     (O/g, OH OW m) times the windows transposed (OH OW m, C/g kh kw), summed over the
     chunks: one GEMM whose inner dimension is the batch times the map."""
     upstream = np.ascontiguousarray(upstream)
-    grad = None
+    grad: np.ndarray | None = None
     for start, stop in chunks:
         cols = _kept_windows(x, win) if len(chunks) == 1 else None
         if cols is None:
@@ -667,6 +667,7 @@ def _weight_backward_batch_inner(upstream: np.ndarray, x: np.ndarray,
                             cols.reshape(groups, -1, width).transpose(0, 2, 1))
         # The first chunk's product is the sum so far (no zeros to add it to).
         grad = product if grad is None else np.add(grad, product, out=grad)
+    assert grad is not None  # chunks is never empty
     return grad.reshape(tuple(weight_shape))
 
 
