@@ -674,7 +674,8 @@ def transpose(src: np.ndarray, dst: np.ndarray) -> np.ndarray:
     return dst
 
 
-_BITS: dict[np.dtype[Any], np.dtype[Any]] = {np.dtype(np.float32): np.dtype(np.uint32), np.dtype(np.float64): np.dtype(np.uint64)}
+_BITS: dict[np.dtype[Any], np.dtype[Any]] = {np.dtype(np.float32): np.dtype(np.uint32),
+                                            np.dtype(np.float64): np.dtype(np.uint64)}
 
 
 def transposed_equal(src: np.ndarray, dst: np.ndarray) -> bool:
