@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -121,7 +121,7 @@ class GPT(nn.Module):
     def new_cache(self, batch: int = 1) -> KVCache:
         """An empty cache of keys and values for `step`: `context` positions per layer."""
         # ModuleList gives its items as Modules; these are the encoder layers built above.
-        attn = cast(nn.TransformerEncoderLayer, self.blocks[0]).self_attn
+        attn = self.blocks[0].self_attn
         return KVCache(len(self.blocks), batch, attn.num_heads, self.context, attn.head_dim,
                        self.head.weight.dtype)
 
@@ -138,7 +138,7 @@ class GPT(nn.Module):
         with no_grad():
             x = self.tokens(ids) + self.positions(creation.arange(start, start + t))
             for index, block in enumerate(self.blocks):
-                x = encoder_layer_step(cast(nn.TransformerEncoderLayer, block), x, cache,
+                x = encoder_layer_step(block, x, cache,
                                        index)
             cache.length = start + t
             return dense_step(self.head, self.norm(x), cache)

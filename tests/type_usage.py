@@ -75,5 +75,8 @@ def modules(x: Tensor) -> None:
     assert_type(model(x), Any)
     assert_type(model.state_dict(), dict[str, Tensor])
     nn.Dense(4, 3)(x, 3)  # type: ignore[call-arg]
+    layers = nn.ModuleList([nn.Dense(4, 4), nn.Dense(4, 4)])
+    assert_type(layers[0], nn.Dense)
+    assert_type(layers[1](x), Tensor)
     optimizer = optim.Adam(model.parameters(), lr=1e-3)
     optimizer.zero_grad()

@@ -21,7 +21,7 @@ forwards say `Tensor`.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Any, NamedTuple, ParamSpec, Protocol, TypeVar, Union
+from typing import Any, Generic, NamedTuple, ParamSpec, Protocol, TypeVar, Union
 
 import numpy as np
 
@@ -42,6 +42,7 @@ _P = ParamSpec("_P")
 _R = TypeVar("_R", covariant=True)
 _T = TypeVar("_T")
 _M = TypeVar("_M", bound="Module")
+_Item = TypeVar("_Item", bound="Module")
 
 
 class _Forward(Protocol[_P, _R]):
@@ -384,22 +385,23 @@ def _prefix_names(child: Module, name: str) -> None:
             leaf.name = f"{name}.{leaf.name}" if leaf.name else name
 
 
-class ModuleList(Module):
-    """A list of modules registered as children "0", "1", ..."""
+class ModuleList(Module, Generic[_Item]):
+    """A list of modules registered as children "0", "1", ...; typed by its items
+    (`ModuleList([Dense(...), ...])[0]` is a `Dense` to a type checker)."""
 
-    def __init__(self, modules: Iterable[Module] = ()) -> None:
+    def __init__(self, modules: Iterable[_Item] = ()) -> None:
         super().__init__()
         for i, m in enumerate(modules):
             setattr(self, str(i), m)
 
-    def __iter__(self) -> Iterator[Module]:
-        return iter(self._modules.values())
+    def __iter__(self) -> Iterator[_Item]:
+        return iter(self._modules.values())  # type: ignore[arg-type]  # only _Item were added
 
     def __len__(self) -> int:
         return len(self._modules)
 
-    def __getitem__(self, index: int) -> Module:
-        return list(self._modules.values())[index]
+    def __getitem__(self, index: int) -> _Item:
+        return list(self._modules.values())[index]  # type: ignore[return-value]  # as __iter__
 
 
 class GraphTrace:
