@@ -61,20 +61,22 @@ def lstm_step_backward(upstream, y, c_prev, dh_carry, dc, da, t):
     h_t through the recurrent product) and dc (what it sends c_t), write the gates'
     pre-activation cotangents da[t] and, in place, dc for c_{t-1}."""
     n_, h_ = c_prev.shape
+    tc = np.empty(h_, y.dtype)
     for n in range(n_):
+        # tanh(c) in a pass of its own: the pass below then has no call in it
         for j in range(h_):
-            c = y[1, t, n, j]
+            tc[j] = tanh(y[1, t, n, j])
+        for j in range(h_):
             i = y[2, t, n, j]
             f = y[3, t, n, j]
             g = y[4, t, n, j]
             o = y[5, t, n, j]
-            tc = tanh(c)
             dh = upstream[0, t, n, j] + dh_carry[n, j]
-            dcv = upstream[1, t, n, j] + dc[n, j] + dh * o * (1.0 - tc * tc)
+            dcv = upstream[1, t, n, j] + dc[n, j] + dh * o * (1.0 - tc[j] * tc[j])
             di = upstream[2, t, n, j] + dcv * g
             df = upstream[3, t, n, j] + dcv * c_prev[n, j]
             dg = upstream[4, t, n, j] + dcv * i
-            do = upstream[5, t, n, j] + dh * tc
+            do = upstream[5, t, n, j] + dh * tc[j]
             dc[n, j] = dcv * f
             da[t, n, j] = di * i * (1.0 - i)
             da[t, n, h_ + j] = df * f * (1.0 - f)
