@@ -21,12 +21,16 @@ workloads; `--profile=a` for a cProfile of 50 plan steps of one workload;
 `--threads=1` for one thread each; `--cpu-time` to time each run by the process's
 CPU time instead of the wall clock: on a machine other jobs load, with `--threads=1`,
 it still compares the contenders' own work, where the wall clock also counts the
-time slices they wait for).
+time slices they wait for; `--processes` to time each contender's "alone" runs in a
+process of its own, where the other never runs: in one process the plan's runs of (a)
+that follow a PyTorch step were often 1.5x slower than those that do not, see
+bench/RESULTS.md).
 """
 
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -51,6 +55,35 @@ WORKLOADS = {
     "b": ("pullback train's CNN 1x8x8, batch 32", train_cnn, 0.9, None, 100),
     "c": ("CNN 3x32x32, convs 32 and 64 + pools, batch 64", cifar_cnn, 0.75, 1.0, 4),
 }
+
+
+def one_step(build: Callable[[], tuple], name: str) -> Callable[[], object]:
+    """One contender's step on the batch and initial weights `steps` gives both (the
+    same seeds), without building or running the other's."""
+    model, tmodel, shape = build()
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal(shape).astype(np.float32)
+    y = rng.integers(0, 10, shape[0])
+    if name == "pullback":
+        return plan_sgd_step(model, x, y, LR, MOMENTUM)
+    return torch_sgd_step(tmodel, model, x, y, LR, MOMENTUM)
+
+
+def alone_in_own_process(key: str, name: str, repeats: int, number: int) -> list:
+    """(probe, time) of each of `name`'s runs of workload `key`, timed in a process of
+    its own where the other contender never runs (this file with --child)."""
+    argv = [sys.executable, __file__, f"--child={key},{name},{repeats},{number}",
+            f"--threads={THREADS}"] + (["--cpu-time"] if "--cpu-time" in sys.argv else [])
+    done = subprocess.run(argv, capture_output=True, text=True, check=True)
+    return [tuple(run) for run in json.loads(done.stdout.strip().splitlines()[-1])]
+
+
+def child(spec: str) -> int:
+    key, name, repeats, number = spec.split(",")
+    fn = one_step(WORKLOADS[key][1], name)
+    fn()  # warm up
+    print(json.dumps([timed_run(fn, int(number)) for _ in range(int(repeats))]))
+    return 0
 
 
 def steps(build: Callable[[], tuple]) -> dict[str, Callable[[], object]]:
@@ -95,11 +128,16 @@ def timed_run(fn: Callable[[], object], number: int) -> tuple[float, float]:
 
 
 def measure(fns: dict[str, Callable[[], object]], repeats: int,
-            number: int) -> dict[str, dict[str, list]]:
-    """Per way ("alone", "turns") and contender, the (probe, time) of every run."""
+            number: int, key: str) -> dict[str, dict[str, list]]:
+    """Per way ("alone", "turns") and contender, the (probe, time) of every run; with
+    --processes, each contender's "alone" runs in a process of its own."""
     for fn in fns.values():
         fn()  # warm up
-    alone = {name: [timed_run(fn, number) for _ in range(repeats)] for name, fn in fns.items()}
+    if "--processes" in sys.argv:
+        alone = {name: alone_in_own_process(key, name, repeats, number) for name in fns}
+    else:
+        alone = {name: [timed_run(fn, number) for _ in range(repeats)]
+                 for name, fn in fns.items()}
     turns: dict[str, list] = {name: [] for name in fns}
     for _ in range(repeats):
         for name, fn in fns.items():
@@ -118,6 +156,9 @@ def classify(runs: list, fastest: float) -> dict[str, list[float]]:
 
 def main() -> int:
     torch.set_num_threads(THREADS)
+    spec = next((a.split("=")[1] for a in sys.argv if a.startswith("--child=")), None)
+    if spec is not None:
+        return child(spec)
     quick = "--quick" in sys.argv
     only = next((a.split("=")[1].split(",") for a in sys.argv if a.startswith("--only=")),
                 list(WORKLOADS))
@@ -129,7 +170,7 @@ def main() -> int:
     results = {}
     for key in only:
         label, build, *_, number = WORKLOADS[key]
-        results[key] = measure(steps(build), repeats, number // 2 if quick else number)
+        results[key] = measure(steps(build), repeats, number // 2 if quick else number, key)
     fastest = min(p for ways in results.values() for runs in ways.values()
                   for rs in runs.values() for p, _ in rs)
     clock = "CPU time" if CLOCK is time.process_time else "wall time"
