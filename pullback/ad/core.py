@@ -69,6 +69,12 @@ class ForwardModeError(DerivativeError):
 Rule = Callable[..., Any]
 
 
+def _no_forward(name: str) -> Rule:
+    def impl(*args: Any, **params: Any) -> Any:
+        raise TypeError(f"{name}: the primitive declares no forward (impl)")
+    return impl
+
+
 class Primitive:
     """An operation the autodiff core knows by its rules.
 
@@ -153,7 +159,9 @@ class Primitive:
         # Saved integer operands are kept as floats of the result's dtype for fused kernels
         # (g * other); a primitive whose rules must see them unchanged says so here.
         self.exact_inputs = False
-        self.impl: Rule | None = None
+        # The forward, `impl(backend, *operands, **params)`; until one is declared, a call
+        # says which primitive lacks it.
+        self.impl: Rule = _no_forward(name)
         self.abstract_eval: Rule | None = None
         self.jvp: tuple[Rule | None, ...] | None = None
         self.jvp_full: Rule | None = None

@@ -21,7 +21,7 @@ import numpy as np
 
 from ..kernels.core import SUPPORTED_DTYPES
 from .fuse import Step
-from .graph import Var, impl_of
+from .graph import Var
 
 if TYPE_CHECKING:
     from numpy.typing import NDArray
@@ -47,7 +47,7 @@ def _into(prim: Primitive) -> Callable[..., Any]:
     """A step of `prim` writing into `out` on a backend that runs plan kernels; any other
     backend (a subclass that may override the op included) runs the primitive's own
     implementation, through its own ops."""
-    write, impl = prim.into, impl_of(prim)
+    write, impl = prim.into, prim.impl
     assert write is not None  # `writer` checked that it declares one
 
     def run(backend: Any, *args: Any, out: Any = None, **params: Any) -> Any:

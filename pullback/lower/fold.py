@@ -30,7 +30,7 @@ from ..ops.batchnorm import batch_norm_p
 from ..ops.conv import conv2d_p
 from ..ops.elementwise import add_p, div_p, mul_p, sqrt_p
 from ..ops.shape import reshape_p
-from .graph import Eqn, StaticGraph, Var, impl_of
+from .graph import Eqn, StaticGraph, Var
 
 
 @dataclass
@@ -263,7 +263,7 @@ def _evaluate_constants(graph: StaticGraph, eqns: list[Eqn]) -> None:
                 not isinstance(a, Var) or a.index in owned for a in eqn.args):
             continue
         values = [owned[a.index] if isinstance(a, Var) else a for a in eqn.args]
-        data = impl_of(eqn.primitive)(backend, *values, **eqn.params)
+        data = eqn.primitive.impl(backend, *values, **eqn.params)
         eqn.out.kind, eqn.out.producer = "const", None
         graph.consts.append((eqn.out, data))
         owned[eqn.out.index] = data

@@ -21,7 +21,7 @@ import numpy as np
 
 from ..kernels.core import SUPPORTED_DTYPES, kernel
 from .epilogue import conv_epilogues, lower_epilogue
-from .graph import Eqn, StaticGraph, Var, impl_of, resolve_params
+from .graph import Eqn, StaticGraph, Var, resolve_params
 
 # A chain this small is not worth a kernel: NumPy's own loops are as fast there, and
 # each distinct chain costs a compile (cached on disk) the first time it runs.
@@ -102,7 +102,7 @@ def _single(eqn: Eqn) -> Step:
     """A step of one equation. Parameters computed from the inputs (a `where` condition)
     become trailing operands, put back in place at each call."""
     traced = eqn.param_vars
-    impl = impl_of(eqn.primitive)
+    impl = eqn.primitive.impl
     if not traced:
         return Step(impl, eqn.args, eqn.params, eqn.out, [eqn])
     n, params = len(eqn.args), eqn.params
@@ -162,7 +162,7 @@ def _lower_chain(step: Step) -> None:
     body = (f"def fused({', '.join(f'a{i}' for i in range(len(operands)))}):\n"
             + "\n".join(lines) + f"\n    return t{step.out.index}\n")
     fused = _kernel_for(body, scope)
-    members = [(impl_of(e.primitive), e.args, e.params, e.out.index) for e in step.eqns]
+    members = [(e.primitive.impl, e.args, e.params, e.out.index) for e in step.eqns]
     slot_of = {a.index: i for i, a in enumerate(operands) if isinstance(a, Var)}
 
     # A plan's shapes never change: the call is prepared once per backend and per

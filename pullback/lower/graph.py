@@ -35,14 +35,6 @@ class LoweringError(ValueError):
     """A graph that cannot be lowered as asked."""
 
 
-def impl_of(prim: Primitive) -> Callable[..., Any]:
-    """The primitive's forward, `impl(backend, *operands, **params)`."""
-    impl = prim.impl
-    if impl is None:
-        raise LoweringError(f"{prim.name}: the primitive declares no forward (impl)")
-    return impl
-
-
 @dataclass(eq=False)
 class Var:
     """A value in a static graph."""

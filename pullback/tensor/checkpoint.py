@@ -49,7 +49,7 @@ _Out = TypeVar("_Out", bound="Tensor | Sequence[Tensor]")
 
 def _impl(backend: Any, *operands: Any, region: Region, index: int) -> Any:
     def apply(prim: Primitive, args: tuple[Any, ...], params: dict[str, Any]) -> Any:
-        return prim.impl(backend, *args, **params)  # type: ignore[misc]  # every primitive has an impl
+        return prim.impl(backend, *args, **params)
 
     return run_region(region, operands, apply)[index]
 

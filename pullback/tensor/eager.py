@@ -84,7 +84,7 @@ def evaluate(prim: Primitive, args: tuple[Any, ...], params: dict[str, Any]) -> 
             if type(x) in _NUMBERS:  # pb.exp(1.0): an op of one operand needs its dtype
                 x = np.asarray(x)
         arrays = (x,)
-        out = prim.impl(backend, x, **params) if params else prim.impl(backend, x)  # type: ignore[misc]  # every primitive has an impl
+        out = prim.impl(backend, x, **params) if params else prim.impl(backend, x)
     elif n_args == 2:
         a, b = args
         if type(a) is Tensor:
@@ -97,13 +97,13 @@ def evaluate(prim: Primitive, args: tuple[Any, ...], params: dict[str, Any]) -> 
             y, pb_ = _plain_operand(prim, b, args), None
         arrays, parents = (x, y), (pa, pb_)
         active = pa is not None or pb_ is not None
-        out = prim.impl(backend, x, y, **params) if params else prim.impl(backend, x, y)  # type: ignore[misc]  # every primitive has an impl
+        out = prim.impl(backend, x, y, **params) if params else prim.impl(backend, x, y)
     else:
         arrays = tuple([a._data if type(a) is Tensor else _plain_operand(prim, a, args)
                         for a in args])
         parents = tuple([a._node if type(a) is Tensor else None for a in args])
         active = any(p is not None for p in parents)
-        out = prim.impl(backend, *arrays, **params)  # type: ignore[misc]  # every primitive has an impl
+        out = prim.impl(backend, *arrays, **params)
     result = _new(Tensor)
     result._data = out
     result.grad = None
