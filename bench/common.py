@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 import time
 from collections.abc import Callable
+
+ALONE = next((a.split("=", 1)[1] for a in sys.argv if a.startswith("--alone=")), None)
+"""In a process `both_ways` started under --processes: "case|contender", the one step it
+times. Benchmarks skip their cross-checks (which run every contender) and the other
+cases when it is set (`wanted`)."""
 
 
 def pin_threads(n: int = 2) -> None:
@@ -43,15 +51,40 @@ def best_times(fns: dict[str, Callable[[], object]], repeats: int = 7,
     return best
 
 
+def wanted(case: str) -> bool:
+    """Whether this process times `case`: always, except in an --alone process."""
+    return ALONE is None or ALONE.split("|")[0] == case
+
+
 def both_ways(fns: dict[str, Callable[[], object]], repeats: int = 7,
-              number: int = 200) -> dict[str, dict[str, float]]:
+              number: int = 200, case: str = "") -> dict[str, dict[str, float]]:
     """Seconds per call for each of `fns`, measured two ways in one run: "alone" (each
     contender's runs back to back, `best_time`) and "turns" (`best_times`). Taking
     turns evens out the machine's slow spells, but PyTorch measures slower there (its
     OpenMP workers and OpenBLAS's share the two cores when they alternate), so the
-    "alone" figures are the fairer ratio when the machine is steady."""
-    alone = {name: best_time(fn, repeats, number) for name, fn in fns.items()}
+    "alone" figures are the fairer ratio when the machine is steady.
+
+    With --processes on the command line, each contender's "alone" runs happen in a
+    process of its own (this program again, with --alone="case|name"), where no other
+    contender has run: in one process, a plan's steps right after PyTorch's were often
+    1.5x slower. That process prints its time and exits here."""
+    if ALONE is not None:
+        name = ALONE.split("|", 1)[1]
+        print(json.dumps(best_time(fns[name], repeats, number)))
+        sys.exit(0)
+    if "--processes" in sys.argv:
+        alone = {name: _alone_in_own_process(case, name) for name in fns}
+    else:
+        alone = {name: best_time(fn, repeats, number) for name, fn in fns.items()}
     return {"alone": alone, "turns": best_times(fns, repeats, number)}
+
+
+def _alone_in_own_process(case: str, name: str) -> float:
+    argv = [sys.executable, sys.argv[0]] + [a for a in sys.argv[1:] if a != "--processes"]
+    done = subprocess.run(argv + [f"--alone={case}|{name}"], capture_output=True, text=True)
+    if done.returncode:
+        raise SystemExit(f"timing {name!r} alone failed:\n{done.stderr}")
+    return float(done.stdout.strip().splitlines()[-1])
 
 
 def profile(step: Callable[[], object], steps: int, top: int, label: str = "") -> None:

@@ -11,7 +11,8 @@ Before timing, each contender runs 10 steps from the same weights on the same
 batches; the losses must agree with PyTorch's to 1e-5 relative. Prints JSON: ms per
 step (wall time alone and taking turns, and CPU time taking turns, the steadiest on
 a shared machine) and torch / pullback ratios. Run: `python bench/gpt_step.py
-[threads]` (`1` for one thread each, where CPU time compares fairly).
+[threads] [--processes]` (`1` for one thread each, where CPU time compares fairly;
+`--processes` times each contender's "alone" runs in a process of its own).
 """
 
 from __future__ import annotations
@@ -21,9 +22,9 @@ import sys
 import time
 from collections.abc import Callable
 
-from common import both_ways, pin_threads
+from common import ALONE, both_ways, pin_threads
 
-THREADS = int(sys.argv[1]) if len(sys.argv) > 1 else 2
+THREADS = int(next((a for a in sys.argv[1:] if a.isdigit()), 2))
 pin_threads(THREADS)
 
 import numpy as np  # noqa: E402
@@ -97,6 +98,10 @@ def contenders() -> dict:
 
     steps = {"pullback plan": plan_step, "pullback eager": eager_step,
              "torch eager": torch_step}
+    window = data[-1]
+    fns = {name: (lambda step=step: step(window)) for name, step in steps.items()}
+    if ALONE is not None:  # timing one contender in its own process: no other runs
+        return fns, {}
     losses = {name: [float(step(w).item()) for w in data] for name, step in steps.items()}
     expected = np.array(losses["torch eager"])
     worst = {}
@@ -106,9 +111,7 @@ def contenders() -> dict:
         if worst[name] > RTOL:
             raise SystemExit(f"{name}: losses differ from PyTorch's by {worst[name]:.2e} "
                              f"relative (> {RTOL}):\n{losses[name]}\n{losses['torch eager']}")
-    window = data[-1]
-    return ({name: (lambda step=step: step(window)) for name, step in steps.items()},
-            {"losses": losses, "worst relative difference": worst})
+    return fns, {"losses": losses, "worst relative difference": worst}
 
 
 def cpu_times(fns: dict[str, Callable[[], object]], repeats: int = 5,

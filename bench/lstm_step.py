@@ -10,7 +10,8 @@ copied) and random data (fixed seed); three steps of each must give the same los
 (1e-4 relative, float32) before anything is timed.
 
 Run: `python bench/lstm_step.py` or `python bench/lstm_step.py --small`; `--profile`
-adds a cProfile of the plan step (Python calls per step, functions by own time).
+adds a cProfile of the plan step (Python calls per step, functions by own time);
+`--processes` times each contender's "alone" runs in a process of its own.
 """
 
 from __future__ import annotations
@@ -18,7 +19,16 @@ from __future__ import annotations
 import json
 import sys
 
-from common import both_ways, eager_sgd_step, pin_threads, plan_sgd_step, profile, torch_sgd_step
+from common import (
+    ALONE,
+    both_ways,
+    eager_sgd_step,
+    pin_threads,
+    plan_sgd_step,
+    profile,
+    torch_sgd_step,
+    wanted,
+)
 
 THREADS = int(next((a.split("=")[1] for a in sys.argv if a.startswith("--threads=")), 2))
 pin_threads(THREADS)
@@ -74,6 +84,8 @@ def contenders(kind: str, batch: int, steps: int, inputs: int, hidden: int) -> d
     fns = {"pullback plan": plan_sgd_step(model, x, y, LR, MOMENTUM),
            "pullback eager": eager_sgd_step(twin, x, y, LR, MOMENTUM),
            "torch eager": torch_sgd_step(tmodel, None, x, y, LR, MOMENTUM)}
+    if ALONE is not None:  # timing one contender in its own process: no other runs
+        return fns
     losses = {name: [value(fn()) for _ in range(3)] for name, fn in fns.items()}
     for name in ("pullback plan", "pullback eager"):
         np.testing.assert_allclose(losses[name], losses["torch eager"], rtol=1e-4,
@@ -92,8 +104,10 @@ def main() -> int:
     for case in SMALL if small else LARGE:
         kind, batch, steps, inputs, hidden = case
         label = f"{kind} N={batch} T={steps} input {inputs} hidden {hidden}"
+        if not wanted(label):
+            continue
         fns = contenders(*case)
-        ways = both_ways(fns, repeats=5, number=20 if small else 3)
+        ways = both_ways(fns, repeats=5, number=20 if small else 3, case=label)
         unit, scale = ("us", 1e6) if small else ("ms", 1e3)
         results[label] = {f"{way} ({unit})": {name: round(t * scale, 1 if small else 2)
                                               for name, t in ts.items()}

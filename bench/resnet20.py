@@ -14,7 +14,8 @@ relative, float32) and the same running statistics.
 Run: `python bench/resnet20.py` (`--threads=1` for one thread each; `--profile` adds a
 cProfile of 10 plan steps, the functions by own time; `--layers` times each distinct
 convolution and batch norm of the network alone, forward and backward, against
-PyTorch's, for the convolution rework).
+PyTorch's, for the convolution rework; `--processes` times each contender's "alone" runs
+in a process of its own).
 """
 
 from __future__ import annotations
@@ -22,7 +23,15 @@ from __future__ import annotations
 import json
 import sys
 
-from common import both_ways, eager_sgd_step, pin_threads, plan_sgd_step, profile, torch_sgd_step
+from common import (
+    ALONE,
+    both_ways,
+    eager_sgd_step,
+    pin_threads,
+    plan_sgd_step,
+    profile,
+    torch_sgd_step,
+)
 
 THREADS = int(next((a.split("=")[1] for a in sys.argv if a.startswith("--threads=")), 2))
 pin_threads(THREADS)
@@ -231,9 +240,10 @@ def main() -> int:
         layers()
         return 0
     torch.set_num_threads(THREADS)
-    check_gradients()
+    if ALONE is None:  # (in an --alone process, only the one contender runs)
+        check_gradients()
     steps, nets = contenders()
-    losses = check(steps, nets)
+    losses = check(steps, nets) if ALONE is None else []
     ways = both_ways(steps, repeats=3, number=2)
     results = {way: {name: round(t * 1e3, 2) for name, t in ts.items()}
                for way, ts in ways.items()}
