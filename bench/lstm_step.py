@@ -11,7 +11,8 @@ copied) and random data (fixed seed); three steps of each must give the same los
 
 Run: `python bench/lstm_step.py` or `python bench/lstm_step.py --small`; `--profile`
 adds a cProfile of the plan step (Python calls per step, functions by own time);
-`--processes` times each contender's "alone" runs in a process of its own.
+`--processes` times each contender's "alone" runs in a process of its own; `--floor` adds
+the time of the LSTM step's matrix products alone (`gemm_floor`).
 """
 
 from __future__ import annotations
@@ -93,6 +94,38 @@ def contenders(kind: str, batch: int, steps: int, inputs: int, hidden: int) -> d
     return fns
 
 
+def gemm_floor(batch: int, steps: int, inputs: int, hidden: int) -> float:
+    """Seconds of the LSTM step's matrix products alone, as pullback's CpuBackend runs
+    them (NumPy's BLAS, the same shapes and order; the head's are negligible): the input
+    projection, one recurrent product per step forward and one backward, the recurrent
+    and input weights' gradients over all steps. What the step cannot go under while its
+    products are BLAS calls; PyTorch runs the whole layer as oneDNN's fused RNN
+    (aten::mkldnn_rnn_layer and its backward in its profiler), products included."""
+    from common import best_time
+
+    rng = np.random.default_rng(0)
+    gates = 4 * hidden
+    x = rng.standard_normal((steps * batch, inputs)).astype(np.float32)
+    w_ih = rng.standard_normal((gates, inputs)).astype(np.float32)
+    w_hh = rng.standard_normal((gates, hidden)).astype(np.float32)
+    wt = np.ascontiguousarray(w_hh.T)
+    h = rng.standard_normal((steps, batch, hidden)).astype(np.float32)
+    da = rng.standard_normal((steps, batch, gates)).astype(np.float32)
+    hw, carry = np.empty((batch, gates), np.float32), np.empty((batch, hidden), np.float32)
+
+    def products() -> None:
+        x @ w_ih.T
+        for t in range(steps):
+            np.matmul(h[t], wt, out=hw)
+        for t in range(steps - 1, -1, -1):
+            np.matmul(da[t], w_hh, out=carry)
+        flat = da.reshape(steps * batch, gates)
+        flat.T @ h.reshape(steps * batch, hidden)
+        flat.T @ x
+
+    return best_time(products, 5, 3)
+
+
 def value(loss: object) -> float:
     return float(loss.detach() if isinstance(loss, torch.Tensor) else np.asarray(loss))
 
@@ -115,6 +148,9 @@ def main() -> int:
         results[label]["torch / pullback"] = {
             way: {name: round(ts["torch eager"] / ts[name], 2)
                   for name in ("pullback plan", "pullback eager")} for way, ts in ways.items()}
+        if "--floor" in sys.argv and kind == "LSTM":
+            results[label]["products alone, NumPy's BLAS (ms)"] = round(
+                gemm_floor(batch, steps, inputs, hidden) * scale, 2)
         if "--profile" in sys.argv:
             profile(fns["pullback plan"], 50, 15, label)
     title = f"recurrent training step (SGD momentum, float32, {THREADS} threads)"
