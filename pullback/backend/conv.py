@@ -300,16 +300,18 @@ def _result(op: str, operands: list, shape: tuple, dtype: np.dtype,
 Epilogue = Callable[[np.ndarray, int, int], None]
 
 # Winograd F(4x4, 3x3) (pullback.backend.winograd) for 3x3, stride-1 convolutions where
-# it measured faster than im2col at two threads (`python bench/winograd.py`; figures in
-# bench/RESULTS.md): at least 32 channels on each side, maps of at least 16x16 and 32
-# tiles of 4x4 outputs in the batch. It took 0.6-0.8x im2col's time on the 3x32x32 CNN's
-# second convolution, ResNet-20's 32-channel stage and ResNet-50's 64@56x56 and
-# 128@28x28 at batch 1 (input gradients 0.74-0.88x). Below those sizes it paid nothing
-# or lost: 16 channels at 32x32 and 64 at 8x8 took as long as im2col, 3 input channels
-# 1.9x, 4x4 maps 1.4x (the small-map path is faster there), and ResNet-50's 256@14x14
-# and 512@7x7 at batch 1, whose GEMMs are narrow and weight transforms large, 1.7-5x.
-WINOGRAD_CHANNELS = 32
-WINOGRAD_SIDE = 16
+# it measured faster than im2col (`python bench/winograd.py`; figures in
+# bench/RESULTS.md): at least 16 channels on each side, maps of at least 8x8 and 32
+# tiles of 4x4 outputs in the batch. It took 0.4-0.9x im2col's time on the 3x32x32
+# CNN's second convolution, all three of ResNet-20's stages (CPU time on one thread;
+# on two threads under load 0.15-0.65x, im2col's many small threaded GEMMs stalling)
+# and ResNet-50's 64@56x56 and 128@28x28 at batch 1. Two threads on a quiet machine
+# once measured 16 channels at 32x32 and 64 at 8x8 as fast as im2col, no slower. It
+# lost with 3 input channels (1.9x), on 4x4 maps (1.4x; the small-map path is faster
+# there) and on ResNet-50's 256@14x14 and 512@7x7 at batch 1 (1.7-5x: narrow GEMMs,
+# large weight transforms; those have under 32 tiles).
+WINOGRAD_CHANNELS = 16
+WINOGRAD_SIDE = 8
 WINOGRAD_TILES = 32
 WINOGRAD_FORCED: bool | None = None  # True or False: always or never (benchmarks, tests)
 

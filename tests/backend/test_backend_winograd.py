@@ -141,9 +141,11 @@ CHOICES = [
     ((128, 32, 64, 4), 1, 1, False, False),  # the digits CNN's second: 4x4 maps
     ((64, 3, 32, 32), 1, 1, False, False),  # an RGB input: too few channels
     ((64, 32, 64, 16), 1, 1, True, True),  # the 3x32x32 CNN's second
-    ((64, 16, 16, 32), 1, 1, False, False),  # ResNet-20's stages: 16 channels,
+    ((64, 16, 16, 32), 1, 1, True, True),  # ResNet-20's stages: 16 channels,
     ((64, 32, 32, 16), 1, 1, True, True),  # 32 at 16x16,
-    ((64, 64, 64, 8), 1, 1, False, False),  # 64 at 8x8
+    ((64, 64, 64, 8), 1, 1, True, True),  # 64 at 8x8
+    ((64, 8, 16, 32), 1, 1, False, False),  # too few channels
+    ((64, 32, 32, 6), 1, 1, False, False),  # maps under 8x8
     ((1, 64, 64, 56), 1, 1, True, True),  # ResNet-50 at batch 1
     ((1, 128, 128, 28), 1, 1, True, True),
     ((1, 256, 256, 14), 1, 1, False, False),
@@ -167,7 +169,8 @@ def test_the_rule_chooses_winograd_where_it_measured_faster(case):
 @pytest.mark.parametrize("batch, side, expected", [
     (2, 16, "both"),  # 32 tiles
     (1, 16, "neither"),  # 16 tiles
-    (8, 8, "neither"),  # 8x8 maps
+    (8, 8, "both"),  # 8x8 maps, 32 tiles
+    (8, 6, "neither"),  # 6x6 maps
 ])
 def test_conv2d_and_its_input_gradient_take_the_rules_choice(cpu, monkeypatch, batch, side,
                                                              expected):
