@@ -493,11 +493,12 @@ def conv2d_weight_backward(
     upstream: np.ndarray, x: np.ndarray, weight_shape: Sequence[int], stride: Any,
     padding: Any, dilation: Any = (1, 1), groups: int = 1,
 ) -> np.ndarray:
-    """Gradient wrt w: upstream @ windows^T per group, summed over the batch chunk by
-    chunk, im2col recomputed per chunk while in cache (cheaper than keeping the
-    forward's: it would be the whole batch's windows, written to memory and kept), but
-    on small maps the windows a whole-batch forward left in scratch are taken when they
-    are still there and x is bit for bit that forward's input (`_kept_windows`)."""
+    """Gradient wrt w: through Winograd where the forward takes it (`_winograd`);
+    otherwise upstream @ windows^T per group, summed over the batch chunk by chunk,
+    im2col recomputed per chunk while in cache (cheaper than keeping the forward's: it
+    would be the whole batch's windows, written to memory and kept), but on small maps
+    the windows a whole-batch forward left in scratch are taken when they are still
+    there and x is bit for bit that forward's input (`_kept_windows`)."""
     op = "conv2d_weight_backward"
     win = _validated(
         _signature(op, weight_shape, x, stride, padding, dilation, groups),
@@ -508,6 +509,8 @@ def conv2d_weight_backward(
         return np.zeros(tuple(weight_shape), x.dtype)  # an empty batch adds nothing
     n, c = x.shape[:2]
     o = weight_shape[0]
+    if _winograd(win, groups, n, c, o):
+        return winograd.weight_gradient(x, upstream, win.padding, scratch)
     pixels = win.out_hw[0] * win.out_hw[1]
     up = np.ascontiguousarray(upstream).reshape(n, groups, o // groups, pixels)
     x = np.ascontiguousarray(x)
