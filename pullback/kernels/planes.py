@@ -163,7 +163,8 @@ def batch_norm(x: np.ndarray, weight: np.ndarray, bias: np.ndarray, eps: float,
     y = np.empty_like(x)
     mean, var = np.empty(x.shape[1], dtype), np.empty(x.shape[1], dtype)
     driver = forward_parallel if parallel else forward_serial
-    _compiled(driver, dtype)(x, weight, bias, dtype.type(eps), y, mean, var)
+    _compiled(driver, dtype)(x, np.ascontiguousarray(weight), np.ascontiguousarray(bias),
+                             dtype.type(eps), y, mean, var)
     return y, mean, var
 
 
@@ -175,6 +176,6 @@ def batch_norm_backward(upstream: np.ndarray, x: np.ndarray, weight: np.ndarray,
     grad_x = np.empty_like(x)
     grad_weight, grad_bias = np.empty(x.shape[1], dtype), np.empty(x.shape[1], dtype)
     driver = backward_parallel if parallel else backward_serial
-    _compiled(driver, dtype)(upstream, x, weight, dtype.type(eps), grad_x, grad_weight,
-                             grad_bias)
+    _compiled(driver, dtype)(upstream, x, np.ascontiguousarray(weight), dtype.type(eps), grad_x,
+                             grad_weight, grad_bias)
     return grad_x, grad_weight, grad_bias

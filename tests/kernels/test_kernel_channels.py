@@ -159,7 +159,8 @@ def test_backend_batch_norm_takes_planes_for_spatial_inputs_and_strided_ones(rng
         original = getattr(planes, name)
         monkeypatch.setattr(planes, name, lambda *a, _f=original: (taken.append(1), _f(*a))[1])
     strided = np.asfortranarray(x)  # a layout the planes' copy makes C-contiguous
-    got = _calls(CpuBackend(), strided, w, b, np.broadcast_to(u, u.shape))
+    w_strided, b_strided = np.repeat(w, 2)[::2], np.repeat(b, 2)[::2]
+    got = _calls(CpuBackend(), strided, w_strided, b_strided, np.broadcast_to(u, u.shape))
     assert len(taken) == 4
     want = _calls(Defaults(), x, w, b, u)
     for g, ref in zip(got, want, strict=True):
