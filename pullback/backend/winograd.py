@@ -58,10 +58,12 @@ def _stride(elements: int, itemsize: int) -> int:
 
 
 def _matrices(flat: np.ndarray, rows: int, cols: int, stride: int) -> np.ndarray:
-    # The 36 (rows, cols) matrices `stride` elements apart in flat, as a (36, rows, cols) view.
-    return np.lib.stride_tricks.as_strided(
-        flat, (kernels.POSITIONS, rows, cols),
-        (stride * flat.itemsize, cols * flat.itemsize, flat.itemsize))
+    # The 36 (rows, cols) matrices `stride` elements apart in flat, as a (36, rows, cols)
+    # view (NumPy refuses one that overruns flat). The ndarray constructor, not
+    # as_strided, whose Python layers cost 10-30 us a view: convolutions make them per
+    # chunk of a few samples.
+    return np.ndarray((kernels.POSITIONS, rows, cols), flat.dtype, flat,
+                      strides=(stride * flat.itemsize, cols * flat.itemsize, flat.itemsize))
 
 
 def correlate(x: np.ndarray, u: np.ndarray, padding: tuple[int, int], out: np.ndarray,
@@ -82,13 +84,17 @@ def correlate(x: np.ndarray, u: np.ndarray, padding: tuple[int, int], out: np.nd
     products = scratch("winograd products", kernels.POSITIONS * _stride(o * most, x.itemsize),
                        x.dtype)
     x = np.ascontiguousarray(x)
+    views: dict[int, tuple] = {}  # by tiles in the chunk: every chunk but the last alike
     for start in range(0, n, size):
         stop = min(n, start + size)
         count = (stop - start) * grid[0] * grid[1]
-        v_stride, m_stride = _stride(c * count, x.itemsize), _stride(o * count, x.itemsize)
+        if count not in views:
+            v_stride, m_stride = _stride(c * count, x.itemsize), _stride(o * count, x.itemsize)
+            views[count] = (v_stride, m_stride, _matrices(transformed, c, count, v_stride),
+                            _matrices(products, o, count, m_stride))
+        v_stride, m_stride, v, m = views[count]
         kernels.input_transform(x[start:stop], transformed, padding, grid, v_stride)
-        np.matmul(u, _matrices(transformed, c, count, v_stride),
-                  out=_matrices(products, o, count, m_stride))
+        np.matmul(u, v, out=m)
         kernels.output_transform(products, out[start:stop], grid, m_stride)
         if epilogue is not None:
             epilogue(out[start:stop].reshape(stop - start, o, -1), start, stop)
@@ -116,13 +122,18 @@ def weight_gradient(x: np.ndarray, upstream: np.ndarray, padding: tuple[int, int
     x = np.ascontiguousarray(x)
     upstream = np.ascontiguousarray(upstream)
     total = np.zeros((kernels.POSITIONS, o, c), x.dtype)
+    product = np.empty_like(total)
+    views: dict[int, tuple] = {}  # by tiles in the chunk, as in `correlate`
     for start in range(0, n, size):
         stop = min(n, start + size)
         count = (stop - start) * grid[0] * grid[1]
-        v_stride, u_stride = _stride(c * count, x.itemsize), _stride(o * count, x.itemsize)
+        if count not in views:
+            v_stride, u_stride = _stride(c * count, x.itemsize), _stride(o * count, x.itemsize)
+            views[count] = (v_stride, u_stride, _matrices(transformed, c, count, v_stride),
+                            _matrices(transformed_up, o, count, u_stride))
+        v_stride, u_stride, v, m = views[count]
         kernels.input_transform(x[start:stop], transformed, padding, grid, v_stride)
         kernels.upstream_transform(upstream[start:stop], transformed_up, grid, u_stride)
-        total += np.matmul(_matrices(transformed_up, o, count, u_stride),
-                           _matrices(transformed, c, count, v_stride).transpose(0, 2, 1))
+        total += np.matmul(m, v.transpose(0, 2, 1), out=product)
     grad = np.matmul(KRONECKER[x.dtype.type].T, total.reshape(kernels.POSITIONS, o * c))
     return np.ascontiguousarray(grad.reshape(3, 3, o, c).transpose(2, 3, 0, 1))
