@@ -300,16 +300,18 @@ def _result(op: str, operands: list, shape: tuple, dtype: np.dtype,
 Epilogue = Callable[[np.ndarray, int, int], None]
 
 # Winograd F(4x4, 3x3) (pullback.backend.winograd) for 3x3, stride-1 convolutions where
-# it measured faster than im2col at two threads (`python bench/winograd.py`; figures in
-# bench/RESULTS.md): at least 32 channels on each side, maps of at least 16x16 and 32
-# tiles of 4x4 outputs in the batch. It took 0.6-0.8x im2col's time on the 3x32x32 CNN's
-# second convolution, ResNet-20's 32-channel stage and ResNet-50's 64@56x56 and
-# 128@28x28 at batch 1 (input gradients 0.74-0.88x). Below those sizes it paid nothing
-# or lost: 16 channels at 32x32 and 64 at 8x8 took as long as im2col, 3 input channels
-# 1.9x, 4x4 maps 1.4x (the small-map path is faster there), and ResNet-50's 256@14x14
-# and 512@7x7 at batch 1, whose GEMMs are narrow and weight transforms large, 1.7-5x.
-WINOGRAD_CHANNELS = 32
-WINOGRAD_SIDE = 16
+# it measured faster than im2col (`python bench/winograd.py`; figures in
+# bench/RESULTS.md): at least 16 channels on each side, maps of at least 8x8 and 32
+# tiles of 4x4 outputs in the batch. It took 0.4-0.9x im2col's time on the 3x32x32
+# CNN's second convolution, all three of ResNet-20's stages (CPU time on one thread;
+# on two threads under load 0.15-0.65x, im2col's many small threaded GEMMs stalling)
+# and ResNet-50's 64@56x56 and 128@28x28 at batch 1. Two threads on a quiet machine
+# once measured 16 channels at 32x32 and 64 at 8x8 as fast as im2col, no slower. It
+# lost with 3 input channels (1.9x), on 4x4 maps (1.4x; the small-map path is faster
+# there) and on ResNet-50's 256@14x14 and 512@7x7 at batch 1 (1.7-5x: narrow GEMMs,
+# large weight transforms; those have under 32 tiles).
+WINOGRAD_CHANNELS = 16
+WINOGRAD_SIDE = 8
 WINOGRAD_TILES = 32
 WINOGRAD_FORCED: bool | None = None  # True or False: always or never (benchmarks, tests)
 
@@ -416,8 +418,10 @@ def conv2d_input_backward(
     upstream: np.ndarray, w: np.ndarray, input_shape: Sequence[int], stride: Any,
     padding: Any, dilation: Any = (1, 1), groups: int = 1, out: np.ndarray | None = None,
 ) -> np.ndarray:
-    """Gradient wrt x: w^T @ upstream per sample and group, as windows folded back
-    (col2im), chunk by chunk (into `out` when given)."""
+    """Gradient wrt x (into `out` when given): at stride 1, where it copies less, conv2d
+    of the upstream by the rotated weights (`_input_gradient_as_forward`); otherwise
+    w^T @ upstream per sample and group, as windows folded back (col2im), chunk by
+    chunk."""
     op = "conv2d_input_backward"
     win = _validated(
         _signature(op, input_shape, w, stride, padding, dilation, groups),
@@ -436,12 +440,12 @@ def conv2d_input_backward(
     if _pointwise(win):
         np.matmul(weight_t, up, out=grad.reshape(n, groups, -1, pixels))
         return grad
-    if max(win.padding) <= 2 and _winograd(win, groups, n, o, c, input_gradient=True):
-        # The same kind of correlation: upstream by the rotated kernels, channels
-        # swapped, padded by 2 - padding.
-        rotated = w.transpose(1, 0, 2, 3)[:, :, ::-1, ::-1]
-        return winograd.correlate(upstream, winograd.weight_transform(rotated),
-                                  (2 - win.padding[0], 2 - win.padding[1]), grad, scratch)
+    if _input_gradient_as_forward(win, groups, n, c, o):
+        # The same kind of correlation as the forward: upstream by the rotated kernels,
+        # channels swapped, padded by the kernel's span - 1 - padding; conv2d picks
+        # its own path for it (Winograd, small maps, im2col).
+        return conv2d(upstream, _rotated(w, groups), (1, 1), _full_padding(win),
+                      win.dilation, groups, out=grad)
     per_sample = c * win.kernel[0] * win.kernel[1] * pixels
     chunks = _chunks(n, per_sample * w.itemsize)
     if _small_maps(win, chunks, c, o):
@@ -455,15 +459,46 @@ def conv2d_input_backward(
     return grad
 
 
+def _input_gradient_as_forward(win: Windows, groups: int, batch: int, c: int, o: int) -> bool:
+    """Whether the input gradient of a convolution of c channels into o with these
+    windows runs as conv2d of the upstream (`_rotated` weights, `_full_padding`): at
+    stride 1, where every padding is at most the kernel's span less one (no input
+    column is cropped), and where that correlation takes Winograd or has no more
+    windows to copy than the GEMM + col2im way has to fold (o <= c): its im2col copies
+    o kh kw values per pixel into a GEMM by the weights (C, O kh kw), where the other
+    way writes c kh kw values per pixel and adds them back (col2im). A first layer
+    (3 -> 16 channels at 32x32) measured 2.3x slower this way."""
+    if win.stride != (1, 1) or win.kernel == (1, 1) or any(
+            p > d * (k - 1) for p, d, k in zip(win.padding, win.dilation, win.kernel)):
+        return False
+    return o <= c or _winograd(win, groups, batch, o, c, input_gradient=True)
+
+
+def _rotated(w: np.ndarray, groups: int) -> np.ndarray:
+    """The weights (C, O/g, kh, kw) of the correlation that is the input gradient of
+    w (O, C/g, kh, kw): per group, output and input channels swapped, each kernel
+    turned by 180 degrees."""
+    o, per_group, kh, kw = w.shape
+    swapped = w.reshape(groups, o // groups, per_group, kh, kw).transpose(0, 2, 1, 3, 4)
+    return swapped.reshape(groups * per_group, o // groups, kh, kw)[:, :, ::-1, ::-1]
+
+
+def _full_padding(win: Windows) -> Pair:
+    """The padding of the input gradient's correlation: span - 1 - padding per axis."""
+    return (win.dilation[0] * (win.kernel[0] - 1) - win.padding[0],
+            win.dilation[1] * (win.kernel[1] - 1) - win.padding[1])
+
+
 def conv2d_weight_backward(
     upstream: np.ndarray, x: np.ndarray, weight_shape: Sequence[int], stride: Any,
     padding: Any, dilation: Any = (1, 1), groups: int = 1,
 ) -> np.ndarray:
-    """Gradient wrt w: upstream @ windows^T per group, summed over the batch chunk by
-    chunk, im2col recomputed per chunk while in cache (cheaper than keeping the
-    forward's: it would be the whole batch's windows, written to memory and kept), but
-    on small maps the windows a whole-batch forward left in scratch are taken when they
-    are still there and x is bit for bit that forward's input (`_kept_windows`)."""
+    """Gradient wrt w: through Winograd where the forward takes it (`_winograd`);
+    otherwise upstream @ windows^T per group, summed over the batch chunk by chunk,
+    im2col recomputed per chunk while in cache (cheaper than keeping the forward's: it
+    would be the whole batch's windows, written to memory and kept), but on small maps
+    the windows a whole-batch forward left in scratch are taken when they are still
+    there and x is bit for bit that forward's input (`_kept_windows`)."""
     op = "conv2d_weight_backward"
     win = _validated(
         _signature(op, weight_shape, x, stride, padding, dilation, groups),
@@ -474,6 +509,8 @@ def conv2d_weight_backward(
         return np.zeros(tuple(weight_shape), x.dtype)  # an empty batch adds nothing
     n, c = x.shape[:2]
     o = weight_shape[0]
+    if _winograd(win, groups, n, c, o):
+        return winograd.weight_gradient(x, upstream, win.padding, scratch)
     pixels = win.out_hw[0] * win.out_hw[1]
     up = np.ascontiguousarray(upstream).reshape(n, groups, o // groups, pixels)
     x = np.ascontiguousarray(x)

@@ -27,6 +27,7 @@ from pullback.errors import KernelError, index_error
 from pullback.kernels import activations as compiled
 from pullback.kernels import channels as compiled_channels
 from pullback.kernels import epilogue as conv_epilogue
+from pullback.kernels import planes as compiled_planes
 from pullback.kernels import rows as compiled_rows
 from pullback.kernels import scalar_math
 from pullback.kernels.core import SUPPORTED_DTYPES, ElementwiseKernel, Kernel
@@ -773,13 +774,16 @@ class CpuBackend(BackwardOps, FusedOps, CpuRecurrentOps, CpuGatherOps, CpuAttent
             p is None or (p.dtype is x.dtype and p.shape == x.shape[1:2]) for p in params))
 
     def _channel_rows(self, x: np.ndarray) -> np.ndarray:
-        # (N, C, *spatial) as (C, N * prod(spatial)): a channel's values as one row. The
-        # copy is what lets the row kernels run over contiguous rows.
-        return np.ascontiguousarray(np.moveaxis(x, 1, 0)).reshape(x.shape[1], -1)
+        # (N, C) as (C, N): a channel's values as one row, for the row kernels.
+        return np.ascontiguousarray(x.T)
 
-    def _from_channel_rows(self, rows: np.ndarray, shape: tuple) -> np.ndarray:
-        moved = rows.reshape((shape[1], shape[0], *shape[2:]))
-        return np.ascontiguousarray(np.moveaxis(moved, 0, 1))
+    def _planes(self, x: np.ndarray) -> np.ndarray:
+        # (N, C, *spatial) as the C-contiguous (N, C, S) the plane kernels read.
+        return np.ascontiguousarray(x).reshape(x.shape[0], x.shape[1], -1)
+
+    def _parallel_planes(self, x: np.ndarray) -> bool:
+        # Whether the plane kernels spread the channels over threads (ThreadedCpuBackend).
+        return False
 
     def batch_norm(
         self, x: np.ndarray, weight: np.ndarray | None, bias: np.ndarray | None, eps: float
@@ -790,9 +794,13 @@ class CpuBackend(BackwardOps, FusedOps, CpuRecurrentOps, CpuGatherOps, CpuAttent
         channels = x.shape[1]
         weight = np.ones(channels, x.dtype) if weight is None else weight
         bias = np.zeros(channels, x.dtype) if bias is None else bias
+        if x.ndim > 2:  # NCHW as it is: no copy moves the channels outermost
+            y, mean, var = compiled_planes.batch_norm(self._planes(x), weight, bias, float(eps),
+                                                      self._parallel_planes(x))
+            return y.reshape(x.shape), mean, var
         y, mean, var = self._fused(compiled_channels.batch_norm, self._channel_rows(x), weight,
                                    bias, float(eps))
-        return self._from_channel_rows(y, x.shape), mean, var
+        return np.ascontiguousarray(y.T), mean, var
 
     def batch_norm_backward(
         self, upstream: np.ndarray, x: np.ndarray, weight: np.ndarray | None, eps: float
@@ -802,10 +810,15 @@ class CpuBackend(BackwardOps, FusedOps, CpuRecurrentOps, CpuGatherOps, CpuAttent
                 and upstream.dtype is x.dtype):
             return super().batch_norm_backward(upstream, x, weight, eps)
         weight = np.ones(x.shape[1], x.dtype) if weight is None else weight
+        if x.ndim > 2:
+            grad_x, grad_weight, grad_bias = compiled_planes.batch_norm_backward(
+                self._planes(upstream), self._planes(x), weight, float(eps),
+                self._parallel_planes(x))
+            return grad_x.reshape(x.shape), grad_weight, grad_bias
         grad_x, grad_weight, grad_bias = self._fused(
             compiled_channels.batch_norm_backward, self._channel_rows(upstream),
             self._channel_rows(x), weight, float(eps))
-        return self._from_channel_rows(grad_x, x.shape), grad_weight, grad_bias
+        return np.ascontiguousarray(grad_x.T), grad_weight, grad_bias
 
     def conv2d_epilogue(
         self, x: np.ndarray, w: np.ndarray, bias: np.ndarray | None,

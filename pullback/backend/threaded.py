@@ -287,6 +287,10 @@ class ThreadedCpuBackend(CpuBackend):
         # partial row per thread, which splitting the rows here would not give.
         return kernel(*args) if self.num_threads > 1 else kernel.serial(*args)
 
+    def _parallel_planes(self, x: np.ndarray) -> bool:
+        # Batch norm's plane kernels thread over channels, as the row kernels do over rows.
+        return self.num_threads > 1 and x.size >= self.parallel_threshold
+
     # -- split backward kernels ----------------------------------------------------------------
 
     def _backward(

@@ -1,8 +1,9 @@
 """Winograd F(4x4, 3x3) convolution for CpuBackend: a 3x3, stride-1 cross-correlation
 in 36 batched GEMMs over transformed tiles, 4x fewer multiplications than im2col's
 GEMM (Lavin and Gray, 2015). pullback.backend.conv chooses it per shape (`_winograd`)
-for conv2d and for conv2d_input_backward, the same kind of correlation with the
-weights rotated and their channels swapped.
+for conv2d, for conv2d_input_backward (the same kind of correlation with the weights
+rotated and their channels swapped) and for conv2d_weight_backward (`weight_gradient`,
+the forward's steps transposed).
 
 Per chunk of the batch: the input transform writes each channel's overlapping 6x6
 tiles as 36 rows (36, C, tiles); one batched GEMM multiplies them by the transformed
@@ -57,10 +58,12 @@ def _stride(elements: int, itemsize: int) -> int:
 
 
 def _matrices(flat: np.ndarray, rows: int, cols: int, stride: int) -> np.ndarray:
-    # The 36 (rows, cols) matrices `stride` elements apart in flat, as a (36, rows, cols) view.
-    return np.lib.stride_tricks.as_strided(
-        flat, (kernels.POSITIONS, rows, cols),
-        (stride * flat.itemsize, cols * flat.itemsize, flat.itemsize))
+    # The 36 (rows, cols) matrices `stride` elements apart in flat, as a (36, rows, cols)
+    # view (NumPy refuses one that overruns flat). The ndarray constructor, not
+    # as_strided, whose Python layers cost 10-30 us a view: convolutions make them per
+    # chunk of a few samples.
+    return np.ndarray((kernels.POSITIONS, rows, cols), flat.dtype, flat,
+                      strides=(stride * flat.itemsize, cols * flat.itemsize, flat.itemsize))
 
 
 def correlate(x: np.ndarray, u: np.ndarray, padding: tuple[int, int], out: np.ndarray,
@@ -81,14 +84,56 @@ def correlate(x: np.ndarray, u: np.ndarray, padding: tuple[int, int], out: np.nd
     products = scratch("winograd products", kernels.POSITIONS * _stride(o * most, x.itemsize),
                        x.dtype)
     x = np.ascontiguousarray(x)
+    views: dict[int, tuple] = {}  # by tiles in the chunk: every chunk but the last alike
     for start in range(0, n, size):
         stop = min(n, start + size)
         count = (stop - start) * grid[0] * grid[1]
-        v_stride, m_stride = _stride(c * count, x.itemsize), _stride(o * count, x.itemsize)
+        if count not in views:
+            v_stride, m_stride = _stride(c * count, x.itemsize), _stride(o * count, x.itemsize)
+            views[count] = (v_stride, m_stride, _matrices(transformed, c, count, v_stride),
+                            _matrices(products, o, count, m_stride))
+        v_stride, m_stride, v, m = views[count]
         kernels.input_transform(x[start:stop], transformed, padding, grid, v_stride)
-        np.matmul(u, _matrices(transformed, c, count, v_stride),
-                  out=_matrices(products, o, count, m_stride))
+        np.matmul(u, v, out=m)
         kernels.output_transform(products, out[start:stop], grid, m_stride)
         if epilogue is not None:
             epilogue(out[start:stop].reshape(stop - start, o, -1), start, stop)
     return out
+
+
+def weight_gradient(x: np.ndarray, upstream: np.ndarray, padding: tuple[int, int],
+                    scratch: Callable[..., np.ndarray]) -> np.ndarray:
+    """The gradient (O, C, 3, 3) of the kernels w of out = x (N, C, H, W), padded by
+    `padding`, cross-correlated by w, given the upstream (N, O, OH, OW): per position
+    of the 6x6 tiles, the upstream's transformed tiles A dY A^T (O, tiles) times the
+    input's B^T d B (C, tiles) transposed, summed over the batch, then taken back
+    through the weight transform's transpose, (G kron G)^T. The transpose of the
+    forward's three steps (`correlate`)."""
+    n, c = x.shape[:2]
+    o = upstream.shape[1]
+    grid = tiles(upstream.shape[2:])
+    per_sample = kernels.POSITIONS * (c + o) * grid[0] * grid[1] * x.itemsize
+    size = max(1, min(n, CHUNK_BYTES // per_sample))
+    most = size * grid[0] * grid[1]
+    transformed = scratch("winograd tiles", kernels.POSITIONS * _stride(c * most, x.itemsize),
+                          x.dtype)
+    transformed_up = scratch("winograd products",
+                             kernels.POSITIONS * _stride(o * most, x.itemsize), x.dtype)
+    x = np.ascontiguousarray(x)
+    upstream = np.ascontiguousarray(upstream)
+    total = np.zeros((kernels.POSITIONS, o, c), x.dtype)
+    product = np.empty_like(total)
+    views: dict[int, tuple] = {}  # by tiles in the chunk, as in `correlate`
+    for start in range(0, n, size):
+        stop = min(n, start + size)
+        count = (stop - start) * grid[0] * grid[1]
+        if count not in views:
+            v_stride, u_stride = _stride(c * count, x.itemsize), _stride(o * count, x.itemsize)
+            views[count] = (v_stride, u_stride, _matrices(transformed, c, count, v_stride),
+                            _matrices(transformed_up, o, count, u_stride))
+        v_stride, u_stride, v, m = views[count]
+        kernels.input_transform(x[start:stop], transformed, padding, grid, v_stride)
+        kernels.upstream_transform(upstream[start:stop], transformed_up, grid, u_stride)
+        total += np.matmul(m, v.transpose(0, 2, 1), out=product)
+    grad = np.matmul(KRONECKER[x.dtype.type].T, total.reshape(kernels.POSITIONS, o * c))
+    return np.ascontiguousarray(grad.reshape(3, 3, o, c).transpose(2, 3, 0, 1))

@@ -1,7 +1,8 @@
 """Kernels: plain-Python bodies declared with `@kernel` (in pairs, forward naming its
 backward), compiled with Numba per dtype, and pullback's own fused kernels:
 activations, row ops (softmax, cross-entropy, layer norm), batch norm's channel
-rows and one-pass optimizer updates. Imports nothing of pullback but `errors`.
+rows and (N, C, S) planes, and one-pass optimizer updates. Imports nothing of pullback
+but `errors`.
 """
 
 from pullback.kernels import activations, channels, rows, scalar_math, updates

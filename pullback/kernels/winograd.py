@@ -1,6 +1,7 @@
 """Winograd F(4x4, 3x3) tile transforms, compiled with Numba per dtype (float32,
-float64): the input transform B^T d B of a convolution's overlapping 6x6 input tiles
-and the output transform A^T m A back to 4x4 output tiles (Lavin and Gray, 2015).
+float64): the input transform B^T d B of a convolution's overlapping 6x6 input tiles,
+the output transform A^T m A back to 4x4 output tiles (Lavin and Gray, 2015), and its
+adjoint A dY A^T of 4x4 upstream tiles, for the weight gradient.
 The weight transform G g G^T is one small product done in NumPy by the caller
 (pullback.backend.winograd).
 
@@ -164,6 +165,61 @@ def output_transform_body(products, out, tiles_h, tiles_w, stride):
     return out
 
 
+def upstream_transform_body(up, u, tiles_h, tiles_w, stride):
+    """u[a stride + o P + (n tiles_h + ty) tiles_w + tx] = (A dY A^T)[a] for the 4x4
+    tile dY of up (m, O, OH, OW) at rows 4 ty.., columns 4 tx.., zero past up's edges:
+    36 (O, P) matrices `stride` apart, as input_transform_body lays out its own. It is
+    the adjoint of output_transform_body (A = (A^T)^T), which is what a weight
+    gradient multiplies with the input's transformed tiles.
+
+    An upstream channel at a time, the inner loops over all its tiles: the channel's
+    rows deinterleaved into one contiguous run per tile position (i, j) (positions
+    past the edges stay zero: they are the same for every channel), then A dY, then
+    its columns times A^T, each of the 36 results a contiguous run."""
+    m_, o_, oh_, ow_ = up.shape
+    tiles = tiles_h * tiles_w
+    p_ = U(m_ * tiles)
+    src = up.reshape(up.size)
+    dst = u
+    y = np.zeros(16 * p_, dtype=up.dtype)  # dY (i, j) of every tile
+    t = np.empty(24 * p_, dtype=up.dtype)  # A dY as (row a, column j, tile)
+    position = U(stride)
+    for o in range(o_):
+        for n in range(m_):
+            plane = U((n * o_ + o) * oh_ * ow_)
+            for ty in range(tiles_h):
+                first = U(n * tiles + ty * tiles_w)
+                for i in range(min(4, oh_ - ty * 4)):
+                    start = plane + U((ty * 4 + i) * ow_)
+                    for k in range(U(ow_)):
+                        y[(U(i * 4) + (k & U(3))) * p_ + first + (k >> U(2))] = src[start + k]
+        for j in range(4):  # rows: t = A dY, column j of every tile
+            col = U(j) * p_
+            for k in range(p_):
+                d0, d1 = y[col + k], y[U(4) * p_ + col + k]
+                d2, d3 = y[U(8) * p_ + col + k], y[U(12) * p_ + col + k]
+                t[col + k] = d0
+                t[U(4) * p_ + col + k] = (d0 + d2) + (d1 + d3)
+                t[U(8) * p_ + col + k] = (d0 + d2) - (d1 + d3)
+                t[U(12) * p_ + col + k] = (d0 + 4.0 * d2) + 2.0 * (d1 + 4.0 * d3)
+                t[U(16) * p_ + col + k] = (d0 + 4.0 * d2) - 2.0 * (d1 + 4.0 * d3)
+                t[U(20) * p_ + col + k] = d3
+        at = U(o) * p_
+        for a in range(6):  # columns: t A^T, position 6 a + b to its own matrix
+            row = U(a * 4) * p_
+            o0 = at + U(a * 6) * position
+            for k in range(p_):
+                d0, d1 = t[row + k], t[row + p_ + k]
+                d2, d3 = t[row + U(2) * p_ + k], t[row + U(3) * p_ + k]
+                dst[o0 + k] = d0
+                dst[o0 + position + k] = (d0 + d2) + (d1 + d3)
+                dst[o0 + U(2) * position + k] = (d0 + d2) - (d1 + d3)
+                dst[o0 + U(3) * position + k] = (d0 + 4.0 * d2) + 2.0 * (d1 + 4.0 * d3)
+                dst[o0 + U(4) * position + k] = (d0 + 4.0 * d2) - 2.0 * (d1 + 4.0 * d3)
+                dst[o0 + U(5) * position + k] = d3
+    return u
+
+
 # ---------------------------------------------------------------- compiling
 
 # Argument kinds, as in pullback.kernels.conv: "in4" a read-only 4-D array, "out1" a
@@ -171,6 +227,7 @@ def output_transform_body(products, out, tiles_h, tiles_w, stride):
 _KINDS: dict[Callable, tuple[str, ...]] = {
     input_transform_body: ("in4", "out1", "int", "int", "int", "int", "int"),
     output_transform_body: ("in1", "out4", "int", "int", "int"),
+    upstream_transform_body: ("in4", "out1", "int", "int", "int"),
 }
 _lock = threading.Lock()
 _compiled: dict[tuple, Any] = {}
@@ -225,3 +282,13 @@ def output_transform(products: np.ndarray, out: np.ndarray, tiles: tuple[int, in
     dtype = check_dtype("conv2d", [products, out])
     compiled(output_transform_body, dtype)(products, out, tiles[0], tiles[1], stride)
     return out
+
+
+def upstream_transform(up: np.ndarray, u: np.ndarray, tiles: tuple[int, int],
+                       stride: int) -> np.ndarray:
+    """Write A dY A^T of the 4x4 tiles of up (m, O, OH, OW) into the flat u as 36
+    (O, m tiles_h tiles_w) matrices `stride` elements apart; returns u."""
+    dtype = check_dtype("conv2d_weight_backward", [up, u])
+    compiled(upstream_transform_body, dtype)(np.ascontiguousarray(up), u, tiles[0], tiles[1],
+                                             stride)
+    return u

@@ -1,4 +1,4 @@
-"""Winograd F(4x4, 3x3) behind the backend's conv2d and conv2d_input_backward: exact
+"""Winograd F(4x4, 3x3) behind the backend's conv2d and its two backward kernels: exact
 against PyTorch in float64 and the im2col path, partial tiles, any padding, chunks and
 `out=`; float32 within its stated error bound; and the shapes the rule sends to it.
 
@@ -49,19 +49,22 @@ def forced(monkeypatch):
 
 def _torch(x, w, upstream, padding):
     tx = torch.from_numpy(x.astype(np.float64)).requires_grad_()
-    y = F.conv2d(tx, torch.from_numpy(w.astype(np.float64)), padding=padding)
+    tw = torch.from_numpy(w.astype(np.float64)).requires_grad_()
+    y = F.conv2d(tx, tw, padding=padding)
     y.backward(torch.from_numpy(upstream.astype(np.float64)))
-    return y.detach().numpy(), tx.grad.numpy()
+    return y.detach().numpy(), tx.grad.numpy(), tw.grad.numpy()
 
 
 def _scales(x, w, upstream, padding):
-    """The float32 bound's scales: the forward and input gradient of |x|, |w|, |upstream|."""
+    """The float32 bound's scales: the forward and both gradients of |x|, |w|, |upstream|."""
     return _torch(np.abs(x), np.abs(w), np.abs(upstream), padding)
 
 
 def _both(cpu, x, w, upstream, padding):
+    """The forward, the input gradient and the weight gradient."""
     y = cpu.conv2d(x, w, (1, 1), padding)
-    return y, cpu.conv2d_input_backward(upstream, w, x.shape, (1, 1), padding)
+    return (y, cpu.conv2d_input_backward(upstream, w, x.shape, (1, 1), padding),
+            cpu.conv2d_weight_backward(upstream, x, w.shape, (1, 1), padding))
 
 
 def test_the_transform_kernels_are_lavins_matrices(rng):
@@ -73,6 +76,14 @@ def test_the_transform_kernels_are_lavins_matrices(rng):
     m = rng.standard_normal(36)
     out = kernels.output_transform(m, np.empty((1, 1, 4, 4)), (1, 1), 1)
     np.testing.assert_allclose(out[0, 0], kernels.AT @ m.reshape(6, 6) @ kernels.AT.T,
+                               rtol=1e-13, atol=1e-13)
+    # The upstream transform is the output transform's adjoint, A dY A^T; a 3x2 upstream
+    # fills its one tile's first rows and columns, the rest reading as zeros.
+    dy = rng.standard_normal((1, 1, 3, 2))
+    u_up = kernels.upstream_transform(dy, np.empty(36), (1, 1), 1)
+    padded = np.zeros((4, 4))
+    padded[:3, :2] = dy[0, 0]
+    np.testing.assert_allclose(u_up.reshape(6, 6), kernels.AT.T @ padded @ kernels.AT,
                                rtol=1e-13, atol=1e-13)
     # And G: the three give the 3x3 correlation of the tile.
     w = rng.standard_normal((1, 1, 3, 3))
@@ -130,9 +141,11 @@ def test_winograd_chunks_and_out(cpu, rng, forced, monkeypatch):
     out, grad = np.empty((3, 5, 6, 7)), np.empty(x.shape)
     assert cpu.conv2d(x, w, (1, 1), (1, 1), out=out) is out
     assert cpu.conv2d_input_backward(upstream, w, x.shape, (1, 1), (1, 1), out=grad) is grad
-    y, gx = _torch(x, w, upstream, (1, 1))
+    y, gx, gw = _torch(x, w, upstream, (1, 1))
     np.testing.assert_allclose(out, y, rtol=1e-11, atol=1e-11)
     np.testing.assert_allclose(grad, gx, rtol=1e-11, atol=1e-11)
+    np.testing.assert_allclose(cpu.conv2d_weight_backward(upstream, x, w.shape, (1, 1), (1, 1)),
+                               gw, rtol=1e-11, atol=1e-11)
 
 
 CHOICES = [
@@ -141,9 +154,11 @@ CHOICES = [
     ((128, 32, 64, 4), 1, 1, False, False),  # the digits CNN's second: 4x4 maps
     ((64, 3, 32, 32), 1, 1, False, False),  # an RGB input: too few channels
     ((64, 32, 64, 16), 1, 1, True, True),  # the 3x32x32 CNN's second
-    ((64, 16, 16, 32), 1, 1, False, False),  # ResNet-20's stages: 16 channels,
+    ((64, 16, 16, 32), 1, 1, True, True),  # ResNet-20's stages: 16 channels,
     ((64, 32, 32, 16), 1, 1, True, True),  # 32 at 16x16,
-    ((64, 64, 64, 8), 1, 1, False, False),  # 64 at 8x8
+    ((64, 64, 64, 8), 1, 1, True, True),  # 64 at 8x8
+    ((64, 8, 16, 32), 1, 1, False, False),  # too few channels
+    ((64, 32, 32, 6), 1, 1, False, False),  # maps under 8x8
     ((1, 64, 64, 56), 1, 1, True, True),  # ResNet-50 at batch 1
     ((1, 128, 128, 28), 1, 1, True, True),
     ((1, 256, 256, 14), 1, 1, False, False),
@@ -167,18 +182,22 @@ def test_the_rule_chooses_winograd_where_it_measured_faster(case):
 @pytest.mark.parametrize("batch, side, expected", [
     (2, 16, "both"),  # 32 tiles
     (1, 16, "neither"),  # 16 tiles
-    (8, 8, "neither"),  # 8x8 maps
+    (8, 8, "both"),  # 8x8 maps, 32 tiles
+    (8, 6, "neither"),  # 6x6 maps
 ])
-def test_conv2d_and_its_input_gradient_take_the_rules_choice(cpu, monkeypatch, batch, side,
-                                                             expected):
+def test_conv2d_and_its_gradients_take_the_rules_choice(cpu, monkeypatch, batch, side,
+                                                        expected):
     calls = []
     monkeypatch.setattr(winograd, "correlate",
                         lambda x, u, padding, out, scratch, *epilogue: calls.append(x.shape) or out)
+    monkeypatch.setattr(winograd, "weight_gradient",
+                        lambda *args: calls.append("w") or np.zeros((32, 32, 3, 3)))
     x = np.zeros((batch, 32, side, side), np.float32)
     w = np.zeros((32, 32, 3, 3), np.float32)
     y = cpu.conv2d(x, w, (1, 1), (1, 1))
     cpu.conv2d_input_backward(y, w, x.shape, (1, 1), (1, 1))
-    assert calls == {"both": [x.shape, y.shape], "neither": []}[expected]
+    cpu.conv2d_weight_backward(y, x, w.shape, (1, 1), (1, 1))
+    assert calls == {"both": [x.shape, y.shape, "w"], "neither": []}[expected]
 
 
 def test_input_gradient_padding_past_two_stays_on_im2col(cpu, monkeypatch, forced):

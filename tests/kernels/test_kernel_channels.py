@@ -10,7 +10,7 @@ from kernel_check import LARGE, vjp_check
 
 from pullback.backend import CpuBackend, KernelError, ThreadedCpuBackend
 from pullback.backend.fused import FusedOps
-from pullback.kernels import channels
+from pullback.kernels import channels, planes
 
 EPS = 1e-5
 TOL = {np.float32: {"rtol": 2e-5, "atol": 2e-6}, np.float64: {"rtol": 1e-12, "atol": 1e-13}}
@@ -101,3 +101,70 @@ def test_backend_batch_norm_errors_name_the_op():
         CpuBackend().batch_norm(np.zeros(3), None, None, EPS)
     with pytest.raises(KernelError, match=r"batch_norm_backward: .*floating"):
         CpuBackend().batch_norm_backward(np.zeros((2, 3)), np.zeros((2, 3), np.int64), None, EPS)
+
+
+# ---------------------------------------------------------------- (N, C, S) plane kernels
+
+PLANE_SHAPES = [(4, 3, 5, 6), (1, 2, 7, 1), (3, 5, 1, 1), (2, 3, 2, 3, 4)]
+
+
+def _by_rows(x, w, b, u):
+    """batch_norm and its backward through the row kernels, channels moved outermost
+    (the way CpuBackend took for every input before the plane kernels)."""
+    rows = np.ascontiguousarray(np.moveaxis(x, 1, 0)).reshape(x.shape[1], -1)
+    urows = np.ascontiguousarray(np.moveaxis(u, 1, 0)).reshape(x.shape[1], -1)
+    y, mean, var = channels.batch_norm.serial(rows, w, b, EPS)
+    gx, gw, gb = channels.batch_norm_backward.serial(urows, rows, w, EPS)
+    back = (x.shape[1], x.shape[0], *x.shape[2:])
+    return [np.moveaxis(y.reshape(back), 0, 1), mean, var,
+            np.moveaxis(gx.reshape(back), 0, 1), gw, gb]
+
+
+@pytest.mark.parametrize("shape", PLANE_SHAPES, ids=str)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_plane_kernels_match_the_row_kernels_and_numpy(rng, shape, dtype):
+    x, w, b = _data(rng, shape, dtype)
+    u = rng.standard_normal(shape).astype(dtype)
+    x3, u3 = x.reshape(shape[0], shape[1], -1), u.reshape(shape[0], shape[1], -1)
+    got = [*planes.batch_norm(x3, w, b, EPS), *planes.batch_norm_backward(u3, x3, w, EPS)]
+    want = _by_rows(x, w, b, u)
+    for g, ref in zip(got, want, strict=True):
+        assert g.dtype == dtype
+        np.testing.assert_allclose(g.reshape(ref.shape), ref, **TOL[dtype])
+    np.testing.assert_allclose(got[0].reshape(shape), batch_norm_ref(x, w, b)[0], **TOL[dtype])
+
+
+def test_plane_backward_is_the_vjp_of_the_plane_forward(rng):
+    x, w, b = _data(rng, (3, 2, 5), np.float64)
+    vjp_check(lambda x, w, b: planes.batch_norm(x, w, b, EPS)[0],
+              lambda u: planes.batch_norm_backward(u, x, w, EPS), [x, w, b], [0, 1, 2], rng)
+
+
+def test_parallel_plane_kernels_match_serial_bit_for_bit(rng):
+    x, w, b = _data(rng, (8, 5, 33, 7), np.float32)
+    u = rng.standard_normal(x.shape).astype(np.float32)
+    x3, u3 = x.reshape(8, 5, -1), u.reshape(8, 5, -1)
+    for parallel, serial in zip(
+            [*planes.batch_norm(x3, w, b, EPS, True),
+             *planes.batch_norm_backward(u3, x3, w, EPS, True)],
+            [*planes.batch_norm(x3, w, b, EPS), *planes.batch_norm_backward(u3, x3, w, EPS)]):
+        np.testing.assert_array_equal(parallel, serial)
+
+
+def test_backend_batch_norm_takes_planes_for_spatial_inputs_and_strided_ones(rng, monkeypatch):
+    x, w, b = _data(rng, (3, 4, 6, 5), np.float32)
+    u = rng.standard_normal(x.shape).astype(np.float32)
+    taken = []
+    for name in ("batch_norm", "batch_norm_backward"):
+        original = getattr(planes, name)
+        monkeypatch.setattr(planes, name, lambda *a, _f=original: (taken.append(1), _f(*a))[1])
+    strided = np.asfortranarray(x)  # a layout the planes' copy makes C-contiguous
+    w_strided, b_strided = np.repeat(w, 2)[::2], np.repeat(b, 2)[::2]
+    got = _calls(CpuBackend(), strided, w_strided, b_strided, np.broadcast_to(u, u.shape))
+    assert len(taken) == 4
+    want = _calls(Defaults(), x, w, b, u)
+    for g, ref in zip(got, want, strict=True):
+        assert g.shape == ref.shape and g.flags.c_contiguous
+        np.testing.assert_allclose(g, ref, **TOL[np.float32])
+    _calls(CpuBackend(), x[:, :, 0, 0], w, b, u[:, :, 0, 0])  # (N, C): the row kernels
+    assert len(taken) == 4

@@ -1,0 +1,181 @@
+"""Batch norm over (N, C, S) arrays as they are (S the spatial axes flattened), compiled
+with Numba per dtype: a channel's values are its N planes of S contiguous values, so
+no copy moves the channels outermost first (CpuBackend takes these for inputs with
+spatial axes; pullback.kernels.channels' row kernels, which need that copy, for (N, C)).
+
+Per channel, in passes over its planes: the forward sums x, then (x - mean)^2, then
+writes y; the backward sums x and the upstream u, then (x - mean)^2 and u (x - mean),
+then writes the input gradient. The statistics are recomputed from x rather than saved
+(the primitive keeps one output). Each channel is independent, so the parallel twin
+(channels over `prange`) gives the serial loop's results bit for bit. Sums may be
+reassociated (vectorized partial sums), as the row kernels' are.
+
+One file on purpose: Numba's disk cache notices an edit to a kernel's own file only.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import numpy as np
+
+from pullback.kernels import jit
+from pullback.kernels.conv import check_dtype
+
+# Sums in vectorized partial sums (reassoc), multiply-adds fused (contract).
+_OPTIONS = {**jit.JIT_OPTIONS, "fastmath": {"contract", "reassoc"}}
+
+
+def _forward_channel(x, weight, bias, eps, y, mean, var, c):
+    """Channel c of batch_norm: y = (x - mean) weight / sqrt(var + eps) + bias."""
+    n_, _, s_ = x.shape
+    zero = x.dtype.type(0)
+    count = x.dtype.type(n_ * s_)
+    total = zero
+    for n in range(n_):
+        for t in range(s_):
+            total += x[n, c, t]
+    m = total / count
+    squares = zero
+    for n in range(n_):
+        for t in range(s_):
+            d = x[n, c, t] - m
+            squares += d * d
+    v = squares / count
+    scale = weight[c] / np.sqrt(v + eps)
+    shift = bias[c]
+    for n in range(n_):
+        for t in range(s_):
+            y[n, c, t] = (x[n, c, t] - m) * scale + shift
+    mean[c] = m
+    var[c] = v
+
+
+def _backward_channel(upstream, x, weight, eps, grad_x, grad_weight, grad_bias, c):
+    """Channel c of batch_norm_backward: the input gradient, and the sums of u xhat and
+    of u (what the channel's weight and bias get)."""
+    n_, _, s_ = x.shape
+    zero = x.dtype.type(0)
+    count = x.dtype.type(n_ * s_)
+    total = zero
+    total_u = zero
+    for n in range(n_):
+        for t in range(s_):
+            total += x[n, c, t]
+            total_u += upstream[n, c, t]
+    m = total / count
+    squares = zero
+    moment = zero
+    for n in range(n_):
+        for t in range(s_):
+            d = x[n, c, t] - m
+            squares += d * d
+            moment += upstream[n, c, t] * d
+    rstd = x.dtype.type(1) / np.sqrt(squares / count + eps)
+    g_weight = moment * rstd  # the sum of u xhat
+    mean_u = total_u / count
+    along = rstd * (g_weight / count)  # per unit of (x - mean): xhat's share
+    scale = weight[c] * rstd
+    for n in range(n_):
+        for t in range(s_):
+            grad_x[n, c, t] = scale * (upstream[n, c, t] - mean_u - (x[n, c, t] - m) * along)
+    grad_weight[c] = g_weight
+    grad_bias[c] = total_u
+
+
+# Numba reads a function's globals when it compiles it: `_compiled` puts numba.prange
+# here first (importing Numba only then, as every kernel module does).
+prange = range
+
+
+def forward_serial(x, weight, bias, eps, y, mean, var):
+    for c in range(x.shape[1]):
+        _forward_channel(x, weight, bias, eps, y, mean, var, c)
+
+
+def forward_parallel(x, weight, bias, eps, y, mean, var):
+    for c in prange(x.shape[1]):
+        _forward_channel(x, weight, bias, eps, y, mean, var, c)
+
+
+def backward_serial(upstream, x, weight, eps, grad_x, grad_weight, grad_bias):
+    for c in range(x.shape[1]):
+        _backward_channel(upstream, x, weight, eps, grad_x, grad_weight, grad_bias, c)
+
+
+def backward_parallel(upstream, x, weight, eps, grad_x, grad_weight, grad_bias):
+    for c in prange(x.shape[1]):
+        _backward_channel(upstream, x, weight, eps, grad_x, grad_weight, grad_bias, c)
+
+
+# ---------------------------------------------------------------- compilation
+
+
+def _kinds_signature(dtype: np.dtype, kinds: str) -> tuple:
+    # "i3"/"o3": a read-only / writable C-contiguous array of that many axes; "s" a scalar.
+    nb = jit.numba()
+    return tuple(nb.from_dtype(dtype) if kind == "s" else
+                 jit.array_type(dtype, int(kind[1]), "C", readonly=kind[0] == "i")
+                 for kind in kinds.split())
+
+
+_KINDS = {forward_serial: "i3 i1 i1 s o3 o1 o1", forward_parallel: "i3 i1 i1 s o3 o1 o1",
+          backward_serial: "i3 i3 i1 s o3 o1 o1", backward_parallel: "i3 i3 i1 s o3 o1 o1"}
+_lock = threading.Lock()
+_compiled_loops: dict[tuple, Any] = {}
+_registered = False
+
+
+def _compiled(driver: Any, dtype: np.dtype) -> Any:
+    """`driver` compiled for dtype (one explicit signature), cached on disk by Numba."""
+    global _registered, prange
+    key = (driver.__name__, dtype)
+    found = _compiled_loops.get(key)
+    if found is not None:
+        return found
+    with _lock:
+        found = _compiled_loops.get(key)
+        if found is None:
+            nb = jit.numba()
+            if not _registered:
+                for helper in (_forward_channel, _backward_channel):
+                    nb.extending.register_jitable(**_OPTIONS)(helper)
+                prange = nb.prange
+                _registered = True
+            found = nb.njit(cache=True, parallel=driver.__name__.endswith("parallel"),
+                            **_OPTIONS)(driver)
+            found.compile(_kinds_signature(dtype, _KINDS[driver]))
+            found.disable_compile()
+            _compiled_loops[key] = found
+    return found
+
+
+# ---------------------------------------------------------------- entry points
+# The caller (pullback.backend.cpu) validates shapes and dtypes; these only run loops.
+
+
+def batch_norm(x: np.ndarray, weight: np.ndarray, bias: np.ndarray, eps: float,
+               parallel: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(y, mean, var) of batch norm over the C-contiguous x (N, C, S), weight and bias
+    (C,) of x's dtype; `parallel` spreads the channels over Numba's threads."""
+    dtype = check_dtype("batch_norm", [x, weight, bias])
+    y = np.empty_like(x)
+    mean, var = np.empty(x.shape[1], dtype), np.empty(x.shape[1], dtype)
+    driver = forward_parallel if parallel else forward_serial
+    _compiled(driver, dtype)(x, np.ascontiguousarray(weight), np.ascontiguousarray(bias),
+                             dtype.type(eps), y, mean, var)
+    return y, mean, var
+
+
+def batch_norm_backward(upstream: np.ndarray, x: np.ndarray, weight: np.ndarray, eps: float,
+                        parallel: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(grad_x, grad_weight, grad_bias) of batch norm for the C-contiguous upstream and x
+    (N, C, S) and weight (C,) of one dtype, the statistics recomputed from x."""
+    dtype = check_dtype("batch_norm_backward", [upstream, x, weight])
+    grad_x = np.empty_like(x)
+    grad_weight, grad_bias = np.empty(x.shape[1], dtype), np.empty(x.shape[1], dtype)
+    driver = backward_parallel if parallel else backward_serial
+    _compiled(driver, dtype)(upstream, x, np.ascontiguousarray(weight), dtype.type(eps), grad_x,
+                             grad_weight, grad_bias)
+    return grad_x, grad_weight, grad_bias
