@@ -316,10 +316,10 @@ WINOGRAD_TILES = 32
 WINOGRAD_FORCED: bool | None = None  # True or False: always or never (benchmarks, tests)
 
 
-def _winograd(win: Windows, groups: int, batch: int, c_in: int, c_out: int,
-              input_gradient: bool = False) -> bool:
+def _winograd(win: Windows, groups: int, batch: int, c_in: int, c_out: int) -> bool:
     """Whether a correlation of c_in channels into c_out, with these windows (the
-    forward's), runs as Winograd F(4x4, 3x3): the forward, or its input gradient."""
+    forward's), runs as Winograd F(4x4, 3x3): the forward (c_in = C, c_out = O), or its
+    input gradient (c_in = O, c_out = C)."""
     if (win.kernel != (3, 3) or win.stride != (1, 1) or win.dilation != (1, 1)
             or groups != 1):
         return False
@@ -471,7 +471,7 @@ def _input_gradient_as_forward(win: Windows, groups: int, batch: int, c: int, o:
     if win.stride != (1, 1) or win.kernel == (1, 1) or any(
             p > d * (k - 1) for p, d, k in zip(win.padding, win.dilation, win.kernel)):
         return False
-    return o <= c or _winograd(win, groups, batch, o, c, input_gradient=True)
+    return o <= c or _winograd(win, groups, batch, o, c)
 
 
 def _rotated(w: np.ndarray, groups: int) -> np.ndarray:

@@ -176,7 +176,7 @@ def test_the_rule_chooses_winograd_where_it_measured_faster(case):
     win = backend_conv.check_conv(x, w, (stride, stride), (1, 1), groups=groups)
     assert backend_conv._winograd(win, groups, n, c, o) is forward
     # The input gradient correlates the upstream's O channels into C.
-    assert backend_conv._winograd(win, groups, n, o, c, input_gradient=True) is input_gradient
+    assert backend_conv._winograd(win, groups, n, o, c) is input_gradient
 
 
 @pytest.mark.parametrize("batch, side, expected", [
