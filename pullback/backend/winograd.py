@@ -18,7 +18,7 @@ tests/backend/test_backend_winograd.py against a float64 reference).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import numpy as np
 
@@ -66,6 +66,30 @@ def _matrices(flat: np.ndarray, rows: int, cols: int, stride: int) -> np.ndarray
                       strides=(stride * flat.itemsize, cols * flat.itemsize, flat.itemsize))
 
 
+def _tile_chunks(n: int, c: int, o: int, grid: tuple[int, int], dtype: np.dtype,
+                 scratch: Callable[..., np.ndarray]) -> Iterator[tuple]:
+    """The chunks of a batch of n samples whose transformed tiles (c rows per position)
+    and products (o rows) fit in CHUNK_BYTES, as (start, stop, the flat c-row and o-row
+    work arrays, their strides between positions, their (36, rows, tiles) views). Every
+    chunk but the last has as many tiles: the views are made once per chunk size."""
+    itemsize = np.dtype(dtype).itemsize
+    per_sample = kernels.POSITIONS * (c + o) * grid[0] * grid[1] * itemsize
+    size = max(1, min(n, CHUNK_BYTES // per_sample))
+    most = size * grid[0] * grid[1]
+    inputs = scratch("winograd tiles", kernels.POSITIONS * _stride(c * most, itemsize), dtype)
+    outputs = scratch("winograd products", kernels.POSITIONS * _stride(o * most, itemsize),
+                      dtype)
+    views: dict[int, tuple] = {}
+    for start in range(0, n, size):
+        stop = min(n, start + size)
+        count = (stop - start) * grid[0] * grid[1]
+        if count not in views:
+            c_stride, o_stride = _stride(c * count, itemsize), _stride(o * count, itemsize)
+            views[count] = (c_stride, o_stride, _matrices(inputs, c, count, c_stride),
+                            _matrices(outputs, o, count, o_stride))
+        yield (start, stop, inputs, outputs, *views[count])
+
+
 def correlate(x: np.ndarray, u: np.ndarray, padding: tuple[int, int], out: np.ndarray,
               scratch: Callable[..., np.ndarray],
               epilogue: Callable[[np.ndarray, int, int], None] | None = None) -> np.ndarray:
@@ -76,23 +100,9 @@ def correlate(x: np.ndarray, u: np.ndarray, padding: tuple[int, int], out: np.nd
     n, c = x.shape[:2]
     o = u.shape[1]
     grid = tiles(out.shape[2:])
-    per_sample = kernels.POSITIONS * (c + o) * grid[0] * grid[1] * x.itemsize
-    size = max(1, min(n, CHUNK_BYTES // per_sample))
-    most = size * grid[0] * grid[1]
-    transformed = scratch("winograd tiles", kernels.POSITIONS * _stride(c * most, x.itemsize),
-                          x.dtype)
-    products = scratch("winograd products", kernels.POSITIONS * _stride(o * most, x.itemsize),
-                       x.dtype)
     x = np.ascontiguousarray(x)
-    views: dict[int, tuple] = {}  # by tiles in the chunk: every chunk but the last alike
-    for start in range(0, n, size):
-        stop = min(n, start + size)
-        count = (stop - start) * grid[0] * grid[1]
-        if count not in views:
-            v_stride, m_stride = _stride(c * count, x.itemsize), _stride(o * count, x.itemsize)
-            views[count] = (v_stride, m_stride, _matrices(transformed, c, count, v_stride),
-                            _matrices(products, o, count, m_stride))
-        v_stride, m_stride, v, m = views[count]
+    for start, stop, transformed, products, v_stride, m_stride, v, m in _tile_chunks(
+            n, c, o, grid, x.dtype, scratch):
         kernels.input_transform(x[start:stop], transformed, padding, grid, v_stride)
         np.matmul(u, v, out=m)
         kernels.output_transform(products, out[start:stop], grid, m_stride)
@@ -112,26 +122,12 @@ def weight_gradient(x: np.ndarray, upstream: np.ndarray, padding: tuple[int, int
     n, c = x.shape[:2]
     o = upstream.shape[1]
     grid = tiles(upstream.shape[2:])
-    per_sample = kernels.POSITIONS * (c + o) * grid[0] * grid[1] * x.itemsize
-    size = max(1, min(n, CHUNK_BYTES // per_sample))
-    most = size * grid[0] * grid[1]
-    transformed = scratch("winograd tiles", kernels.POSITIONS * _stride(c * most, x.itemsize),
-                          x.dtype)
-    transformed_up = scratch("winograd products",
-                             kernels.POSITIONS * _stride(o * most, x.itemsize), x.dtype)
     x = np.ascontiguousarray(x)
     upstream = np.ascontiguousarray(upstream)
     total = np.zeros((kernels.POSITIONS, o, c), x.dtype)
     product = np.empty_like(total)
-    views: dict[int, tuple] = {}  # by tiles in the chunk, as in `correlate`
-    for start in range(0, n, size):
-        stop = min(n, start + size)
-        count = (stop - start) * grid[0] * grid[1]
-        if count not in views:
-            v_stride, u_stride = _stride(c * count, x.itemsize), _stride(o * count, x.itemsize)
-            views[count] = (v_stride, u_stride, _matrices(transformed, c, count, v_stride),
-                            _matrices(transformed_up, o, count, u_stride))
-        v_stride, u_stride, v, m = views[count]
+    for start, stop, transformed, transformed_up, v_stride, u_stride, v, m in _tile_chunks(
+            n, c, o, grid, x.dtype, scratch):
         kernels.input_transform(x[start:stop], transformed, padding, grid, v_stride)
         kernels.upstream_transform(upstream[start:stop], transformed_up, grid, u_stride)
         total += np.matmul(m, v.transpose(0, 2, 1), out=product)
