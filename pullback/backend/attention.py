@@ -19,6 +19,7 @@ rather than by a separate `where` over the scores.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from itertools import pairwise
 from typing import TYPE_CHECKING, Any
 
@@ -220,18 +221,35 @@ class CpuAttentionOps(AttentionOps):
     against AttentionOps' path on the GPT bench's causal heads (one thread, forward +
     backward, taking turns in one process): a bit over half its time, the difference
     being the key blocks AttentionOps copies (`getitem`), its mask pass (`where`) and
-    its concatenations (bench/RESULTS.md, issue 13)."""
+    its concatenations (bench/RESULTS.md, issue 13).
+
+    Every sample of the leading batch axis is computed alone (its own heads' products,
+    over the query blocks the whole call's shape chose), so a backend may hand parts of
+    the batch to other threads (`attention_parts`) with results bit for bit the same."""
+
+    def attention_parts(self, run: Callable[[int, int], None], batch: int,
+                        scores: int) -> None:
+        """Run `run(lo, hi)` over parts of the leading batch axis (0..batch) that together
+        cover it, the call computing `scores` scores in all: here the whole, on the
+        calling thread. ThreadedCpuBackend splits large calls over its pool."""
+        run(0, batch)
 
     def attention(self, q: Array, k: Array, v: Array, bias: Array | None,
                   keep: Array | None, scale: float, causal: bool) -> Array:
         if not _unmasked(q, k, v, bias, keep):
             return super().attention(q, k, v, bias, keep, scale, causal)
-        scaled_q = np.multiply(q, q.dtype.type(scale))
         out = np.empty_like(q, shape=q.shape[:-1] + (v.shape[-1],))
-        for start, stop in row_blocks(q.shape[:-2], q.shape[-2], k.shape[-2]):
-            seen = min(k.shape[-2], stop) if causal else k.shape[-2]
-            p = _probabilities(scaled_q, k, start, stop, seen, causal)
-            np.matmul(p, v[..., :seen, :], out=out[..., start:stop, :])
+        blocks = row_blocks(q.shape[:-2], q.shape[-2], k.shape[-2])
+        factor = q.dtype.type(scale)
+
+        def run(lo: int, hi: int) -> None:
+            part = (slice(lo, hi),)
+            _forward(q[part], k[part], v[part], factor, causal, blocks, out[part])
+
+        if q.ndim > 2:
+            self.attention_parts(run, q.shape[0], _scores(q, k))
+        else:
+            _forward(q, k, v, factor, causal, blocks, out)
         return out
 
     def attention_backward(self, upstream: Array, q: Array, k: Array, v: Array,
@@ -241,33 +259,65 @@ class CpuAttentionOps(AttentionOps):
         if not _unmasked(q, k, v, bias, keep) or upstream.shape != q.shape[:-1] + v.shape[-1:]:
             return super().attention_backward(upstream, q, k, v, bias, keep, scale, causal,
                                               bias_grad)
-        keys = k.shape[-2]
-        scaled_q = np.multiply(q, q.dtype.type(scale))
         dq, dk, dv = np.empty_like(q), np.empty_like(k), np.empty_like(v)
-        # The last block sees the most keys (all of them unless causal with fewer queries
-        # than keys): it writes dk and dv, the others add into their first rows.
-        first = True
-        for start, stop in reversed(row_blocks(q.shape[:-2], q.shape[-2], keys)):
-            seen = min(keys, stop) if causal else keys
-            p = _probabilities(scaled_q, k, start, stop, seen, causal)
-            g = upstream[..., start:stop, :]
-            k_seen, v_seen = k[..., :seen, :], v[..., :seen, :]
-            dp = np.matmul(g, np.swapaxes(v_seen, -1, -2))
-            ds = compiled_rows.softmax_backward(dp, p)
-            np.matmul(ds, k_seen, out=dq[..., start:stop, :])
-            if first:
-                np.matmul(np.swapaxes(p, -1, -2), g, out=dv[..., :seen, :])
-                np.matmul(np.swapaxes(ds, -1, -2), scaled_q[..., start:stop, :],
-                          out=dk[..., :seen, :])
-                dk[..., seen:, :] = 0  # keys no query sees
-                dv[..., seen:, :] = 0
-                first = False
-            else:
-                dv[..., :seen, :] += np.matmul(np.swapaxes(p, -1, -2), g)
-                dk[..., :seen, :] += np.matmul(np.swapaxes(ds, -1, -2),
-                                               scaled_q[..., start:stop, :])
-        dq *= q.dtype.type(scale)
+        blocks = row_blocks(q.shape[:-2], q.shape[-2], k.shape[-2])
+        factor = q.dtype.type(scale)
+
+        def run(lo: int, hi: int) -> None:
+            part = (slice(lo, hi),)
+            _backward(upstream[part], q[part], k[part], v[part], factor, causal, blocks,
+                      dq[part], dk[part], dv[part])
+
+        if q.ndim > 2:
+            self.attention_parts(run, q.shape[0], _scores(q, k))
+        else:
+            _backward(upstream, q, k, v, factor, causal, blocks, dq, dk, dv)
         return dq, dk, dv, None
+
+
+def _forward(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: Any, causal: bool,
+             blocks: list[tuple[int, int]], out: np.ndarray) -> None:
+    """CpuAttentionOps' forward into `out`, over the query blocks `blocks`."""
+    scaled_q = np.multiply(q, scale)  # (L, E) once, not each (L, S) block of scores
+    for start, stop in blocks:
+        seen = min(k.shape[-2], stop) if causal else k.shape[-2]
+        p = _probabilities(scaled_q, k, start, stop, seen, causal)
+        np.matmul(p, v[..., :seen, :], out=out[..., start:stop, :])
+
+
+def _backward(upstream: np.ndarray, q: np.ndarray, k: np.ndarray, v: np.ndarray,
+              scale: Any, causal: bool, blocks: list[tuple[int, int]], dq: np.ndarray,
+              dk: np.ndarray, dv: np.ndarray) -> None:
+    """CpuAttentionOps' backward into dq, dk and dv, over the query blocks `blocks`."""
+    keys = k.shape[-2]
+    scaled_q = np.multiply(q, scale)
+    # The last block sees the most keys (all of them unless causal with fewer queries
+    # than keys): it writes dk and dv, the others add into their first rows.
+    first = True
+    for start, stop in reversed(blocks):
+        seen = min(keys, stop) if causal else keys
+        p = _probabilities(scaled_q, k, start, stop, seen, causal)
+        g = upstream[..., start:stop, :]
+        k_seen, v_seen = k[..., :seen, :], v[..., :seen, :]
+        dp = np.matmul(g, np.swapaxes(v_seen, -1, -2))
+        ds = compiled_rows.softmax_backward(dp, p)
+        np.matmul(ds, k_seen, out=dq[..., start:stop, :])
+        if first:
+            np.matmul(np.swapaxes(p, -1, -2), g, out=dv[..., :seen, :])
+            np.matmul(np.swapaxes(ds, -1, -2), scaled_q[..., start:stop, :],
+                      out=dk[..., :seen, :])
+            dk[..., seen:, :] = 0  # keys no query sees
+            dv[..., seen:, :] = 0
+            first = False
+        else:
+            dv[..., :seen, :] += np.matmul(np.swapaxes(p, -1, -2), g)
+            dk[..., :seen, :] += np.matmul(np.swapaxes(ds, -1, -2),
+                                           scaled_q[..., start:stop, :])
+    dq *= scale
+
+
+def _scores(q: np.ndarray, k: np.ndarray) -> int:
+    return math.prod(q.shape[:-1]) * k.shape[-2]
 
 
 def _unmasked(q: Any, k: Any, v: Any, bias: Any, keep: Any) -> bool:
