@@ -1,5 +1,5 @@
 """Row kernels over the last axis: softmax (and its causal form), log_softmax,
-cross-entropy, layer norm.
+cross-entropy, layer norm (and its statistics alone).
 
 Each reads a row a few times while it is in cache, where NumPy makes a full-size
 temporary per step (max, subtract, exp, sum, divide). Backwards take the saved output
@@ -19,6 +19,7 @@ from pullback.kernels.scalar_math import (
     row_max,
     row_sum,
     row_sum_exp,
+    row_sum_sq_dev,
 )
 
 NAN = math.nan  # a module float: the float32 kernel gets a float32 NaN (jit.in_precision)
@@ -128,3 +129,12 @@ def layer_norm(x, weight, bias, eps, y):
     for j in range(x.shape[0]):
         y[j] = y[j] * rstd * weight[j] + bias[j]
     return mean, rstd
+
+
+@kernel(rows=True, inputs=("row", "scalar"), outputs=("value", "value"))
+def layer_norm_statistics(x, eps):
+    """(mean, 1 / sqrt(var + eps)) of a row, as layer_norm computes them, without
+    writing a row: what layer_norm's backward recomputes rather than keeps."""
+    n = row_len(x)
+    mean = row_sum(x) / n
+    return mean, 1.0 / math.sqrt(row_sum_sq_dev(x, mean) / n + eps)
