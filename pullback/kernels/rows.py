@@ -44,20 +44,31 @@ def softmax(x, out):
         out[j] = out[j] / total
 
 
-@kernel(rows=True, inputs=("row", "index"))
-def causal_softmax(x, seen, out):
-    """softmax over the first `seen` elements, zeros past them: attention's causal mask
-    applied in the softmax's own pass (softmax_backward of its output gives the masked
-    elements zero gradient, their weights being zero)."""
-    visible = x[:seen]
-    m = row_max(visible)
+@kernel(rows=True, inputs=("row", "index", "scalar"))
+def causal_softmax(x, seen, scale, out):
+    """softmax of scale * x over the first `seen` elements, zeros past them: attention's
+    scores scaled and causally masked in the softmax's own pass (softmax_backward of
+    its output gives the masked elements zero gradient, their weights being zero).
+    `scale` a value of the row's dtype: scale * x rounds as that dtype's product."""
     for j in range(seen):
-        out[j] = exp(x[j] - m)
+        out[j] = scale * x[j]
+    m = row_max(out[:seen])
+    for j in range(seen):
+        out[j] = exp(out[j] - m)
     total = row_sum(out[:seen])
     for j in range(seen):
         out[j] = out[j] / total
     for j in range(seen, x.shape[0]):
         out[j] = 0.0
+
+
+@kernel(rows=True, inputs=("row", "row", "scalar"))
+def scaled_softmax_backward(upstream, y, scale, out):
+    """scale * y * (upstream - sum(upstream * y)): softmax's backward, times the scale
+    its input was multiplied by (attention's scores)."""
+    dot = row_dot(upstream, y)
+    for j in range(y.shape[0]):
+        out[j] = scale * (y[j] * (upstream[j] - dot))
 
 
 @kernel(rows=True)

@@ -246,10 +246,24 @@ def test_cross_entropy_kernel_gives_nan_for_a_label_out_of_range():
 def test_causal_softmax_weights_the_first_seen_elements_and_zeroes_the_rest(rng, dtype):
     x = (rng.standard_normal((2, 3, 5)) * 3).astype(dtype)
     seen = np.array([[1, 3, 5], [5, 2, 4]], dtype=np.intp)
+    scale = float(dtype(0.3))
     want = np.zeros(x.shape)
     for row in np.ndindex(seen.shape):
-        want[row][:seen[row]] = softmax_ref(x[row][:seen[row]].astype(np.float64))
-    got = rows.causal_softmax(x, seen)
+        want[row][:seen[row]] = softmax_ref(scale * x[row][:seen[row]].astype(np.float64))
+    got = rows.causal_softmax(x, seen, scale)
     assert got.dtype == dtype
     np.testing.assert_allclose(got, want, **TOL[dtype])
     assert not got[seen[..., None] <= np.arange(5)].any()  # exactly zero past `seen`
+    # Every element seen: softmax of the scores scaled in the row's dtype, bit for bit.
+    every = np.full(seen.shape, 5, np.intp)
+    assert np.array_equal(rows.causal_softmax(x, every, scale), rows.softmax(x * dtype(scale)))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_scaled_softmax_backward_is_softmax_backward_times_the_scale(rng, dtype):
+    y = rows.softmax((rng.standard_normal((4, 7)) * 3).astype(dtype))
+    u = rng.standard_normal((4, 7)).astype(dtype)
+    scale = float(dtype(0.3))
+    got = rows.scaled_softmax_backward(u, y, scale)
+    assert got.dtype == dtype
+    assert np.array_equal(got, rows.softmax_backward(u, y) * dtype(scale))
