@@ -19,7 +19,6 @@ rather than by a separate `where` over the scores, and so is the scale.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from itertools import pairwise
 from typing import TYPE_CHECKING, Any
 
@@ -221,18 +220,7 @@ class CpuAttentionOps(AttentionOps):
     against AttentionOps' path on the GPT bench's causal heads (one thread, forward +
     backward, taking turns in one process): a bit over half its time, the difference
     being the key blocks AttentionOps copies (`getitem`), its mask pass (`where`) and
-    its concatenations (bench/RESULTS.md, issue 13).
-
-    Every sample of the leading batch axis is computed alone (its own heads' products,
-    over the query blocks the whole call's shape chose), so a backend may hand parts of
-    the batch to other threads (`attention_parts`) with results bit for bit the same."""
-
-    def attention_parts(self, run: Callable[[int, int], None], batch: int,
-                        scores: int) -> None:
-        """Run `run(lo, hi)` over parts of the leading batch axis (0..batch) that together
-        cover it, the call computing `scores` scores in all: here the whole, on the
-        calling thread. ThreadedCpuBackend splits large calls over its pool."""
-        run(0, batch)
+    its concatenations (bench/RESULTS.md, issue 13)."""
 
     def attention(self, q: Array, k: Array, v: Array, bias: Array | None,
                   keep: Array | None, scale: float, causal: bool) -> Array:
@@ -241,16 +229,7 @@ class CpuAttentionOps(AttentionOps):
         out = np.empty_like(q, shape=q.shape[:-1] + (v.shape[-1],))
         blocks = row_blocks(q.shape[:-2], q.shape[-2], k.shape[-2])
         # The scale rounded to q's dtype: the kernels' products then round as q's dtype's.
-        factor = float(q.dtype.type(scale))
-
-        def run(lo: int, hi: int) -> None:
-            part = (slice(lo, hi),)
-            _forward(q[part], k[part], v[part], factor, causal, blocks, out[part])
-
-        if q.ndim > 2:
-            self.attention_parts(run, q.shape[0], _scores(q, k))
-        else:
-            _forward(q, k, v, factor, causal, blocks, out)
+        _forward(q, k, v, float(q.dtype.type(scale)), causal, blocks, out)
         return out
 
     def attention_backward(self, upstream: Array, q: Array, k: Array, v: Array,
@@ -262,17 +241,7 @@ class CpuAttentionOps(AttentionOps):
                                               bias_grad)
         dq, dk, dv = np.empty_like(q), np.empty_like(k), np.empty_like(v)
         blocks = row_blocks(q.shape[:-2], q.shape[-2], k.shape[-2])
-        factor = float(q.dtype.type(scale))
-
-        def run(lo: int, hi: int) -> None:
-            part = (slice(lo, hi),)
-            _backward(upstream[part], q[part], k[part], v[part], factor, causal, blocks,
-                      dq[part], dk[part], dv[part])
-
-        if q.ndim > 2:
-            self.attention_parts(run, q.shape[0], _scores(q, k))
-        else:
-            _backward(upstream, q, k, v, factor, causal, blocks, dq, dk, dv)
+        _backward(upstream, q, k, v, float(q.dtype.type(scale)), causal, blocks, dq, dk, dv)
         return dq, dk, dv, None
 
 
@@ -312,10 +281,6 @@ def _backward(upstream: np.ndarray, q: np.ndarray, k: np.ndarray, v: np.ndarray,
         else:
             dv[..., :seen, :] += np.matmul(np.swapaxes(p, -1, -2), g)
             dk[..., :seen, :] += np.matmul(np.swapaxes(ds, -1, -2), q[..., start:stop, :])
-
-
-def _scores(q: np.ndarray, k: np.ndarray) -> int:
-    return math.prod(q.shape[:-1]) * k.shape[-2]
 
 
 def _unmasked(q: Any, k: Any, v: Any, bias: Any, keep: Any) -> bool:

@@ -121,16 +121,6 @@ class ThreadedCpuBackend(CpuBackend):
         for future in futures:
             future.result()
 
-    def attention_parts(self, run: Callable[[int, int], None], batch: int,
-                        scores: int) -> None:
-        # Samples over the pool (CpuAttentionOps computes each alone: the same bits as one
-        # call). The products are small BLAS calls that OpenBLAS runs on the calling
-        # thread, so without a split a causal GPT's attention kept one core busy.
-        if scores < self.parallel_threshold:
-            run(0, batch)
-            return
-        self._run(run, [((lo, hi), {}) for lo, hi in self._bounds(batch)])
-
     def runs_plan_kernels(self) -> bool:
         # This type only: a subclass may override an op, which a plan's kernel would skip.
         return type(self) is ThreadedCpuBackend

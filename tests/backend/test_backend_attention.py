@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from pullback.backend import CpuBackend, ThreadedCpuBackend, attention
+from pullback.backend import CpuBackend, attention
 from pullback.backend.attention import AttentionOps
 
 
@@ -58,33 +58,3 @@ def test_results_are_laid_out_as_their_operands():
     grads = CpuBackend().attention_backward(out, q, k, v, None, None, 0.5, True, False)
     assert all(x.transpose(0, 2, 1, 3).flags.c_contiguous for x in grads[:3])
 
-
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
-@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
-@pytest.mark.parametrize("batch", [3, 1], ids=["split", "one_sample"])
-def test_threaded_split_over_samples_gives_the_same_bits(dtype, causal, batch, monkeypatch):
-    """ThreadedCpuBackend hands parts of the batch to its pool; each sample is computed
-    alone over the query blocks the whole call chose, so results are bit for bit
-    CpuBackend's (several query blocks per call; parts choosing their own would differ)."""
-    monkeypatch.setattr(attention, "BLOCK_ELEMENTS", 3 * batch * 2 * 25)  # 3 query rows
-    rng = np.random.default_rng(2)
-    q, k, v, g = (_heads(rng, batch, 25, 2, 16).astype(dtype) for _ in range(4))
-    threaded = ThreadedCpuBackend(num_threads=2)
-    threaded.parallel_threshold = 1
-    parts = []
-    split = threaded.attention_parts
-    monkeypatch.setattr(threaded, "attention_parts",
-                        lambda run, n, scores: split(lambda lo, hi: (parts.append((lo, hi)),
-                                                                    run(lo, hi)), n, scores))
-    try:
-        out = threaded.attention(q, k, v, None, None, 0.6, causal)
-        grads = threaded.attention_backward(g, q, k, v, None, None, 0.6, causal, False)
-    finally:
-        threaded.close()
-    want_parts = [(0, 1), (1, 3)] if batch == 3 else [(0, 1)]
-    assert sorted(parts) == sorted(want_parts * 2)  # forward and backward
-    fast = CpuBackend()
-    assert np.array_equal(out, fast.attention(q, k, v, None, None, 0.6, causal))
-    for got, want in zip(grads[:3], fast.attention_backward(g, q, k, v, None, None, 0.6,
-                                                            causal, False)[:3]):
-        assert got.dtype == dtype and np.array_equal(got, want)
