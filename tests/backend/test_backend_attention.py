@@ -57,4 +57,3 @@ def test_results_are_laid_out_as_their_operands():
     assert out.transpose(0, 2, 1, 3).flags.c_contiguous
     grads = CpuBackend().attention_backward(out, q, k, v, None, None, 0.5, True, False)
     assert all(x.transpose(0, 2, 1, 3).flags.c_contiguous for x in grads[:3])
-
