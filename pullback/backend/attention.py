@@ -13,7 +13,7 @@ The defaults are written in forward ops on `self`. `CpuAttentionOps` runs the un
 case (no bias, no dropout: a GPT's causal self-attention) in NumPy: key blocks and
 output rows are views rather than copies, products write into them (`out=`), and the
 causal mask is applied inside the softmax's pass (`kernels.rows.causal_softmax`)
-rather than by a separate `where` over the scores.
+rather than by a separate `where` over the scores, and so is the scale.
 """
 
 from __future__ import annotations
@@ -226,12 +226,10 @@ class CpuAttentionOps(AttentionOps):
                   keep: Array | None, scale: float, causal: bool) -> Array:
         if not _unmasked(q, k, v, bias, keep):
             return super().attention(q, k, v, bias, keep, scale, causal)
-        scaled_q = np.multiply(q, q.dtype.type(scale))
         out = np.empty_like(q, shape=q.shape[:-1] + (v.shape[-1],))
-        for start, stop in row_blocks(q.shape[:-2], q.shape[-2], k.shape[-2]):
-            seen = min(k.shape[-2], stop) if causal else k.shape[-2]
-            p = _probabilities(scaled_q, k, start, stop, seen, causal)
-            np.matmul(p, v[..., :seen, :], out=out[..., start:stop, :])
+        blocks = row_blocks(q.shape[:-2], q.shape[-2], k.shape[-2])
+        # The scale rounded to q's dtype: the kernels' products then round as q's dtype's.
+        _forward(q, k, v, float(q.dtype.type(scale)), causal, blocks, out)
         return out
 
     def attention_backward(self, upstream: Array, q: Array, k: Array, v: Array,
@@ -241,33 +239,48 @@ class CpuAttentionOps(AttentionOps):
         if not _unmasked(q, k, v, bias, keep) or upstream.shape != q.shape[:-1] + v.shape[-1:]:
             return super().attention_backward(upstream, q, k, v, bias, keep, scale, causal,
                                               bias_grad)
-        keys = k.shape[-2]
-        scaled_q = np.multiply(q, q.dtype.type(scale))
         dq, dk, dv = np.empty_like(q), np.empty_like(k), np.empty_like(v)
-        # The last block sees the most keys (all of them unless causal with fewer queries
-        # than keys): it writes dk and dv, the others add into their first rows.
-        first = True
-        for start, stop in reversed(row_blocks(q.shape[:-2], q.shape[-2], keys)):
-            seen = min(keys, stop) if causal else keys
-            p = _probabilities(scaled_q, k, start, stop, seen, causal)
-            g = upstream[..., start:stop, :]
-            k_seen, v_seen = k[..., :seen, :], v[..., :seen, :]
-            dp = np.matmul(g, np.swapaxes(v_seen, -1, -2))
-            ds = compiled_rows.softmax_backward(dp, p)
-            np.matmul(ds, k_seen, out=dq[..., start:stop, :])
-            if first:
-                np.matmul(np.swapaxes(p, -1, -2), g, out=dv[..., :seen, :])
-                np.matmul(np.swapaxes(ds, -1, -2), scaled_q[..., start:stop, :],
-                          out=dk[..., :seen, :])
-                dk[..., seen:, :] = 0  # keys no query sees
-                dv[..., seen:, :] = 0
-                first = False
-            else:
-                dv[..., :seen, :] += np.matmul(np.swapaxes(p, -1, -2), g)
-                dk[..., :seen, :] += np.matmul(np.swapaxes(ds, -1, -2),
-                                               scaled_q[..., start:stop, :])
-        dq *= q.dtype.type(scale)
+        blocks = row_blocks(q.shape[:-2], q.shape[-2], k.shape[-2])
+        _backward(upstream, q, k, v, float(q.dtype.type(scale)), causal, blocks, dq, dk, dv)
         return dq, dk, dv, None
+
+
+def _forward(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, causal: bool,
+             blocks: list[tuple[int, int]], out: np.ndarray) -> None:
+    """CpuAttentionOps' forward into `out`, over the query blocks `blocks`."""
+    for start, stop in blocks:
+        seen = min(k.shape[-2], stop) if causal else k.shape[-2]
+        p = _probabilities(q, k, start, stop, seen, causal, scale)
+        np.matmul(p, v[..., :seen, :], out=out[..., start:stop, :])
+
+
+def _backward(upstream: np.ndarray, q: np.ndarray, k: np.ndarray, v: np.ndarray,
+              scale: float, causal: bool, blocks: list[tuple[int, int]], dq: np.ndarray,
+              dk: np.ndarray, dv: np.ndarray) -> None:
+    """CpuAttentionOps' backward into dq, dk and dv, over the query blocks `blocks`. The
+    scale rides in the softmax kernels (forward and backward), so the scores' gradient
+    ds already holds it: dq = ds k and dk = ds^T q, with no pass over q or dq for it."""
+    keys = k.shape[-2]
+    # The last block sees the most keys (all of them unless causal with fewer queries
+    # than keys): it writes dk and dv, the others add into their first rows.
+    first = True
+    for start, stop in reversed(blocks):
+        seen = min(keys, stop) if causal else keys
+        p = _probabilities(q, k, start, stop, seen, causal, scale)
+        g = upstream[..., start:stop, :]
+        k_seen, v_seen = k[..., :seen, :], v[..., :seen, :]
+        dp = np.matmul(g, np.swapaxes(v_seen, -1, -2))
+        ds = compiled_rows.scaled_softmax_backward(dp, p, scale)
+        np.matmul(ds, k_seen, out=dq[..., start:stop, :])
+        if first:
+            np.matmul(np.swapaxes(p, -1, -2), g, out=dv[..., :seen, :])
+            np.matmul(np.swapaxes(ds, -1, -2), q[..., start:stop, :], out=dk[..., :seen, :])
+            dk[..., seen:, :] = 0  # keys no query sees
+            dv[..., seen:, :] = 0
+            first = False
+        else:
+            dv[..., :seen, :] += np.matmul(np.swapaxes(p, -1, -2), g)
+            dk[..., :seen, :] += np.matmul(np.swapaxes(ds, -1, -2), q[..., start:stop, :])
 
 
 def _unmasked(q: Any, k: Any, v: Any, bias: Any, keep: Any) -> bool:
@@ -279,16 +292,15 @@ def _unmasked(q: Any, k: Any, v: Any, bias: Any, keep: Any) -> bool:
             and not empty_attention(q, k))
 
 
-def _probabilities(scaled_q: np.ndarray, k: np.ndarray, start: int, stop: int, seen: int,
-                   causal: bool) -> np.ndarray:
+def _probabilities(q: np.ndarray, k: np.ndarray, start: int, stop: int, seen: int,
+                   causal: bool, scale: float) -> np.ndarray:
     """softmax(q k^T * scale) for the queries start:stop over their first `seen` keys;
-    causal: query i's weights past key i are zero, in the softmax's own pass."""
-    scores = np.matmul(scaled_q[..., start:stop, :], np.swapaxes(k[..., :seen, :], -1, -2))
-    if not causal or seen <= start + 1:  # every query of the block sees every key
-        return compiled_rows.softmax(scores)
-    visible = np.minimum(np.arange(start + 1, stop + 1), seen)
+    causal: query i's weights past key i are zero. The scale and the mask are applied
+    in the softmax's own pass, not in passes over q or the scores."""
+    scores = np.matmul(q[..., start:stop, :], np.swapaxes(k[..., :seen, :], -1, -2))
+    visible = np.minimum(np.arange(start + 1, stop + 1), seen) if causal else seen
     counts = np.ascontiguousarray(np.broadcast_to(visible, scores.shape[:-1]), dtype=np.intp)
-    return compiled_rows.causal_softmax(scores, counts)
+    return compiled_rows.causal_softmax(scores, counts, scale)
 
 
 def attention_ops(backend: Backend) -> AttentionOps:

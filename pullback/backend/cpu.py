@@ -756,6 +756,13 @@ class CpuBackend(BackwardOps, FusedOps, CpuRecurrentOps, CpuGatherOps, CpuAttent
         bias = np.zeros(width, x.dtype) if bias is None else bias
         return self._fused(compiled_rows.layer_norm, x, weight, bias, float(eps))
 
+    def layer_norm_statistics(self, x: np.ndarray, eps: float) -> tuple[np.ndarray, np.ndarray]:
+        check_rows("layer_norm_statistics", x)
+        if not self._rowwise_params(x):
+            return super().layer_norm_statistics(x, eps)
+        # One pass per row, the forward kernel's own sums: the statistics it normalized by.
+        return self._fused(compiled_rows.layer_norm_statistics, x, float(eps))
+
     def layer_norm_backward(
         self, upstream: np.ndarray, x: np.ndarray, weight: np.ndarray | None,
         mean: np.ndarray, rstd: np.ndarray,

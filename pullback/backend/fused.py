@@ -99,6 +99,18 @@ class FusedOps(Mixin):
             y = self.add(y, bias)
         return y, self.reshape(mean, grid), self.reshape(rstd, grid)
 
+    def layer_norm_statistics(self, x: Array, eps: float) -> tuple[Array, Array]:
+        """(mean, rstd) of layer_norm over the last axis, each of shape x.shape[:-1]: what
+        its backward recomputes from the saved input rather than keeps."""
+        check_rows("layer_norm_statistics", x)
+        grid, width = self._rows_of(x)
+        last = (len(grid),)
+        mean = self.div(self.reduce_sum(x, last, True), width)
+        centered = self.sub(x, mean)
+        var = self.div(self.reduce_sum(self.mul(centered, centered), last, True), width)
+        rstd = self.div(1.0, self.sqrt(self.add(var, eps)))
+        return self.reshape(mean, grid), self.reshape(rstd, grid)
+
     def layer_norm_backward(self, upstream: Array, x: Array, weight: Array | None,
                             mean: Array, rstd: Array) -> tuple[Array, Array, Array]:
         """(grad_x, grad_weight, grad_bias) from the saved mean and rstd; the last two

@@ -284,6 +284,15 @@ def _row_dot3(a, b, c):
 
 
 @register_jitable(**_JIT_SUM)
+def _row_sum_sq_dev(row, shift):
+    total = row.dtype.type(0)
+    for j in range(row.shape[0]):
+        d = row[j] - shift
+        total += d * d
+    return total
+
+
+@register_jitable(**_JIT_SUM)
 def _row_sum_exp64(row, shift):
     total = 0.0
     for j in range(row.shape[0]):
@@ -323,6 +332,15 @@ def _ov_row_dot(a, b):
 @overload(sm.row_dot3, jit_options=_JIT_SUM)
 def _ov_row_dot3(a, b, c):
     return (lambda a, b, c: _row_dot3(a, b, c)) if _float_rows(a, b, c) else None
+
+
+@overload(sm.row_sum_sq_dev, jit_options=_JIT_SUM)
+def _ov_row_sum_sq_dev(row, shift):
+    if not _float_rows(row):
+        return None
+    if row.dtype == types.float32:
+        return lambda row, shift: _row_sum_sq_dev(row, _F32(shift))
+    return lambda row, shift: _row_sum_sq_dev(row, np.float64(shift))
 
 
 @overload(sm.row_sum_exp, jit_options=_JIT_SUM)

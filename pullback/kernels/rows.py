@@ -1,5 +1,5 @@
 """Row kernels over the last axis: softmax (and its causal form), log_softmax,
-cross-entropy, layer norm.
+cross-entropy, layer norm (and its statistics alone).
 
 Each reads a row a few times while it is in cache, where NumPy makes a full-size
 temporary per step (max, subtract, exp, sum, divide). Backwards take the saved output
@@ -19,6 +19,7 @@ from pullback.kernels.scalar_math import (
     row_max,
     row_sum,
     row_sum_exp,
+    row_sum_sq_dev,
 )
 
 NAN = math.nan  # a module float: the float32 kernel gets a float32 NaN (jit.in_precision)
@@ -43,20 +44,31 @@ def softmax(x, out):
         out[j] = out[j] / total
 
 
-@kernel(rows=True, inputs=("row", "index"))
-def causal_softmax(x, seen, out):
-    """softmax over the first `seen` elements, zeros past them: attention's causal mask
-    applied in the softmax's own pass (softmax_backward of its output gives the masked
-    elements zero gradient, their weights being zero)."""
-    visible = x[:seen]
-    m = row_max(visible)
+@kernel(rows=True, inputs=("row", "index", "scalar"))
+def causal_softmax(x, seen, scale, out):
+    """softmax of scale * x over the first `seen` elements, zeros past them: attention's
+    scores scaled and causally masked in the softmax's own pass (softmax_backward of
+    its output gives the masked elements zero gradient, their weights being zero).
+    `scale` a value of the row's dtype: scale * x rounds as that dtype's product."""
     for j in range(seen):
-        out[j] = exp(x[j] - m)
+        out[j] = scale * x[j]
+    m = row_max(out[:seen])
+    for j in range(seen):
+        out[j] = exp(out[j] - m)
     total = row_sum(out[:seen])
     for j in range(seen):
         out[j] = out[j] / total
     for j in range(seen, x.shape[0]):
         out[j] = 0.0
+
+
+@kernel(rows=True, inputs=("row", "row", "scalar"))
+def scaled_softmax_backward(upstream, y, scale, out):
+    """scale * y * (upstream - sum(upstream * y)): softmax's backward, times the scale
+    its input was multiplied by (attention's scores)."""
+    dot = row_dot(upstream, y)
+    for j in range(y.shape[0]):
+        out[j] = scale * (y[j] * (upstream[j] - dot))
 
 
 @kernel(rows=True)
@@ -128,3 +140,12 @@ def layer_norm(x, weight, bias, eps, y):
     for j in range(x.shape[0]):
         y[j] = y[j] * rstd * weight[j] + bias[j]
     return mean, rstd
+
+
+@kernel(rows=True, inputs=("row", "scalar"), outputs=("value", "value"))
+def layer_norm_statistics(x, eps):
+    """(mean, 1 / sqrt(var + eps)) of a row, as layer_norm computes them, without
+    writing a row: what layer_norm's backward recomputes rather than keeps."""
+    n = row_len(x)
+    mean = row_sum(x) / n
+    return mean, 1.0 / math.sqrt(row_sum_sq_dev(x, mean) / n + eps)

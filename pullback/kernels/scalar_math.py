@@ -138,6 +138,11 @@ def row_sum_exp(row: Any, shift: float) -> float:
     return sum(exp(float(v) - shift) for v in row)
 
 
+def row_sum_sq_dev(row: Any, shift: float) -> float:
+    """Sum of (v - shift)**2 over a row: a variance's numerator, without a scratch row."""
+    return sum((float(v) - shift) ** 2 for v in row)
+
+
 def row_len(row: Any) -> float:
     """A row's length as a float of the row's dtype (compiled: an int would promote
     float32 arithmetic to float64)."""

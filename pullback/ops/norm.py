@@ -42,17 +42,6 @@ def _shape(x: Any, weight: Any, bias: Any, eps: float) -> tuple[Any, ...]:
     return shape, dtype_of(x)
 
 
-def _statistics(backend: Backend, x: Any, eps: float) -> tuple[Any, Any]:
-    """Per row of the last axis: mean and 1 / sqrt(variance + eps), shaped x.shape[:-1]."""
-    last = (x.ndim - 1,)
-    width = x.shape[-1]
-    mu = backend.div(backend.reduce_sum(x, last, True), width)
-    centered = backend.sub(x, mu)
-    var = backend.div(backend.reduce_sum(backend.mul(centered, centered), last, True), width)
-    rstd = backend.div(1.0, backend.sqrt(backend.add(var, eps)))
-    return backend.reshape(mu, x.shape[:-1]), backend.reshape(rstd, x.shape[:-1])
-
-
 def _impl(backend: Backend, x: Any, weight: Any, bias: Any, eps: float) -> Any:
     _shape(x, weight, bias, eps)  # eager calls skip shape rules; these shapes must agree
     return fused_ops(backend).layer_norm(x, weight, bias, eps)[0]
@@ -87,11 +76,12 @@ defjvp(layer_norm_p, _jvp_x, _jvp_weight, _jvp_bias)
 
 
 def _vjp(be: BackwardOps, g: Any, n: Any) -> tuple[Any, ...]:
-    # mean and rstd are recomputed (two reductions) rather than kept: a primitive keeps
+    # mean and rstd are recomputed (one pass over x) rather than kept: a primitive keeps
     # one output, and the layer's output is what the next op reads.
     x, weight, _ = n.inputs
-    mu, rstd = _statistics(be, x, n.params["eps"])
-    return fused_ops(be).layer_norm_backward(g, x, weight, mu, rstd)
+    fused = fused_ops(be)
+    mu, rstd = fused.layer_norm_statistics(x, n.params["eps"])
+    return fused.layer_norm_backward(g, x, weight, mu, rstd)
 
 
 defvjp(layer_norm_p, _vjp)

@@ -54,6 +54,9 @@ def _check_forwards(x, labels, w, b, dtype, parallel):
     for got, want in zip(call(rows.layer_norm, x, w, b, EPS), layer_norm_ref(x, w, b)):
         assert got.dtype == dtype
         np.testing.assert_allclose(got, want, **tol)
+    for got, want in zip(call(rows.layer_norm_statistics, x, EPS), layer_norm_ref(x, w, b)[1:]):
+        assert got.dtype == dtype
+        np.testing.assert_allclose(got, want, **tol)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
@@ -155,7 +158,8 @@ def _fused_calls(backend, x, labels, w, b, u):
     y, mean, rstd = backend.layer_norm(x, w, b, EPS)
     out = [backend.cross_entropy(x, labels),
            backend.cross_entropy_backward(u[..., 0], x, labels), y, mean, rstd,
-           *backend.layer_norm_backward(u, x, w, mean, rstd)]
+           *backend.layer_norm_backward(u, x, w, mean, rstd),
+           *backend.layer_norm_statistics(x, EPS)]
     return out
 
 
@@ -166,6 +170,7 @@ class Defaults(CpuBackend):
     cross_entropy_backward = FusedOps.cross_entropy_backward
     layer_norm = FusedOps.layer_norm
     layer_norm_backward = FusedOps.layer_norm_backward
+    layer_norm_statistics = FusedOps.layer_norm_statistics
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16])
@@ -187,6 +192,19 @@ def test_threaded_backend_fused_ops_match_cpu(rng):
     for got, want in zip(_fused_calls(threaded, x, labels, w, b, u),
                          _fused_calls(CpuBackend(), x, labels, w, b, u)):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)  # sums in other orders
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("width", [128, 37, 1])
+def test_layer_norm_statistics_are_the_forward_kernels_own(rng, dtype, width):
+    """What layer_norm's backward recomputes is, bit for bit, what its forward normalized
+    by (widths that fill vector lanes, leave a remainder, or hold one element)."""
+    x = (rng.standard_normal((5, 3, width)) * 3 + 1).astype(dtype)
+    w, b = np.ones(width, dtype), np.zeros(width, dtype)
+    _, mean, rstd = CpuBackend().layer_norm(x, w, b, EPS)
+    got_mean, got_rstd = CpuBackend().layer_norm_statistics(x, EPS)
+    assert got_mean.shape == got_rstd.shape == (5, 3)
+    assert np.array_equal(got_mean, mean) and np.array_equal(got_rstd, rstd)
 
 
 def test_layer_norm_without_weight_or_bias(rng):
@@ -228,10 +246,24 @@ def test_cross_entropy_kernel_gives_nan_for_a_label_out_of_range():
 def test_causal_softmax_weights_the_first_seen_elements_and_zeroes_the_rest(rng, dtype):
     x = (rng.standard_normal((2, 3, 5)) * 3).astype(dtype)
     seen = np.array([[1, 3, 5], [5, 2, 4]], dtype=np.intp)
+    scale = float(dtype(0.3))
     want = np.zeros(x.shape)
     for row in np.ndindex(seen.shape):
-        want[row][:seen[row]] = softmax_ref(x[row][:seen[row]].astype(np.float64))
-    got = rows.causal_softmax(x, seen)
+        want[row][:seen[row]] = softmax_ref(scale * x[row][:seen[row]].astype(np.float64))
+    got = rows.causal_softmax(x, seen, scale)
     assert got.dtype == dtype
     np.testing.assert_allclose(got, want, **TOL[dtype])
     assert not got[seen[..., None] <= np.arange(5)].any()  # exactly zero past `seen`
+    # Every element seen: softmax of the scores scaled in the row's dtype, bit for bit.
+    every = np.full(seen.shape, 5, np.intp)
+    assert np.array_equal(rows.causal_softmax(x, every, scale), rows.softmax(x * dtype(scale)))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_scaled_softmax_backward_is_softmax_backward_times_the_scale(rng, dtype):
+    y = rows.softmax((rng.standard_normal((4, 7)) * 3).astype(dtype))
+    u = rng.standard_normal((4, 7)).astype(dtype)
+    scale = float(dtype(0.3))
+    got = rows.scaled_softmax_backward(u, y, scale)
+    assert got.dtype == dtype
+    assert np.array_equal(got, rows.softmax_backward(u, y) * dtype(scale))
