@@ -86,18 +86,14 @@ class FusedOps(Mixin):
         """(x - mean) * rstd * weight + bias over the last axis, rstd = 1/sqrt(var + eps);
         returns (y, mean, rstd), mean and rstd of shape x.shape[:-1]."""
         check_rows("layer_norm", x)
-        grid, width = self._rows_of(x)
-        last = (len(grid),)
-        mean = self.div(self.reduce_sum(x, last, True), width)
-        centered = self.sub(x, mean)
-        var = self.div(self.reduce_sum(self.mul(centered, centered), last, True), width)
-        rstd = self.div(1, self.sqrt(self.add(var, eps)))
-        y = self.mul(centered, rstd)
+        mean, rstd = self.layer_norm_statistics(x, eps)
+        keep = (*self._rows_of(x)[0], 1)
+        y = self.mul(self.sub(x, self.reshape(mean, keep)), self.reshape(rstd, keep))
         if weight is not None:
             y = self.mul(y, weight)
         if bias is not None:
             y = self.add(y, bias)
-        return y, self.reshape(mean, grid), self.reshape(rstd, grid)
+        return y, mean, rstd
 
     def layer_norm_statistics(self, x: Array, eps: float) -> tuple[Array, Array]:
         """(mean, rstd) of layer_norm over the last axis, each of shape x.shape[:-1]: what
