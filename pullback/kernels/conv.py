@@ -14,7 +14,6 @@ not to the helpers it calls, so the bodies and their helpers live together.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -569,8 +568,6 @@ _KINDS: dict[Callable, tuple[str, ...]] = {
     transpose_body: ("in2", "out2"),
     transposed_equal_body: ("in2", "in2"),
 }
-_lock = threading.Lock()
-_compiled_loops: dict[tuple, Any] = {}
 _registered = False
 
 
@@ -596,35 +593,26 @@ def _register_helpers(nb: Any) -> None:
 
 
 def _compile(key: tuple, body: Callable, dtype: np.dtype, kinds: Sequence[str]) -> Any:
-    found = _compiled_loops.get(key)
-    if found is not None:
-        return found
-    with _lock:
-        found = _compiled_loops.get(key)
-        if found is None:
-            nb = jit.numba()
-            _register_helpers(nb)
-            found = nb.njit(cache=True, **jit.JIT_OPTIONS)(body)
-            found.compile(_signature(dtype, kinds))
-            found.disable_compile()
-            _compiled_loops[key] = found
-    return found
+    def make() -> tuple[Callable, tuple]:
+        _register_helpers(jit.numba())
+        return body, _signature(dtype, kinds)
+
+    return jit.compiled_once(key, make)
 
 
 def compiled(body: Callable, dtype: np.dtype) -> Any:
     """`body` compiled for `dtype` (one explicit signature; inputs may be read-only),
     cached on disk by Numba; compiled once per process."""
-    return _compile((body.__name__, dtype), body, dtype, _KINDS[body])
+    return _compile((body, dtype), body, dtype, _KINDS[body])
 
 
 def compiled_tile(kind: str, kh: int, kw: int, dtype: np.dtype) -> Any:
     """The tile pooling body `kind` for a kh x kw window, compiled for dtype."""
-    key = (kind, kh, kw, dtype)
-    found = _compiled_loops.get(key)
-    if found is not None:
-        return found
-    body = tile_bodies(kh, kw, dtype.type(0))[kind]
-    return _compile(key, body, dtype, _TILE_KINDS[kind])
+    def make() -> tuple[Callable, tuple]:
+        _register_helpers(jit.numba())
+        return tile_bodies(kh, kw, dtype.type(0))[kind], _signature(dtype, _TILE_KINDS[kind])
+
+    return jit.compiled_once(("conv tile", kind, kh, kw, dtype), make)
 
 
 def check_dtype(op: str, arrays: Sequence[np.ndarray]) -> np.dtype:

@@ -11,7 +11,6 @@ bias, then a batch norm's affine map), so results are bit for bit theirs.
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 import numpy as np
@@ -46,25 +45,17 @@ def epilogue_body(rows, bias, scale, shift, residual, has_bias, has_scale, has_s
                 rows[n, c, p] = v
 
 
-_lock = threading.Lock()
-_compiled: dict[np.dtype, Any] = {}
+def _epilogue_signature(dtype: np.dtype) -> tuple:
+    nb = jit.numba()
+    vector = jit.array_type(dtype, 1, "C", readonly=True)
+    return (jit.array_type(dtype, 3, "C"), vector, vector, vector,
+            jit.array_type(dtype, 3, "C", readonly=True), *(nb.types.boolean,) * 5,
+            nb.from_dtype(dtype))
 
 
 def _kernel(dtype: np.dtype) -> Any:
-    found = _compiled.get(dtype)
-    if found is None:
-        with _lock:
-            found = _compiled.get(dtype)
-            if found is None:
-                nb = jit.numba()
-                found = nb.njit(cache=True, **jit.JIT_OPTIONS)(epilogue_body)
-                vector = jit.array_type(dtype, 1, "C", readonly=True)
-                found.compile((jit.array_type(dtype, 3, "C"), vector, vector, vector,
-                               jit.array_type(dtype, 3, "C", readonly=True),
-                               *(nb.types.boolean,) * 5, nb.from_dtype(dtype)))
-                found.disable_compile()
-                _compiled[dtype] = found
-    return found
+    return jit.compiled_once((epilogue_body, dtype),
+                             lambda: (epilogue_body, _epilogue_signature(dtype)))
 
 
 def apply(rows: np.ndarray, bias: np.ndarray | None, scale: np.ndarray | None,

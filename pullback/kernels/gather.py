@@ -13,7 +13,6 @@ One file on purpose: Numba's disk cache notices an edit to a kernel's own file o
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 import numpy as np
@@ -43,25 +42,11 @@ def scatter_add_body(values, idx, out):
                     out[p, k, q] += values[p, j, q]
 
 
-_lock = threading.Lock()
-_compiled: dict[np.dtype, Any] = {}
-
-
 def _scatter_add_loop(dtype: np.dtype) -> Any:
-    found = _compiled.get(dtype)
-    if found is not None:
-        return found
-    with _lock:
-        found = _compiled.get(dtype)
-        if found is None:
-            nb = jit.numba()
-            found = nb.njit(cache=True, **jit.JIT_OPTIONS)(scatter_add_body)
-            found.compile((jit.array_type(dtype, 3, "C", readonly=True),
-                           jit.array_type(np.dtype(np.int64), 3, "C", readonly=True),
-                           jit.array_type(dtype, 3, "C")))
-            found.disable_compile()
-            _compiled[dtype] = found
-    return found
+    return jit.compiled_once((scatter_add_body, dtype), lambda: (scatter_add_body, (
+        jit.array_type(dtype, 3, "C", readonly=True),
+        jit.array_type(np.dtype(np.int64), 3, "C", readonly=True),
+        jit.array_type(dtype, 3, "C"))))
 
 
 def scatter_add(values: np.ndarray, idx: np.ndarray, out: np.ndarray) -> np.ndarray:

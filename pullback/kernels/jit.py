@@ -20,7 +20,7 @@ import sys
 import tempfile
 import threading
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +38,7 @@ JIT_OPTIONS: dict[str, Any] = {"error_model": "numpy", "nogil": True}
 _lock = threading.RLock()
 _numba: Any = None
 _cache_dir: Path | None = None
+_closed: dict[Hashable, Any] = {}  # `compiled_once`'s dispatchers, by their makers' keys
 
 
 def numba() -> Any:
@@ -192,3 +193,24 @@ def compile_once(driver: Any, signature: tuple) -> None:
         if signature not in driver.overloads:
             driver.compile(signature)
         driver.disable_compile()
+
+
+def compiled_once(key: Hashable, make: Callable[[], tuple[Callable, tuple]],
+                  **options: Any) -> Any:
+    """The dispatcher stored under `key` (unique across modules: a body function and a
+    dtype), made on its first use: `make()` gives a Python body and the one signature
+    it is compiled for, with Numba's disk cache and JIT_OPTIONS (`options` added or
+    overriding), after which the dispatcher compiles nothing more: a call with other
+    types raises instead of compiling behind the caller's back. Made under one lock
+    (`make` may register helpers or read globals), and once per process."""
+    found = _closed.get(key)
+    if found is None:
+        with _lock:
+            found = _closed.get(key)
+            if found is None:
+                body, signature = make()
+                found = numba().njit(cache=True, **{**JIT_OPTIONS, **options})(body)
+                found.compile(signature)
+                found.disable_compile()
+                _closed[key] = found
+    return found

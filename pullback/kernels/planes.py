@@ -15,7 +15,7 @@ One file on purpose: Numba's disk cache notices an edit to a kernel's own file o
 
 from __future__ import annotations
 
-import threading
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -122,33 +122,23 @@ def _kinds_signature(dtype: np.dtype, kinds: str) -> tuple:
 
 _KINDS = {forward_serial: "i3 i1 i1 s o3 o1 o1", forward_parallel: "i3 i1 i1 s o3 o1 o1",
           backward_serial: "i3 i3 i1 s o3 o1 o1", backward_parallel: "i3 i3 i1 s o3 o1 o1"}
-_lock = threading.Lock()
-_compiled_loops: dict[tuple, Any] = {}
 _registered = False
 
 
 def _compiled(driver: Any, dtype: np.dtype) -> Any:
     """`driver` compiled for dtype (one explicit signature), cached on disk by Numba."""
-    global _registered, prange
-    key = (driver.__name__, dtype)
-    found = _compiled_loops.get(key)
-    if found is not None:
-        return found
-    with _lock:
-        found = _compiled_loops.get(key)
-        if found is None:
+    def make() -> tuple[Callable, tuple]:
+        global _registered, prange
+        if not _registered:
             nb = jit.numba()
-            if not _registered:
-                for helper in (_forward_channel, _backward_channel):
-                    nb.extending.register_jitable(**_OPTIONS)(helper)
-                prange = nb.prange
-                _registered = True
-            found = nb.njit(cache=True, parallel=driver.__name__.endswith("parallel"),
-                            **_OPTIONS)(driver)
-            found.compile(_kinds_signature(dtype, _KINDS[driver]))
-            found.disable_compile()
-            _compiled_loops[key] = found
-    return found
+            for helper in (_forward_channel, _backward_channel):
+                nb.extending.register_jitable(**_OPTIONS)(helper)
+            prange = nb.prange
+            _registered = True
+        return driver, _kinds_signature(dtype, _KINDS[driver])
+
+    return jit.compiled_once((driver, dtype), make, parallel=driver.__name__.endswith(
+        "parallel"), **_OPTIONS)
 
 
 # ---------------------------------------------------------------- entry points

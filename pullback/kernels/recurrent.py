@@ -22,7 +22,6 @@ Numba's disk cache; a float32 kernel computes in float32 (jit.in_precision).
 
 from __future__ import annotations
 
-import threading
 import types
 from collections.abc import Callable
 from typing import Any
@@ -210,8 +209,6 @@ _CALLS: dict[Callable, tuple[Callable, ...]] = {
     gru_sequence: (product, gru_step),
     gru_sequence_backward: (product, gru_step_backward),
 }
-_lock = threading.Lock()
-_compiled: dict[tuple, Any] = {}
 
 
 def _signature(dtype: np.dtype, kinds: tuple[str, ...]) -> tuple:
@@ -223,18 +220,8 @@ def _signature(dtype: np.dtype, kinds: tuple[str, ...]) -> tuple:
 
 def compiled(body: Callable, dtype: np.dtype) -> Any:
     """`body` compiled for `dtype` (computing in it), cached on disk; once per process."""
-    key = (body.__name__, dtype)
-    found = _compiled.get(key)
-    if found is None:
-        with _lock:
-            found = _compiled.get(key)
-            if found is None:
-                nb = jit.numba()
-                found = nb.njit(cache=True, **jit.JIT_OPTIONS)(_with_callees(body, dtype))
-                found.compile(_signature(dtype, _KINDS[body]))
-                found.disable_compile()
-                _compiled[key] = found
-    return found
+    return jit.compiled_once((body, dtype), lambda: (_with_callees(body, dtype),
+                                                     _signature(dtype, _KINDS[body])))
 
 
 def check_dtype(op: str, arrays: list[np.ndarray]) -> np.dtype:

@@ -16,7 +16,6 @@ One file on purpose: Numba's disk cache notices an edit to a kernel's own file o
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -229,10 +228,6 @@ _KINDS: dict[Callable, tuple[str, ...]] = {
     output_transform_body: ("in1", "out4", "int", "int", "int"),
     upstream_transform_body: ("in4", "out1", "int", "int", "int"),
 }
-_lock = threading.Lock()
-_compiled: dict[tuple, Any] = {}
-
-
 def _signature(dtype: np.dtype, kinds: tuple[str, ...]) -> tuple:
     nb = jit.numba()
     return tuple(nb.int64 if kind == "int" else
@@ -243,21 +238,13 @@ def _signature(dtype: np.dtype, kinds: tuple[str, ...]) -> tuple:
 def compiled(body: Callable, dtype: np.dtype) -> Any:
     """`body` compiled for `dtype`, its float literals in that dtype (a float64 literal
     would run a float32 kernel in float64), cached on disk; once per process."""
-    key = (body.__name__, dtype)
-    found = _compiled.get(key)
-    if found is not None:
-        return found
-    with _lock:
-        found = _compiled.get(key)
-        if found is None:
-            typed = jit.in_precision(body, dtype)
-            # A name per dtype: Numba names a compiled function after its qualified name.
-            typed.__qualname__ = f"{body.__name__}_{dtype.name}"
-            found = jit.numba().njit(cache=True, **jit.JIT_OPTIONS)(typed)
-            found.compile(_signature(dtype, _KINDS[body]))
-            found.disable_compile()
-            _compiled[key] = found
-    return found
+    def make() -> tuple[Callable, tuple]:
+        typed = jit.in_precision(body, dtype)
+        # A name per dtype: Numba names a compiled function after its qualified name.
+        typed.__qualname__ = f"{body.__name__}_{dtype.name}"
+        return typed, _signature(dtype, _KINDS[body])
+
+    return jit.compiled_once((body, dtype), make)
 
 
 # ---------------------------------------------------------------- entry points
