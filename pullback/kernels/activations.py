@@ -10,12 +10,10 @@ from __future__ import annotations
 import math
 
 from pullback.kernels.core import kernel
-from pullback.kernels.scalar_math import erf, exp, tanh
+from pullback.kernels.scalar_math import SQRT1_2, erf, normal_cdf_pdf, tanh
 from pullback.kernels.scalar_math import sigmoid as _sigmoid
 from pullback.kernels.scalar_math import softplus as _softplus
 
-SQRT1_2 = math.sqrt(0.5)
-INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
 SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 GELU_CUBIC = 0.044715
 
@@ -23,8 +21,7 @@ GELU_CUBIC = 0.044715
 @kernel
 def gelu_backward(upstream, x):
     """upstream * (Phi(x) + x phi(x))."""
-    cdf = 0.5 * (1.0 + erf(x * SQRT1_2))
-    pdf = INV_SQRT_2PI * exp(-0.5 * x * x)
+    cdf, pdf = normal_cdf_pdf(x)
     return upstream * (cdf + x * pdf)
 
 

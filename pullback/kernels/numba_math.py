@@ -56,6 +56,8 @@ _LN2_LO_F32 = _F32(-2.12194440e-4)
 _EXP_TAYLOR_F32 = _f32_tuple(tuple(1.0 / math.factorial(k) for k in range(7, -1, -1)))
 _EXP_LIMIT = 750.0  # beyond every finite result, and small enough for the bit tricks
 _EXP_LIMIT_F32 = _F32(104.0)
+_SQRT1_2_F32 = _F32(sm.SQRT1_2)
+_INV_SQRT_2PI_F32 = _F32(sm.INV_SQRT_2PI)
 
 
 @_intrinsic
@@ -179,6 +181,31 @@ def _erf32(x):
     return series if t < _F32(4.0) else tail
 
 
+# Phi and phi: erf at z = x / sqrt 2 as _erf64 / _erf32 compute it, whose tail's
+# e**(-z*z) is the density's e**(-x*x/2).
+@register_jitable(inline="always", **_JIT)
+def _normal_cdf_pdf64(x):
+    z = x * sm.SQRT1_2
+    t = z * z
+    e = _exp64(-t)
+    series = z * _erf_series(min(t, 4.0))
+    a = min(max(abs(z), 2.0), 6.0)
+    tail = np.copysign(1.0 - e * _erfc_tail(6.0 / a - 2.0), z)
+    return 0.5 * (1.0 + (series if t < 4.0 else tail)), sm.INV_SQRT_2PI * e
+
+
+@register_jitable(inline="always", **_JIT)
+def _normal_cdf_pdf32(x):
+    z = x * _SQRT1_2_F32
+    t = z * z
+    e = _exp32(-t)
+    series = z * _erf_series_f32(min(t, _F32(4.0)))
+    a = min(max(abs(z), _F32(2.0)), _F32(6.0))
+    tail = np.copysign(_F32(1.0) - e * _erfc_tail_f32(_F32(6.0) / a - _F32(2.0)), z)
+    erf = series if t < _F32(4.0) else tail
+    return _F32(0.5) * (_F32(1.0) + erf), _INV_SQRT_2PI_F32 * e
+
+
 @register_jitable(**_JIT)
 def _softplus64(x):
     # log1p(z) = 2 atanh(s), s = z / (2 + z); written z * (...) so tiny z stays exact.
@@ -230,6 +257,8 @@ overload(sm.tanh, jit_options=_JIT)(_pick(_tanh32, _tanh64))
 # the element loop blocks vectorization (6x slower); inlining it in Numba's IR costs
 # about 0.5 s of compile time per kernel and dtype.
 overload(sm.erf, inline="always", jit_options=_JIT)(_pick(_erf32, _erf64))
+overload(sm.normal_cdf_pdf, inline="always", jit_options=_JIT)(
+    _pick(_normal_cdf_pdf32, _normal_cdf_pdf64))
 overload(sm.sigmoid, jit_options=_JIT)(_pick(_sigmoid32, _sigmoid64))
 overload(sm.softplus, jit_options=_JIT)(_pick(_softplus32, _softplus64))
 

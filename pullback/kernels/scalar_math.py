@@ -1,5 +1,5 @@
-"""Math for kernel bodies: scalar `exp`, `tanh`, `erf`, `sigmoid`, `softplus`, `sin`,
-`cos`, and the row reductions `row_max`, `row_sum`, `row_dot`, `row_dot3`,
+"""Math for kernel bodies: scalar `exp`, `tanh`, `erf`, `normal_cdf_pdf`, `sigmoid`,
+`softplus`, `sin`, `cos`, and the row reductions `row_max`, `row_sum`, `row_dot`, `row_dot3`,
 `row_sum_exp`, `row_len`.
 
 In Python these are exact references (math.*, with IEEE overflow to inf rather than
@@ -63,6 +63,8 @@ ATANH_SERIES_F32 = (
     0.1407888918155454, 0.13982578872598633, 0.20012297615351873, 0.33333160820688884,
     1.0000000038408794,
 )
+SQRT1_2 = math.sqrt(0.5)
+INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
 # Below this |x| tanh uses its series; above, 1 - 2 / (e**2|x| + 1) loses under 2 ulp.
 TANH_SERIES_LIMIT = 0.4
 
@@ -83,6 +85,14 @@ def tanh(x: float) -> float:
 def erf(x: float) -> float:
     """The error function."""
     return math.erf(x)
+
+
+def normal_cdf_pdf(x: float) -> tuple[float, float]:
+    """The standard normal's distribution and density at x: (Phi(x), phi(x)), Phi(x) =
+    (1 + erf(x / sqrt 2)) / 2 and phi(x) = e**(-x*x/2) / sqrt(2 pi). Compiled, one
+    exponential serves both: erf's tail and the density share e**(-x*x/2)."""
+    return (0.5 * (1.0 + math.erf(x * SQRT1_2)),
+            INV_SQRT_2PI * exp(-0.5 * x * x))
 
 
 def sigmoid(x: float) -> float:
