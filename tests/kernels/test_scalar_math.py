@@ -1,6 +1,6 @@
-"""The compiled scalar math (vectorizable exp, tanh, erf, sigmoid, softplus, libm's sin
-and cos, and the row reductions) against Python's math module, across the range and at
-special values."""
+"""The compiled scalar math (vectorizable exp, tanh, erf, the normal distribution and
+density, sigmoid, softplus, libm's sin and cos, and the row reductions) against Python's
+math module, across the range and at special values."""
 
 from __future__ import annotations
 
@@ -27,6 +27,16 @@ def k_tanh(x):
 @kernel
 def k_erf(x):
     return sm.erf(x)
+
+
+@kernel
+def k_normal_cdf(x):
+    return sm.normal_cdf_pdf(x)[0]
+
+
+@kernel
+def k_normal_pdf(x):
+    return sm.normal_cdf_pdf(x)[1]
 
 
 @kernel
@@ -82,6 +92,28 @@ def test_compiled_erf_matches_math_erf(rng, dtype):
     x = rng.uniform(-7, 7, 5000).astype(dtype)
     atol = 4e-15 if dtype == np.float64 else 7e-7  # the float32 fit errs by 6e-7
     np.testing.assert_allclose(k_erf(x), elementwise(math.erf, x), rtol=0, atol=atol)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_compiled_normal_cdf_and_pdf_match_math(rng, dtype):
+    # One exponential serves both compiled: the distribution is erf's (absolute fit),
+    # the density within a few ulps of e**(-x*x/2) / sqrt(2 pi) (x / sqrt 2 rounded
+    # first: its square's rounding is the one ulp more).
+    x = np.concatenate([rng.uniform(-40, 40, 4000), rng.uniform(-3, 3, 2000),
+                        SPECIALS]).astype(dtype)
+    exact = [(0.5 * (1 + math.erf(v / math.sqrt(2))),
+              math.exp(-0.5 * v * v) / math.sqrt(2 * math.pi)) if math.isfinite(v)
+             else sm.normal_cdf_pdf(v) for v in x.astype(np.float64)]
+    cdf, pdf = (np.array(values) for values in zip(*exact))
+    atol = 4e-15 if dtype == np.float64 else 7e-7
+    np.testing.assert_allclose(k_normal_cdf(x), cdf, rtol=0, atol=atol)
+    np.testing.assert_array_equal(np.isnan(k_normal_pdf(x)), np.isnan(pdf))
+    got = k_normal_pdf(x)
+    finite = np.isfinite(x)
+    relative = 8 * np.finfo(dtype).eps * (1 + x[finite].astype(np.float64) ** 2)
+    close = np.abs(got[finite] - pdf[finite]) <= relative * pdf[finite] + np.finfo(dtype).tiny
+    assert close.all(), list(zip(x[finite][~close], got[finite][~close], pdf[finite][~close]))
+    np.testing.assert_array_equal(got[~finite], pdf[~finite])  # NaN, and 0 at +-inf
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
