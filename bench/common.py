@@ -60,9 +60,11 @@ def both_ways(fns: dict[str, Callable[[], object]], repeats: int = 7,
               number: int = 200, case: str = "") -> dict[str, dict[str, float]]:
     """Seconds per call for each of `fns`, measured two ways in one run: "alone" (each
     contender's runs back to back, `best_time`) and "turns" (`best_times`). Taking
-    turns evens out the machine's slow spells, but PyTorch measures slower there (its
-    OpenMP workers and OpenBLAS's share the two cores when they alternate), so the
-    "alone" figures are the fairer ratio when the machine is steady.
+    turns evens out the machine's slow spells, but whoever runs right after pullback
+    measures slower there: OpenBLAS's idle worker spins on one of the two cores for
+    about 0.1 s after each of pullback's GEMMs (`bench/blas_spin.py`; PyTorch's OpenMP
+    workers spin for about 10 ms). The "alone" figures are the fair ratio; turns flatter
+    pullback.
 
     With --processes on the command line, each contender's "alone" runs happen in a
     process of its own (this program again, with --alone="case|name"), where no other

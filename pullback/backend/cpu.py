@@ -809,6 +809,12 @@ class CpuBackend(BackwardOps, FusedOps, CpuRecurrentOps, CpuGatherOps, CpuAttent
                                    bias, float(eps))
         return np.ascontiguousarray(y.T), mean, var
 
+    def batch_norm_statistics(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        check_channels("batch_norm_statistics", x)
+        if x.ndim < 3 or x.size == 0 or x.dtype not in SUPPORTED_DTYPES:
+            return super().batch_norm_statistics(x)
+        return compiled_planes.batch_norm_statistics(self._planes(x), self._parallel_planes(x))
+
     def batch_norm_backward(
         self, upstream: np.ndarray, x: np.ndarray, weight: np.ndarray | None, eps: float
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

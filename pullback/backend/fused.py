@@ -144,17 +144,27 @@ class FusedOps(Mixin):
         batch's mean and biased variance over every other axis; returns (y, mean, var),
         mean and var of shape (C,)."""
         check_channels("batch_norm", x)
-        axes, column, count = self._channel_geometry(x)
-        mean = self.div(self.reduce_sum(x, axes, True), count)
-        centered = self.sub(x, mean)
-        var = self.div(self.reduce_sum(self.mul(centered, centered), axes, True), count)
-        y = self.mul(centered, self.div(1, self.sqrt(self.add(var, eps))))
+        _, column, _ = self._channel_geometry(x)
+        mean, var = self.batch_norm_statistics(x)
+        centered = self.sub(x, self.reshape(mean, column))
+        y = self.mul(centered, self.reshape(self.div(1, self.sqrt(self.add(var, eps))), column))
         if weight is not None:
             y = self.mul(y, self.reshape(weight, column))
         if bias is not None:
             y = self.add(y, self.reshape(bias, column))
+        return y, mean, var
+
+    def batch_norm_statistics(self, x: Array) -> tuple[Array, Array]:
+        """(mean, var) of x per channel (axis 1) over every other axis, the variance
+        biased, each of shape (C,): batch_norm's statistics, which the running
+        statistics are updated with."""
+        check_channels("batch_norm_statistics", x)
+        axes, column, count = self._channel_geometry(x)
+        mean = self.div(self.reduce_sum(x, axes, True), count)
+        centered = self.sub(x, mean)
+        var = self.div(self.reduce_sum(self.mul(centered, centered), axes, True), count)
         channels = column[1:2]
-        return y, self.reshape(mean, channels), self.reshape(var, channels)
+        return self.reshape(mean, channels), self.reshape(var, channels)
 
     def batch_norm_backward(self, upstream: Array, x: Array, weight: Array | None,
                             eps: float) -> tuple[Array, Array, Array]:

@@ -4,10 +4,11 @@ no copy moves the channels outermost first (CpuBackend takes these for inputs wi
 spatial axes; pullback.kernels.channels' row kernels, which need that copy, for (N, C)).
 
 Per channel, in passes over its planes: the forward sums x, then (x - mean)^2, then
-writes y; the backward sums x and the upstream u, then (x - mean)^2 and u (x - mean),
-then writes the input gradient. The statistics are recomputed from x rather than saved
-(the primitive keeps one output). Each channel is independent, so the parallel twin
-(channels over `prange`) gives the serial loop's results bit for bit. Sums may be
+writes y; the statistics alone (what the running statistics are updated with) are the
+forward's first two passes; the backward sums x and the upstream u, then (x - mean)^2
+and u (x - mean), then writes the input gradient. The statistics are recomputed from x
+rather than saved (the primitive keeps one output). Each channel is independent, so the
+parallel twin (channels over `prange`) gives the serial loop's results bit for bit. Sums may be
 reassociated (vectorized partial sums), as the row kernels' are.
 
 One file on purpose: Numba's disk cache notices an edit to a kernel's own file only.
@@ -27,8 +28,8 @@ from pullback.kernels.conv import check_dtype
 _OPTIONS = {**jit.JIT_OPTIONS, "fastmath": {"contract", "reassoc"}}
 
 
-def _forward_channel(x, weight, bias, eps, y, mean, var, c):
-    """Channel c of batch_norm: y = (x - mean) weight / sqrt(var + eps) + bias."""
+def _moments(x, c):
+    """Channel c's mean and biased variance: a sum, then the sum of squared deviations."""
     n_, _, s_ = x.shape
     zero = x.dtype.type(0)
     count = x.dtype.type(n_ * s_)
@@ -42,7 +43,13 @@ def _forward_channel(x, weight, bias, eps, y, mean, var, c):
         for t in range(s_):
             d = x[n, c, t] - m
             squares += d * d
-    v = squares / count
+    return m, squares / count
+
+
+def _forward_channel(x, weight, bias, eps, y, mean, var, c):
+    """Channel c of batch_norm: y = (x - mean) weight / sqrt(var + eps) + bias."""
+    n_, _, s_ = x.shape
+    m, v = _moments(x, c)
     scale = weight[c] / np.sqrt(v + eps)
     shift = bias[c]
     for n in range(n_):
@@ -99,6 +106,16 @@ def forward_parallel(x, weight, bias, eps, y, mean, var):
         _forward_channel(x, weight, bias, eps, y, mean, var, c)
 
 
+def statistics_serial(x, mean, var):
+    for c in range(x.shape[1]):
+        mean[c], var[c] = _moments(x, c)
+
+
+def statistics_parallel(x, mean, var):
+    for c in prange(x.shape[1]):
+        mean[c], var[c] = _moments(x, c)
+
+
 def backward_serial(upstream, x, weight, eps, grad_x, grad_weight, grad_bias):
     for c in range(x.shape[1]):
         _backward_channel(upstream, x, weight, eps, grad_x, grad_weight, grad_bias, c)
@@ -121,7 +138,8 @@ def _kinds_signature(dtype: np.dtype, kinds: str) -> tuple:
 
 
 _KINDS = {forward_serial: "i3 i1 i1 s o3 o1 o1", forward_parallel: "i3 i1 i1 s o3 o1 o1",
-          backward_serial: "i3 i3 i1 s o3 o1 o1", backward_parallel: "i3 i3 i1 s o3 o1 o1"}
+          backward_serial: "i3 i3 i1 s o3 o1 o1", backward_parallel: "i3 i3 i1 s o3 o1 o1",
+          statistics_serial: "i3 o1 o1", statistics_parallel: "i3 o1 o1"}
 _registered = False
 
 
@@ -131,7 +149,7 @@ def _compiled(driver: Any, dtype: np.dtype) -> Any:
         global _registered, prange
         if not _registered:
             nb = jit.numba()
-            for helper in (_forward_channel, _backward_channel):
+            for helper in (_moments, _forward_channel, _backward_channel):
                 nb.extending.register_jitable(**_OPTIONS)(helper)
             prange = nb.prange
             _registered = True
@@ -156,6 +174,17 @@ def batch_norm(x: np.ndarray, weight: np.ndarray, bias: np.ndarray, eps: float,
     _compiled(driver, dtype)(x, np.ascontiguousarray(weight), np.ascontiguousarray(bias),
                              dtype.type(eps), y, mean, var)
     return y, mean, var
+
+
+def batch_norm_statistics(x: np.ndarray, parallel: bool = False
+                          ) -> tuple[np.ndarray, np.ndarray]:
+    """(mean, var) per channel of the C-contiguous x (N, C, S), the variance biased: the
+    forward's own statistics, bit for bit."""
+    dtype = check_dtype("batch_norm_statistics", [x])
+    mean, var = np.empty(x.shape[1], dtype), np.empty(x.shape[1], dtype)
+    driver = statistics_parallel if parallel else statistics_serial
+    _compiled(driver, dtype)(x, mean, var)
+    return mean, var
 
 
 def batch_norm_backward(upstream: np.ndarray, x: np.ndarray, weight: np.ndarray, eps: float,

@@ -9,7 +9,10 @@ its rule transposed. The JVP rules are written in primitives, so forward mode an
 higher orders work in both modes. Updating the running statistics in training mode is
 a side effect of `batch_norm`, done in place outside differentiation; the primitive
 never sees them then, so a pending backward never holds the arrays it overwrites. A
-compiled plan records the update as state and repeats it at every call.
+compiled plan records the update as state and repeats it at every call. The update
+reads the batch's mean and variance from `batch_norm_statistics`, a primitive of its
+own (one fused pass per channel on the CPU backends, as the forward's own first two),
+not from NumPy reductions over the whole batch.
 """
 
 from __future__ import annotations
@@ -27,9 +30,8 @@ from .checks import declare_check, inputs, normal, positive
 from .elementwise import add, div, mul, sqrt, sub
 from .hints import TensorLike
 from .reduce import mean
-from .reduce import sum as sum_over
 from .registry import declare, dtype_of, is_float, shape_of
-from .shape import broadcast_to, reshape, stop_gradient_p
+from .shape import broadcast_to, getitem, reshape, stack, stop_gradient_p
 
 if TYPE_CHECKING:
     from ..tensor import Tensor
@@ -180,22 +182,57 @@ def _vjp(be: BackwardOps, g: Any, n: Any) -> tuple[Any, ...]:
 defvjp(batch_norm_p, _vjp)
 
 
+# ---------------------------------------------------------------- the batch's statistics
+
+
+def _statistics_shape(x: Any) -> tuple[Any, ...]:
+    shape = shape_of(x)
+    if len(shape) < 2 or not is_float(dtype_of(x)):
+        raise KernelError("batch_norm_statistics", (x,), "x must be floating, of shape (N, C) "
+                          "or (N, C, *spatial)")
+    return (2, shape[1]), dtype_of(x)
+
+
+def _statistics_impl(backend: Backend, x: Any) -> Any:
+    _statistics_shape(x)
+    channels = (1, x.shape[1])
+    batch_mean, batch_var = fused_ops(backend).batch_norm_statistics(x)
+    return backend.concatenate([backend.reshape(batch_mean, channels),
+                                backend.reshape(batch_var, channels)], 0)
+
+
+#: (2, C): each channel's mean over every axis but 1, and its biased variance.
+batch_norm_statistics_p = declare("batch_norm_statistics", _statistics_impl,
+                                  _statistics_shape, saves_inputs=True, saves_output=True,
+                                  aliasing="fresh")
+
+
+def _statistics_jvp(t: Any, out: Any, x: Any) -> Any:
+    # d mean = mean(t); d var = 2 mean((x - mean) t), the deviations summing to zero.
+    ndim = len(shape_of(x))
+    axes = _axes(ndim)
+    centered = sub(x, _column(getitem(out, 0), ndim))
+    return stack([mean(t, axes), mul(mean(mul(centered, t), axes), 2.0)], 0)
+
+
+defjvp(batch_norm_statistics_p, _statistics_jvp)
+
+
 # ---------------------------------------------------------------- the public function
 
 
 def _update_running(x: Any, running_mean: Any, running_var: Any, momentum: Any) -> None:
     """running = (1 - momentum) * running + momentum * batch statistic, in place; the
     variance's statistic is the unbiased one, as PyTorch's."""
-    data = stop_gradient_p.bind(x)  # the update is no part of what is differentiated
+    # The update is no part of what is differentiated.
+    statistics = batch_norm_statistics_p.bind(stop_gradient_p.bind(x))
     shape = shape_of(x)
-    axes, count = _axes(len(shape)), math.prod(shape) // shape[1]
-    batch_mean = mean(data, axes)
+    count = math.prod(shape) // shape[1]
     updates = []
     if running_mean is not None:
-        updates.append((running_mean, batch_mean))
+        updates.append((running_mean, getitem(statistics, 0)))
     if running_var is not None:
-        centered = sub(data, _column(batch_mean, len(shape)))
-        updates.append((running_var, div(sum_over(mul(centered, centered), axes), count - 1)))
+        updates.append((running_var, mul(getitem(statistics, 1), count / (count - 1))))
     for running, batch in updates:
         new = add(mul(running, 1.0 - momentum), mul(batch, momentum))
         # Eagerly a write into the array; while tracing, state the plan writes back.
@@ -239,3 +276,4 @@ def _both_modes(x: Any, mean_: Any, var: Any, w: Any, b: Any) -> tuple[Any, ...]
 # Few elements and settings: the check differentiates along each element in turn.
 declare_check(batch_norm_p, _both_modes,
               inputs(normal(2, 2), normal(2), positive(2), normal(2), normal(2)))
+declare_check(batch_norm_statistics_p, batch_norm_statistics_p.bind, inputs(normal(3, 2, 2)))

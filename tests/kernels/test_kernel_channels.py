@@ -71,7 +71,7 @@ class Defaults(CpuBackend):
 def _calls(backend, x, w, b, u):
     return [*backend.batch_norm(x, w, b, EPS), *backend.batch_norm_backward(u, x, w, EPS),
             backend.batch_norm(x, None, None, EPS)[0],
-            backend.batch_norm_backward(u, x, None, EPS)[0]]
+            backend.batch_norm_backward(u, x, None, EPS)[0], *backend.batch_norm_statistics(x)]
 
 
 @pytest.mark.parametrize("shape", [(5, 3), (2, 3, 2, 3)])
@@ -99,6 +99,8 @@ def test_threaded_backend_batch_norm_matches_cpu(rng):
 def test_backend_batch_norm_errors_name_the_op():
     with pytest.raises(KernelError, match=r"batch_norm: .*\(N, C\)"):
         CpuBackend().batch_norm(np.zeros(3), None, None, EPS)
+    with pytest.raises(KernelError, match=r"batch_norm_statistics: .*\(N, C\)"):
+        CpuBackend().batch_norm_statistics(np.zeros(3))
     with pytest.raises(KernelError, match=r"batch_norm_backward: .*floating"):
         CpuBackend().batch_norm_backward(np.zeros((2, 3)), np.zeros((2, 3), np.int64), None, EPS)
 
@@ -149,6 +151,23 @@ def test_parallel_plane_kernels_match_serial_bit_for_bit(rng):
              *planes.batch_norm_backward(u3, x3, w, EPS, True)],
             [*planes.batch_norm(x3, w, b, EPS), *planes.batch_norm_backward(u3, x3, w, EPS)]):
         np.testing.assert_array_equal(parallel, serial)
+
+
+@pytest.mark.parametrize("shape", PLANE_SHAPES, ids=str)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_plane_statistics_are_the_forwards_own_bit_for_bit_serial_or_parallel(rng, shape,
+                                                                              dtype):
+    # What the running statistics are updated with: the mean and biased variance the
+    # forward normalized with, not another rounding of them.
+    x, w, b = _data(rng, shape, dtype)
+    x3 = x.reshape(shape[0], shape[1], -1)
+    _, mean, var = planes.batch_norm(x3, w, b, EPS)
+    for parallel in (False, True):
+        got = planes.batch_norm_statistics(x3, parallel)
+        np.testing.assert_array_equal(got[0], mean)
+        np.testing.assert_array_equal(got[1], var)
+    np.testing.assert_allclose(mean, batch_norm_ref(x, w, b)[1], **TOL[dtype])
+    np.testing.assert_allclose(var, batch_norm_ref(x, w, b)[2], **TOL[dtype])
 
 
 def test_backend_batch_norm_takes_planes_for_spatial_inputs_and_strided_ones(rng, monkeypatch):

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 import pullback as pb
+from pullback.ops.batchnorm import batch_norm_statistics_p
 
 Domain = Callable[[np.random.Generator, tuple], np.ndarray]
 
@@ -612,6 +613,11 @@ BATCH_NORM_ROWS = [
     op("batch_norm_eval_3d", lambda x, m, v, w, b: pb.batch_norm(x, m, v, w, b),
        _batch_norm_eval_by_hand, (2, 3, 4), (3,), (3,), (3,), (3,),
        domain=(real, real, positive, real, real)),
+    # The statistics the running ones are updated with: (2, C), mean and biased variance.
+    op("batch_norm_statistics_4d", batch_norm_statistics_p.bind,
+       lambda x: torch.stack(torch.var_mean(x, (0, 2, 3), correction=0)[::-1]), (3, 2, 2, 3)),
+    op("batch_norm_statistics_2d", batch_norm_statistics_p.bind,
+       lambda x: torch.stack(torch.var_mean(x, 0, correction=0)[::-1]), (4, 3)),
 ]
 
 
