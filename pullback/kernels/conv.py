@@ -592,27 +592,25 @@ def _register_helpers(nb: Any) -> None:
         _registered = True
 
 
-def _compile(key: tuple, body: Callable, dtype: np.dtype, kinds: Sequence[str]) -> Any:
-    def make() -> tuple[Callable, tuple]:
-        _register_helpers(jit.numba())
-        return body, _signature(dtype, kinds)
+def _make(body: Callable, dtype: np.dtype) -> tuple[Callable, tuple]:
+    _register_helpers(jit.numba())
+    return body, _signature(dtype, _KINDS[body])
 
-    return jit.compiled_once(key, make)
+
+def _make_tile(kind: str, kh: int, kw: int, dtype: np.dtype) -> tuple[Callable, tuple]:
+    _register_helpers(jit.numba())
+    return tile_bodies(kh, kw, dtype.type(0))[kind], _signature(dtype, _TILE_KINDS[kind])
 
 
 def compiled(body: Callable, dtype: np.dtype) -> Any:
     """`body` compiled for `dtype` (one explicit signature; inputs may be read-only),
     cached on disk by Numba; compiled once per process."""
-    return _compile((body, dtype), body, dtype, _KINDS[body])
+    return jit.compiled_once((body, dtype), _make, body, dtype)
 
 
 def compiled_tile(kind: str, kh: int, kw: int, dtype: np.dtype) -> Any:
     """The tile pooling body `kind` for a kh x kw window, compiled for dtype."""
-    def make() -> tuple[Callable, tuple]:
-        _register_helpers(jit.numba())
-        return tile_bodies(kh, kw, dtype.type(0))[kind], _signature(dtype, _TILE_KINDS[kind])
-
-    return jit.compiled_once(("conv tile", kind, kh, kw, dtype), make)
+    return jit.compiled_once(("conv tile", kind, kh, kw, dtype), _make_tile, kind, kh, kw, dtype)
 
 
 def check_dtype(op: str, arrays: Sequence[np.ndarray]) -> np.dtype:

@@ -11,6 +11,7 @@ bias, then a batch norm's affine map), so results are bit for bit theirs.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -45,17 +46,16 @@ def epilogue_body(rows, bias, scale, shift, residual, has_bias, has_scale, has_s
                 rows[n, c, p] = v
 
 
-def _epilogue_signature(dtype: np.dtype) -> tuple:
+def _make(dtype: np.dtype) -> tuple[Callable, tuple]:
     nb = jit.numba()
     vector = jit.array_type(dtype, 1, "C", readonly=True)
-    return (jit.array_type(dtype, 3, "C"), vector, vector, vector,
-            jit.array_type(dtype, 3, "C", readonly=True), *(nb.types.boolean,) * 5,
-            nb.from_dtype(dtype))
+    return epilogue_body, (jit.array_type(dtype, 3, "C"), vector, vector, vector,
+                           jit.array_type(dtype, 3, "C", readonly=True),
+                           *(nb.types.boolean,) * 5, nb.from_dtype(dtype))
 
 
 def _kernel(dtype: np.dtype) -> Any:
-    return jit.compiled_once((epilogue_body, dtype),
-                             lambda: (epilogue_body, _epilogue_signature(dtype)))
+    return jit.compiled_once((epilogue_body, dtype), _make, dtype)
 
 
 def apply(rows: np.ndarray, bias: np.ndarray | None, scale: np.ndarray | None,

@@ -13,6 +13,7 @@ One file on purpose: Numba's disk cache notices an edit to a kernel's own file o
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -42,11 +43,14 @@ def scatter_add_body(values, idx, out):
                     out[p, k, q] += values[p, j, q]
 
 
+def _make(dtype: np.dtype) -> tuple[Callable, tuple]:
+    return scatter_add_body, (jit.array_type(dtype, 3, "C", readonly=True),
+                              jit.array_type(np.dtype(np.int64), 3, "C", readonly=True),
+                              jit.array_type(dtype, 3, "C"))
+
+
 def _scatter_add_loop(dtype: np.dtype) -> Any:
-    return jit.compiled_once((scatter_add_body, dtype), lambda: (scatter_add_body, (
-        jit.array_type(dtype, 3, "C", readonly=True),
-        jit.array_type(np.dtype(np.int64), 3, "C", readonly=True),
-        jit.array_type(dtype, 3, "C"))))
+    return jit.compiled_once((scatter_add_body, dtype), _make, dtype)
 
 
 def scatter_add(values: np.ndarray, idx: np.ndarray, out: np.ndarray) -> np.ndarray:

@@ -195,11 +195,12 @@ def compile_once(driver: Any, signature: tuple) -> None:
         driver.disable_compile()
 
 
-def compiled_once(key: Hashable, make: Callable[[], tuple[Callable, tuple]],
+def compiled_once(key: Hashable, make: Callable[..., tuple[Callable, tuple]], *args: Any,
                   **options: Any) -> Any:
     """The dispatcher stored under `key` (unique across modules: a body function and a
-    dtype), made on its first use: `make()` gives a Python body and the one signature
-    it is compiled for, with Numba's disk cache and JIT_OPTIONS (`options` added or
+    dtype), made on its first use: `make(*args)` gives a Python body and the one
+    signature it is compiled for (a module-level `make`: callers on a hot path build no
+    closure per call), with Numba's disk cache and JIT_OPTIONS (`options` added or
     overriding), after which the dispatcher compiles nothing more: a call with other
     types raises instead of compiling behind the caller's back. Made under one lock
     (`make` may register helpers or read globals), and once per process."""
@@ -208,7 +209,7 @@ def compiled_once(key: Hashable, make: Callable[[], tuple[Callable, tuple]],
         with _lock:
             found = _closed.get(key)
             if found is None:
-                body, signature = make()
+                body, signature = make(*args)
                 found = numba().njit(cache=True, **{**JIT_OPTIONS, **options})(body)
                 found.compile(signature)
                 found.disable_compile()

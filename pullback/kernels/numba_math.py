@@ -161,37 +161,43 @@ def _tanh32(x):
     return small if a < _F32(sm.TANH_SERIES_LIMIT) else big
 
 
+# erf = x P(x**2) below |x| = 2, 1 - e**-x**2 Q(6/|x| - 2) from there (as CpuBackend),
+# from x, t = x**2 and e = e**-t: the normal distribution's density shares that e.
 @register_jitable(inline="always", **_JIT)
-def _erf64(x):
-    # erf = x P(x**2) below |x| = 2, 1 - e**-x**2 Q(6/|x| - 2) from there (as CpuBackend).
-    t = x * x
+def _erf_given64(x, t, e):
     series = x * _erf_series(min(t, 4.0))
     a = min(max(abs(x), 2.0), 6.0)
-    tail = np.copysign(1.0 - _exp64(-t) * _erfc_tail(6.0 / a - 2.0), x)
+    tail = np.copysign(1.0 - e * _erfc_tail(6.0 / a - 2.0), x)
     return series if t < 4.0 else tail
+
+
+@register_jitable(inline="always", **_JIT)
+def _erf_given32(x, t, e):
+    series = x * _erf_series_f32(min(t, _F32(4.0)))
+    a = min(max(abs(x), _F32(2.0)), _F32(6.0))
+    tail = np.copysign(_F32(1.0) - e * _erfc_tail_f32(_F32(6.0) / a - _F32(2.0)), x)
+    return series if t < _F32(4.0) else tail
+
+
+@register_jitable(inline="always", **_JIT)
+def _erf64(x):
+    t = x * x
+    return _erf_given64(x, t, _exp64(-t))
 
 
 @register_jitable(inline="always", **_JIT)
 def _erf32(x):
     t = x * x
-    series = x * _erf_series_f32(min(t, _F32(4.0)))
-    a = min(max(abs(x), _F32(2.0)), _F32(6.0))
-    q = _erfc_tail_f32(_F32(6.0) / a - _F32(2.0))
-    tail = np.copysign(_F32(1.0) - _exp32(-t) * q, x)
-    return series if t < _F32(4.0) else tail
+    return _erf_given32(x, t, _exp32(-t))
 
 
-# Phi and phi: erf at z = x / sqrt 2 as _erf64 / _erf32 compute it, whose tail's
-# e**(-z*z) is the density's e**(-x*x/2).
+# Phi and phi: erf at z = x / sqrt 2, whose e**(-z*z) is the density's e**(-x*x/2).
 @register_jitable(inline="always", **_JIT)
 def _normal_cdf_pdf64(x):
     z = x * sm.SQRT1_2
     t = z * z
     e = _exp64(-t)
-    series = z * _erf_series(min(t, 4.0))
-    a = min(max(abs(z), 2.0), 6.0)
-    tail = np.copysign(1.0 - e * _erfc_tail(6.0 / a - 2.0), z)
-    return 0.5 * (1.0 + (series if t < 4.0 else tail)), sm.INV_SQRT_2PI * e
+    return 0.5 * (1.0 + _erf_given64(z, t, e)), sm.INV_SQRT_2PI * e
 
 
 @register_jitable(inline="always", **_JIT)
@@ -199,11 +205,7 @@ def _normal_cdf_pdf32(x):
     z = x * _SQRT1_2_F32
     t = z * z
     e = _exp32(-t)
-    series = z * _erf_series_f32(min(t, _F32(4.0)))
-    a = min(max(abs(z), _F32(2.0)), _F32(6.0))
-    tail = np.copysign(_F32(1.0) - e * _erfc_tail_f32(_F32(6.0) / a - _F32(2.0)), z)
-    erf = series if t < _F32(4.0) else tail
-    return _F32(0.5) * (_F32(1.0) + erf), _INV_SQRT_2PI_F32 * e
+    return _F32(0.5) * (_F32(1.0) + _erf_given32(z, t, e)), _INV_SQRT_2PI_F32 * e
 
 
 @register_jitable(**_JIT)

@@ -143,20 +143,21 @@ _KINDS = {forward_serial: "i3 i1 i1 s o3 o1 o1", forward_parallel: "i3 i1 i1 s o
 _registered = False
 
 
+def _make(driver: Callable, dtype: np.dtype) -> tuple[Callable, tuple]:
+    global _registered, prange
+    if not _registered:
+        nb = jit.numba()
+        for helper in (_moments, _forward_channel, _backward_channel):
+            nb.extending.register_jitable(**_OPTIONS)(helper)
+        prange = nb.prange
+        _registered = True
+    return driver, _kinds_signature(dtype, _KINDS[driver])
+
+
 def _compiled(driver: Any, dtype: np.dtype) -> Any:
     """`driver` compiled for dtype (one explicit signature), cached on disk by Numba."""
-    def make() -> tuple[Callable, tuple]:
-        global _registered, prange
-        if not _registered:
-            nb = jit.numba()
-            for helper in (_moments, _forward_channel, _backward_channel):
-                nb.extending.register_jitable(**_OPTIONS)(helper)
-            prange = nb.prange
-            _registered = True
-        return driver, _kinds_signature(dtype, _KINDS[driver])
-
-    return jit.compiled_once((driver, dtype), make, parallel=driver.__name__.endswith(
-        "parallel"), **_OPTIONS)
+    return jit.compiled_once((driver, dtype), _make, driver, dtype,
+                             parallel=driver.__name__.endswith("parallel"), **_OPTIONS)
 
 
 # ---------------------------------------------------------------- entry points

@@ -220,8 +220,11 @@ def _signature(dtype: np.dtype, kinds: tuple[str, ...]) -> tuple:
 
 def compiled(body: Callable, dtype: np.dtype) -> Any:
     """`body` compiled for `dtype` (computing in it), cached on disk; once per process."""
-    return jit.compiled_once((body, dtype), lambda: (_with_callees(body, dtype),
-                                                     _signature(dtype, _KINDS[body])))
+    return jit.compiled_once((body, dtype), _make, body, dtype)
+
+
+def _make(body: Callable, dtype: np.dtype) -> tuple[Callable, tuple]:
+    return _with_callees(body, dtype), _signature(dtype, _KINDS[body])
 
 
 def check_dtype(op: str, arrays: list[np.ndarray]) -> np.dtype:

@@ -238,13 +238,14 @@ def _signature(dtype: np.dtype, kinds: tuple[str, ...]) -> tuple:
 def compiled(body: Callable, dtype: np.dtype) -> Any:
     """`body` compiled for `dtype`, its float literals in that dtype (a float64 literal
     would run a float32 kernel in float64), cached on disk; once per process."""
-    def make() -> tuple[Callable, tuple]:
-        typed = jit.in_precision(body, dtype)
-        # A name per dtype: Numba names a compiled function after its qualified name.
-        typed.__qualname__ = f"{body.__name__}_{dtype.name}"
-        return typed, _signature(dtype, _KINDS[body])
+    return jit.compiled_once((body, dtype), _make, body, dtype)
 
-    return jit.compiled_once((body, dtype), make)
+
+def _make(body: Callable, dtype: np.dtype) -> tuple[Callable, tuple]:
+    typed = jit.in_precision(body, dtype)
+    # A name per dtype: Numba names a compiled function after its qualified name.
+    typed.__qualname__ = f"{body.__name__}_{dtype.name}"
+    return typed, _signature(dtype, _KINDS[body])
 
 
 # ---------------------------------------------------------------- entry points
