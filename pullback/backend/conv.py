@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from pullback.backend import winograd
+from pullback.backend import split, winograd
 from pullback.errors import KernelError
 from pullback.kernels import conv as kernels
 
@@ -325,9 +325,40 @@ def _winograd(win: Windows, groups: int, batch: int, c_in: int, c_out: int) -> b
         return False
     if WINOGRAD_FORCED is not None:
         return WINOGRAD_FORCED
+    batch = getattr(_PART, "batch", None) or batch  # a part of a split batch: the whole
     grid = winograd.tiles(win.out_hw)
     return (min(c_in, c_out) >= WINOGRAD_CHANNELS and min(win.out_hw) >= WINOGRAD_SIDE
             and batch * grid[0] * grid[1] >= WINOGRAD_TILES)
+
+
+# A convolution of at least this many multiply-adds is split over BLAS's threads by
+# batch (pullback.backend.split), BLAS on one thread meanwhile: pullback's own passes
+# (im2col, col2im, Winograd's transforms) then use every core. ResNet-20's training step
+# (one process, in turns, best 4 of 8): 484-506 ms whole, 385-449 split from 64M, 405-466
+# from 16M; the 3x32x32 CNN's step (its conv 32->64 split from 64M) within that run's
+# noise either way (bench/RESULTS.md). Smaller convolutions (the digits CNNs, 2-9M)
+# measured 1.5x slower split: a part is too short for a thread to pay.
+SPLIT_MACS = 1 << 26
+_PART = threading.local()  # .batch: the whole batch, on a thread running one part of it
+
+
+def _split(n: int, macs: int) -> bool:
+    """Whether a convolution over a batch of n, of `macs` multiply-adds, is split."""
+    return (n > 1 and macs >= SPLIT_MACS and getattr(_PART, "batch", None) is None
+            and len(split.parts(n)) > 1)
+
+
+def _over_batch(n: int, run: Callable[[int, int], Any]) -> list:
+    """split.over_batch, each part run as a convolution of its own, not split again, and
+    taking the path the whole batch would (`_winograd` counts the whole batch's tiles)."""
+    def part(a: int, b: int) -> Any:
+        _PART.batch = n
+        try:
+            return run(a, b)
+        finally:
+            _PART.batch = None
+
+    return split.over_batch(n, part)
 
 
 def conv2d(x: np.ndarray, w: np.ndarray, stride: Any, padding: Any, dilation: Any = (1, 1),
@@ -347,6 +378,14 @@ def conv2d(x: np.ndarray, w: np.ndarray, stride: Any, padding: Any, dilation: An
         out[...] = 0  # an empty batch (or no channels): a sum over nothing, as PyTorch
         if epilogue is not None:
             epilogue(out.reshape(n, o, pixels), 0, n)
+        return out
+    if _split(n, out.size * (c // groups) * win.kernel[0] * win.kernel[1]):
+        def part(a: int, b: int) -> None:
+            shifted = None if epilogue is None else (
+                lambda rows, start, stop: epilogue(rows, start + a, stop + a))
+            conv2d(x[a:b], w, stride, padding, dilation, groups, out[a:b], shifted)
+
+        _over_batch(n, part)
         return out
     rows = out.reshape(n, groups, o // groups, pixels)
     x = np.ascontiguousarray(x)
@@ -437,6 +476,11 @@ def conv2d_input_backward(
     if grad.size == 0 or upstream.size == 0 or w.size == 0:
         grad[...] = 0  # an empty batch, or nothing reaches the input
         return grad
+    if _split(n, upstream.size * (c // groups) * win.kernel[0] * win.kernel[1]):
+        _over_batch(n, lambda a, b: conv2d_input_backward(
+            upstream[a:b], w, (b - a, *input_shape[1:]), stride, padding, dilation, groups,
+            grad[a:b]))
+        return grad
     if _pointwise(win):
         np.matmul(weight_t, up, out=grad.reshape(n, groups, -1, pixels))
         return grad
@@ -509,6 +553,13 @@ def conv2d_weight_backward(
         return np.zeros(tuple(weight_shape), x.dtype)  # an empty batch adds nothing
     n, c = x.shape[:2]
     o = weight_shape[0]
+    if _split(n, upstream.size * (c // groups) * win.kernel[0] * win.kernel[1]):
+        grads = _over_batch(n, lambda a, b: conv2d_weight_backward(
+            upstream[a:b], x[a:b], weight_shape, stride, padding, dilation, groups))
+        grad = grads[0].copy()  # (a part's result may be a view of its thread's scratch)
+        for more in grads[1:]:  # in the parts' order, whichever thread ran them
+            grad += more
+        return grad
     if _winograd(win, groups, n, c, o):
         return winograd.weight_gradient(x, upstream, win.padding, scratch)
     pixels = win.out_hw[0] * win.out_hw[1]

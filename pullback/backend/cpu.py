@@ -858,19 +858,19 @@ class CpuBackend(BackwardOps, FusedOps, CpuRecurrentOps, CpuGatherOps, CpuAttent
                                                    "the convolution's output")
             residual = np.ascontiguousarray(residual).reshape(shape[0], shape[1], -1)
 
-        covered = [0]  # samples the epilogue has run on
+        covered: list[int] = []  # samples per chunk the epilogue ran on (from any thread)
 
         def epilogue(rows: np.ndarray, start: int, stop: int) -> None:
             conv_epilogue.apply(rows, vectors[0], vectors[1], vectors[2],
                                 None if residual is None else residual[start:stop], relu)
-            covered[0] += stop - start
+            covered.append(stop - start)  # one atomic step: parts may run on threads
 
         y = conv.conv2d(x, w, stride, padding, dilation, groups, out=out, epilogue=epilogue)
-        if covered[0] == 0 and shape[0]:
+        if not covered and shape[0]:
             # A convolution path that takes no epilogue: one pass after it, still right.
             epilogue(y.reshape(shape[0], shape[1], -1), 0, shape[0])
-        elif covered[0] != shape[0]:
-            raise KernelError("conv2d", given, f"the epilogue ran on {covered[0]} of "
+        elif sum(covered) != shape[0]:
+            raise KernelError("conv2d", given, f"the epilogue ran on {sum(covered)} of "
                                                f"{shape[0]} samples")
         return y
 

@@ -1,0 +1,101 @@
+"""What CpuBackend knows of the BLAS NumPy calls: how many threads it runs, and how to
+put it on one thread while pullback splits work over threads of its own
+(pullback.backend.split), so that each part's products do not start BLAS's threads too.
+
+NumPy's wheels bundle OpenBLAS (as scipy-openblas, its symbols prefixed); the library is
+found among those the process has loaded (/proc/self/maps, Linux). Its
+`openblas_set_num_threads_local` despite its name sets the count for the whole process
+(and returns the previous one): `one_thread` therefore counts the blocks inside it, on
+any thread, and restores the count when the last one ends. With another BLAS (MKL,
+Accelerate), or where the library cannot be found, `limitable()` is false and callers
+do not split.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import numpy as np
+
+_lock = threading.Lock()
+_found: Any = None  # (get_num_threads, set_num_threads_local), or False: none usable
+
+_GET = ("openblas_get_num_threads", "scipy_openblas_get_num_threads64_",
+        "scipy_openblas_get_num_threads")
+
+
+def _loaded_openblas() -> list[str]:
+    """Paths of the OpenBLAS libraries loaded in this process (NumPy imported one)."""
+    try:
+        with open("/proc/self/maps") as maps:
+            paths = {line.split(None, 5)[-1].strip() for line in maps if "openblas" in line}
+    except OSError:
+        return []
+    return sorted(p for p in paths if p.startswith("/") and ".so" in p)
+
+
+def _functions() -> Any:
+    global _found
+    if _found is None:
+        with _lock:
+            if _found is None:
+                np.dot(np.ones(2), np.ones(2))  # NumPy's BLAS is loaded by now
+                _found = False
+                for path in _loaded_openblas():
+                    try:
+                        lib = ctypes.CDLL(path)
+                    except OSError:
+                        continue
+                    get = next((getattr(lib, n) for n in _GET if hasattr(lib, n)), None)
+                    local = getattr(lib, "openblas_set_num_threads_local", None)
+                    if get is not None and local is not None:
+                        get.restype, get.argtypes = ctypes.c_int, []
+                        local.restype, local.argtypes = ctypes.c_int, [ctypes.c_int]
+                        _found = (get, local)
+                        break
+    return _found
+
+
+def limitable() -> bool:
+    """Whether BLAS's thread count can be lowered for a while (`one_thread`)."""
+    return bool(_functions())
+
+
+def threads() -> int:
+    """The threads BLAS runs a large product on (1 when unknown): inside `one_thread`,
+    the count before it, so that work split by this count splits alike then."""
+    found = _functions()
+    if not found:
+        return 1
+    with _lock:
+        return max(1, int(_before if _inside else found[0]()))
+
+
+_inside = 0  # `one_thread` blocks running, on any thread
+_before = 0  # BLAS's thread count when the first of them began
+
+
+@contextmanager
+def one_thread() -> Iterator[None]:
+    """BLAS on one thread, for the whole process, while the block runs; its count before
+    is restored when the last such block (on any thread) ends."""
+    global _inside, _before
+    found = _functions()
+    if not found:
+        yield
+        return
+    with _lock:
+        if _inside == 0:
+            _before = found[1](1)
+        _inside += 1
+    try:
+        yield
+    finally:
+        with _lock:
+            _inside -= 1
+            if _inside == 0:
+                found[1](_before)

@@ -1,0 +1,72 @@
+"""A batch's work split over BLAS's threads, for CpuBackend's convolution loops whose
+own passes (Winograd's tile transforms) would otherwise run on one core while BLAS
+uses them all: the batch is cut into one contiguous part per BLAS thread, each part
+runs whole (transforms and products) on a thread of its own, and BLAS runs on one
+thread meanwhile (pullback.backend.blas), each part's products on its part's thread.
+
+The calling thread runs the first part, then takes back every part no worker has
+started yet and runs it itself, so a worker the operating system does not schedule
+(a busy machine) costs no waiting. Which thread runs a part changes nothing: the parts
+and what each computes depend only on the batch and BLAS's thread count, so results are
+the same bit for bit whoever runs them. Where BLAS runs on one thread, or its per-thread
+setting is unavailable (`blas.limitable()`), everything runs on the calling thread.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import TypeVar
+
+from pullback.backend import blas
+
+T = TypeVar("T")
+
+_lock = threading.Lock()
+_pool: ThreadPoolExecutor | None = None
+
+
+def _executor() -> ThreadPoolExecutor:
+    global _pool
+    if _pool is None:
+        with _lock:
+            if _pool is None:
+                # Threads start on demand, up to one fewer than the CPUs (the caller runs
+                # a part).
+                _pool = ThreadPoolExecutor(max(1, (os.cpu_count() or 2) - 1),
+                                           thread_name_prefix="pullback-split")
+                atexit.register(_pool.shutdown, wait=False)
+    return _pool
+
+
+def parts(n: int) -> list[tuple[int, int]]:
+    """The contiguous parts (start, stop) of range(n) that `over_batch` runs: one per
+    BLAS thread, at most n."""
+    k = min(n, blas.threads()) if n > 1 and blas.limitable() else 1
+    cuts = [n * i // k for i in range(k + 1)]
+    return [(cuts[i], cuts[i + 1]) for i in range(k)]
+
+
+def over_batch(n: int, run: Callable[[int, int], T]) -> list[T]:
+    """[run(start, stop) for each of `parts(n)`], the parts run at once on BLAS's threads
+    (BLAS itself on one thread meanwhile), results in order."""
+    cuts = parts(n)
+    if len(cuts) == 1:
+        return [run(0, n)]
+    pool = _executor()
+    results: list[T] = []
+    with blas.one_thread():
+        futures: list[Future[T]] = [pool.submit(run, *part) for part in cuts[1:]]
+        try:
+            results.append(run(*cuts[0]))
+            for part, future in zip(cuts[1:], futures):
+                # A part no worker has started is withdrawn and run here.
+                results.append(run(*part) if future.cancel() else future.result())
+        finally:
+            for future in futures:  # never return while a part still writes
+                if not future.cancel():
+                    future.exception()
+    return results

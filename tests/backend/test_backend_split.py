@@ -1,0 +1,158 @@
+"""Convolutions split over BLAS's threads by batch (pullback.backend.split): the parts
+compute what the whole batch does (within the paths' float error: BLAS's products and
+the weight gradient's sums round apart), take the whole batch's path, run at once,
+and a part no worker has started is run by the caller; BLAS's thread count is lowered
+while they run and restored after, nested and concurrent blocks counted."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from pullback.backend import blas, split, winograd
+from pullback.backend import conv as backend_conv
+
+needs_openblas = pytest.mark.skipif(not blas.limitable(), reason="NumPy's BLAS is not OpenBLAS")
+
+
+@pytest.fixture
+def halves(monkeypatch):
+    """Every convolution split in two (whatever BLAS's threads), or (False) none."""
+    def choose(on: bool) -> None:
+        monkeypatch.setattr(backend_conv, "SPLIT_MACS", 0 if on else 1 << 62)
+        monkeypatch.setattr(split, "parts", lambda n: [(0, n // 2), (n // 2, n)] if n > 1
+                            else [(0, n)])
+    return choose
+
+
+# (x shape, out channels, stride, padding): Winograd, im2col, small maps, 1x1, stride 2
+CASES = [((4, 16, 12, 12), 16, 1, 1), ((5, 3, 9, 9), 4, 1, 0), ((6, 8, 4, 4), 8, 1, 1),
+         ((4, 6, 5, 5), 7, 1, 0), ((5, 4, 9, 8), 6, 2, 1)]
+
+
+def _kernel(c: int, o: int, case: tuple) -> tuple:
+    return (1, 1) if case[3] == 0 and c == 6 else (3, 3)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[str(c[0]) for c in CASES])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_split_parts_compute_what_the_whole_batch_does(cpu, halves, case, dtype):
+    shape, o, stride, padding = case
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal(shape).astype(dtype)
+    w = rng.standard_normal((o, shape[1], *_kernel(shape[1], o, case))).astype(dtype)
+    results = {}
+    for on in (False, True):
+        halves(on)
+        y = cpu.conv2d(x, w, (stride, stride), (padding, padding))
+        gx = cpu.conv2d_input_backward(y, w, x.shape, (stride, stride), (padding, padding))
+        gw = cpu.conv2d_weight_backward(y, x, w.shape, (stride, stride), (padding, padding))
+        results[on] = (y, gx, gw)
+    # Parts round apart from the whole where BLAS's kernels depend on a product's width
+    # (Winograd's 36 products have as many columns as the part has tiles) and where the
+    # weight gradient adds the parts' sums; within the paths' own float error.
+    for split_result, whole in zip(results[True], results[False]):
+        scale = np.abs(whole).max()
+        np.testing.assert_allclose(split_result, whole, rtol=0,
+                                   atol=scale * 64 * np.finfo(dtype).eps)
+    y1 = results[True][0]
+    ref = F.conv2d(torch.from_numpy(x.astype(np.float64)), torch.from_numpy(w.astype(
+        np.float64)), stride=stride, padding=padding).numpy()
+    tol = 1e-4 if dtype == np.float32 else 1e-10
+    np.testing.assert_allclose(y1, ref, rtol=tol, atol=tol * np.abs(ref).max())
+
+
+def test_a_split_epilogue_gets_the_whole_batch_rows(cpu, halves):
+    halves(True)
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((6, 4, 9, 9)).astype(np.float32)
+    w = rng.standard_normal((5, 4, 3, 3)).astype(np.float32)
+    bias = rng.standard_normal(5).astype(np.float32)
+    residual = rng.standard_normal((6, 5, 7, 7)).astype(np.float32)
+    y = cpu.conv2d_epilogue(x, w, bias, None, None, residual, True, (1, 1), (0, 0))
+    halves(False)
+    plain = cpu.conv2d(x, w, (1, 1), (0, 0))
+    np.testing.assert_array_equal(y, np.maximum(plain + bias[:, None, None] + residual, 0))
+
+
+def test_parts_take_the_whole_batchs_path(cpu, halves, monkeypatch):
+    # 8 samples of 8x8 maps are 32 Winograd tiles, the rule's least; each half has 16.
+    halves(True)
+    calls = []
+    monkeypatch.setattr(winograd, "correlate",
+                        lambda x, u, padding, out, scratch, *e: calls.append(x.shape) or out)
+    x = np.zeros((8, 32, 8, 8), np.float32)
+    cpu.conv2d(x, np.zeros((32, 32, 3, 3), np.float32), (1, 1), (1, 1))
+    assert calls == [(4, 32, 8, 8), (4, 32, 8, 8)]
+
+
+def test_over_batch_runs_parts_at_once_in_order_and_withdraws_unstarted_ones(monkeypatch):
+    monkeypatch.setattr(split, "parts", lambda n: [(0, 1), (1, 2), (2, 3)])
+    started = threading.Barrier(2, timeout=10)
+    threads = {}
+
+    def run(a: int, b: int) -> int:
+        threads[a] = threading.get_ident()
+        if a < 2:
+            started.wait()  # parts 0 and 1 can only both pass if they run at once
+        return a * 10
+
+    assert split.over_batch(3, run) == [0, 10, 20]
+    assert threads[0] == threading.get_ident() != threads[1]
+
+    # A worker that never starts: the caller runs that part itself.
+    blocker = threading.Event()
+    pool = split._executor()
+    jams = [pool.submit(blocker.wait) for _ in range(pool._max_workers)]
+    try:
+        ran_on = []
+        out = split.over_batch(3, lambda a, b: ran_on.append(threading.get_ident()) or a)
+        assert out == [0, 1, 2] and set(ran_on) == {threading.get_ident()}
+    finally:
+        blocker.set()
+        for jam in jams:
+            jam.result()
+
+
+def test_over_batch_raises_a_parts_error_after_every_part_is_done(monkeypatch):
+    monkeypatch.setattr(split, "parts", lambda n: [(0, 1), (1, 2)])
+    started, finished = threading.Event(), []
+
+    def run(a: int, b: int) -> None:
+        if a == 0:
+            started.wait(10)  # part 1 is running on a worker
+            raise ValueError("part 0 failed")
+        started.set()
+        threading.Event().wait(0.2)
+        finished.append(a)
+
+    with pytest.raises(ValueError, match="part 0 failed"):
+        split.over_batch(2, run)
+    assert finished == [1]
+
+
+@needs_openblas
+def test_one_thread_lowers_blas_and_restores_it_when_the_last_block_ends():
+    get, _ = blas._functions()
+    before = get()
+    inner = threading.Event()
+    leave = threading.Event()
+
+    def other() -> None:
+        with blas.one_thread():
+            inner.set()
+            leave.wait(10)
+
+    with blas.one_thread():
+        assert get() == 1 and blas.threads() == before  # the count splits are cut by
+        worker = threading.Thread(target=other)
+        worker.start()
+        inner.wait(10)
+    assert get() == 1  # the other block still runs
+    leave.set()
+    worker.join()
+    assert get() == before
