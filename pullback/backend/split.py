@@ -8,8 +8,8 @@ The calling thread runs the first part, then takes back every part no worker has
 started yet and runs it itself, so a worker the operating system does not schedule
 (a busy machine) costs no waiting. Which thread runs a part changes nothing: the parts
 and what each computes depend only on the batch and BLAS's thread count, so results are
-the same bit for bit whoever runs them. Where BLAS runs on one thread, or its per-thread
-setting is unavailable (`blas.limitable()`), everything runs on the calling thread.
+the same bit for bit whoever runs them. Where BLAS runs on one thread, or its thread
+count cannot be set (`blas.limitable()`), everything runs on the calling thread.
 """
 
 from __future__ import annotations
