@@ -342,8 +342,10 @@ SPLIT_MACS = 1 << 26
 _PART = threading.local()  # .batch: the whole batch, on a thread running one part of it
 
 
-def _split(n: int, macs: int) -> bool:
-    """Whether a convolution over a batch of n, of `macs` multiply-adds, is split."""
+def _split(win: Windows, n: int, c: int, o: int, groups: int) -> bool:
+    """Whether a convolution of c channels into o over a batch of n is split: by its
+    multiply-adds (the same for the forward and both gradients)."""
+    macs = n * o * win.out_hw[0] * win.out_hw[1] * (c // groups) * win.kernel[0] * win.kernel[1]
     return (n > 1 and macs >= SPLIT_MACS and getattr(_PART, "batch", None) is None
             and len(split.parts(n)) > 1)
 
@@ -379,7 +381,7 @@ def conv2d(x: np.ndarray, w: np.ndarray, stride: Any, padding: Any, dilation: An
         if epilogue is not None:
             epilogue(out.reshape(n, o, pixels), 0, n)
         return out
-    if _split(n, out.size * (c // groups) * win.kernel[0] * win.kernel[1]):
+    if _split(win, n, c, o, groups):
         def part(a: int, b: int) -> None:
             shifted = None if epilogue is None else (
                 lambda rows, start, stop: epilogue(rows, start + a, stop + a))
@@ -476,7 +478,7 @@ def conv2d_input_backward(
     if grad.size == 0 or upstream.size == 0 or w.size == 0:
         grad[...] = 0  # an empty batch, or nothing reaches the input
         return grad
-    if _split(n, upstream.size * (c // groups) * win.kernel[0] * win.kernel[1]):
+    if _split(win, n, c, o, groups):
         _over_batch(n, lambda a, b: conv2d_input_backward(
             upstream[a:b], w, (b - a, *input_shape[1:]), stride, padding, dilation, groups,
             grad[a:b]))
@@ -553,7 +555,7 @@ def conv2d_weight_backward(
         return np.zeros(tuple(weight_shape), x.dtype)  # an empty batch adds nothing
     n, c = x.shape[:2]
     o = weight_shape[0]
-    if _split(n, upstream.size * (c // groups) * win.kernel[0] * win.kernel[1]):
+    if _split(win, n, c, o, groups):
         grads = _over_batch(n, lambda a, b: conv2d_weight_backward(
             upstream[a:b], x[a:b], weight_shape, stride, padding, dilation, groups))
         grad = grads[0].copy()  # (a part's result may be a view of its thread's scratch)
