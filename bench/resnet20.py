@@ -244,7 +244,7 @@ def main() -> int:
         check_gradients()
     steps, nets = contenders()
     losses = check(steps, nets) if ALONE is None else []
-    ways = both_ways(steps, repeats=3, number=2)
+    ways = both_ways(steps, repeats=8, number=2)
     results = {way: {name: round(t * 1e3, 2) for name, t in ts.items()}
                for way, ts in ways.items()}
     results["torch / pullback"] = {

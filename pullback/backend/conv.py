@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from pullback.backend import split, winograd
+from pullback.backend import blas, split, winograd
 from pullback.errors import KernelError
 from pullback.kernels import conv as kernels
 
@@ -333,26 +333,37 @@ def _winograd(win: Windows, groups: int, batch: int, c_in: int, c_out: int) -> b
 
 # A convolution of at least this many multiply-adds is split over BLAS's threads by
 # batch (pullback.backend.split), BLAS on one thread meanwhile: pullback's own passes
-# (im2col, col2im, Winograd's transforms) then use every core. ResNet-20's training step
-# (one process, in turns, best 4 of 8): 484-506 ms whole, 385-449 split from 64M, 405-466
-# from 16M; the 3x32x32 CNN's step (its conv 32->64 split from 64M) within that run's
-# noise either way (bench/RESULTS.md). Smaller convolutions (the digits CNNs, 2-9M)
-# measured 1.5x slower split: a part is too short for a thread to pay.
+# (im2col, col2im, Winograd's tile transforms) then use every core. Smaller ones (the
+# digits CNNs, 2-9M) measured 1.5x slower split: a part is too short for a thread to
+# pay (bench/RESULTS.md).
 SPLIT_MACS = 1 << 26
-_PART = threading.local()  # .batch: the whole batch, on a thread running one part of it
+_PART = threading.local()  # .batch: the whole batch, on a thread running a part of it
 
 
-def _split(win: Windows, n: int, c: int, o: int, groups: int) -> bool:
-    """Whether a convolution of c channels into o over a batch of n is split: by its
-    multiply-adds (the same for the forward and both gradients)."""
+def _by_parts(n: int) -> bool:
+    """Whether a convolution over a batch of n runs through `_over_batch`: any batch of
+    more than one sample, unless this thread already runs a part of one. A batch of one
+    runs as it is, BLAS threading its products."""
+    return n > 1 and getattr(_PART, "batch", None) is None
+
+
+def _over_batch(win: Windows, n: int, c: int, o: int, groups: int,
+                run: Callable[[int, int], Any]) -> list:
+    """[run(start, stop) per part]: a convolution of c channels into o over a batch of n,
+    each part run as a convolution of its own, not split again, and taking the path the
+    whole batch would (`_winograd` counts the whole batch's tiles).
+
+    From SPLIT_MACS multiply-adds (the same for the forward and both gradients) the
+    parts run at once (split.over_batch). Below, the whole batch is one part, run here;
+    once a convolution has split in this process, with BLAS on one thread. A product
+    BLAS threads leaves its workers spinning for a while after it returns (OpenBLAS:
+    about 0.1 s), each on a core the next split convolution's parts need: on two cores,
+    ResNet-20's training step took 250 ms against 182 with its 1x1 and first-layer
+    convolutions threaded by BLAS (one process, in turns). Where nothing splits (the
+    digits CNNs), BLAS's threads pay: their steps took 9-12% longer without them."""
+    global _splitting
     macs = n * o * win.out_hw[0] * win.out_hw[1] * (c // groups) * win.kernel[0] * win.kernel[1]
-    return (n > 1 and macs >= SPLIT_MACS and getattr(_PART, "batch", None) is None
-            and len(split.parts(n)) > 1)
 
-
-def _over_batch(n: int, run: Callable[[int, int], Any]) -> list:
-    """split.over_batch, each part run as a convolution of its own, not split again, and
-    taking the path the whole batch would (`_winograd` counts the whole batch's tiles)."""
     def part(a: int, b: int) -> Any:
         _PART.batch = n
         try:
@@ -360,7 +371,16 @@ def _over_batch(n: int, run: Callable[[int, int], Any]) -> list:
         finally:
             _PART.batch = None
 
-    return split.over_batch(n, part)
+    if macs >= SPLIT_MACS:
+        _splitting = True
+        return split.over_batch(n, part)
+    if not _splitting:
+        return [part(0, n)]
+    with blas.one_thread():
+        return [part(0, n)]
+
+
+_splitting = False  # whether a convolution has split in this process (`_over_batch`)
 
 
 def conv2d(x: np.ndarray, w: np.ndarray, stride: Any, padding: Any, dilation: Any = (1, 1),
@@ -381,13 +401,13 @@ def conv2d(x: np.ndarray, w: np.ndarray, stride: Any, padding: Any, dilation: An
         if epilogue is not None:
             epilogue(out.reshape(n, o, pixels), 0, n)
         return out
-    if _split(win, n, c, o, groups):
+    if _by_parts(n):
         def part(a: int, b: int) -> None:
             shifted = None if epilogue is None else (
                 lambda rows, start, stop: epilogue(rows, start + a, stop + a))
             conv2d(x[a:b], w, stride, padding, dilation, groups, out[a:b], shifted)
 
-        _over_batch(n, part)
+        _over_batch(win, n, c, o, groups, part)
         return out
     rows = out.reshape(n, groups, o // groups, pixels)
     x = np.ascontiguousarray(x)
@@ -478,8 +498,8 @@ def conv2d_input_backward(
     if grad.size == 0 or upstream.size == 0 or w.size == 0:
         grad[...] = 0  # an empty batch, or nothing reaches the input
         return grad
-    if _split(win, n, c, o, groups):
-        _over_batch(n, lambda a, b: conv2d_input_backward(
+    if _by_parts(n):
+        _over_batch(win, n, c, o, groups, lambda a, b: conv2d_input_backward(
             upstream[a:b], w, (b - a, *input_shape[1:]), stride, padding, dilation, groups,
             grad[a:b]))
         return grad
@@ -555,9 +575,11 @@ def conv2d_weight_backward(
         return np.zeros(tuple(weight_shape), x.dtype)  # an empty batch adds nothing
     n, c = x.shape[:2]
     o = weight_shape[0]
-    if _split(win, n, c, o, groups):
-        grads = _over_batch(n, lambda a, b: conv2d_weight_backward(
+    if _by_parts(n):
+        grads = _over_batch(win, n, c, o, groups, lambda a, b: conv2d_weight_backward(
             upstream[a:b], x[a:b], weight_shape, stride, padding, dilation, groups))
+        if len(grads) == 1:
+            return grads[0]
         grad = grads[0].copy()  # (a part's result may be a view of its thread's scratch)
         for more in grads[1:]:  # in the parts' order, whichever thread ran them
             grad += more

@@ -153,3 +153,45 @@ def test_one_thread_lowers_blas_and_restores_it_when_the_last_block_ends():
     leave.set()
     worker.join()
     assert get() == before
+
+
+@needs_openblas
+@pytest.mark.parametrize("splitting", [False, True])
+def test_an_unsplit_convolution_runs_blas_on_one_thread_once_one_has_split(
+        cpu, monkeypatch, splitting):
+    """Below SPLIT_MACS a batch runs whole on the calling thread; BLAS threads its
+    products until a convolution has split in this process, then runs them on one
+    thread (a spinning BLAS worker would take the split parts' core)."""
+    get, _ = blas._functions()
+    before = get()
+    if before < 2:
+        pytest.skip("BLAS runs on one thread here: nothing to lower")
+    monkeypatch.setattr(backend_conv, "SPLIT_MACS", 1 << 62)
+    monkeypatch.setattr(backend_conv, "_splitting", splitting)
+    seen = []
+    unfold = backend_conv.kernels.unfold
+
+    def watched(*args):  # the im2col of a 3x3 convolution: inside the products' block
+        seen.append(get())
+        return unfold(*args)
+
+    monkeypatch.setattr(backend_conv.kernels, "unfold", watched)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((3, 2, 6, 6)).astype(np.float32)
+    w = rng.standard_normal((4, 2, 3, 3)).astype(np.float32)
+    y = cpu.conv2d(x, w, (1, 1), (0, 0))
+    assert seen and set(seen) == ({1} if splitting else {before})
+    assert get() == before
+    ref = F.conv2d(torch.from_numpy(x), torch.from_numpy(w)).numpy()
+    np.testing.assert_allclose(y, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_a_split_marks_the_process_as_splitting(cpu, halves, monkeypatch):
+    monkeypatch.setattr(backend_conv, "_splitting", False)
+    x = np.ones((4, 2, 5, 5), np.float32)
+    cpu.conv2d(x, np.ones((3, 2, 3, 3), np.float32), (1, 1), (1, 1))
+    assert backend_conv._splitting is False  # halves(off) not yet chosen: as before
+    halves(True)
+    y = cpu.conv2d(x, np.ones((3, 2, 3, 3), np.float32), (1, 1), (1, 1))
+    assert backend_conv._splitting is True
+    assert y[0, 0, 2, 2] == 18.0  # every window inside: 2 channels x 9 ones
