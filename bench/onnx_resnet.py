@@ -163,7 +163,7 @@ def main() -> None:
           f"onnxruntime {t_spin * 1e3:.1f} ms (spinning workers, its default), "
           f"{t_sleep * 1e3:.1f} ms (allow_spinning=0)")
     print(f"ratio pullback / onnxruntime (its faster setting): {t_pb / t_ort:.2f} "
-          "(the issue aims at 1.5 or less)")
+          "(issue 15 aims at 1.0 or less)")
 
     if args.profile:
         profiler = cProfile.Profile()
