@@ -793,21 +793,41 @@ class CpuBackend(BackwardOps, FusedOps, CpuRecurrentOps, CpuGatherOps, CpuAttent
         return False
 
     def batch_norm(
-        self, x: np.ndarray, weight: np.ndarray | None, bias: np.ndarray | None, eps: float
+        self, x: np.ndarray, weight: np.ndarray | None, bias: np.ndarray | None, eps: float,
+        relu: bool = False, out: np.ndarray | None = None,
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """FusedOps.batch_norm, y written into `out` (x's shape and dtype, C-ordered) when
+        given: a training plan's buffer."""
         check_channels("batch_norm", x)
+        if out is not None and (out.shape != x.shape or out.dtype != x.dtype
+                                or not out.flags.c_contiguous):
+            raise KernelError("batch_norm", [x, out], "out must be C-contiguous, of x's shape "
+                              "and dtype")
+        if self._channel_params(x, weight, bias) and x.size and x.ndim > 2:
+            # NCHW as it is: no copy moves the channels outermost.
+            channels = x.shape[1]
+            weight = np.ones(channels, x.dtype) if weight is None else weight
+            bias = np.zeros(channels, x.dtype) if bias is None else bias
+            planes = self._planes(x)
+            y, mean, var = compiled_planes.batch_norm(
+                planes, weight, bias, float(eps), self._parallel_planes(x), relu,
+                None if out is None else out.reshape(planes.shape))
+            return (y.reshape(x.shape) if out is None else out), mean, var
         if not self._channel_params(x, weight, bias) or x.size == 0:
-            return super().batch_norm(x, weight, bias, eps)
-        channels = x.shape[1]
-        weight = np.ones(channels, x.dtype) if weight is None else weight
-        bias = np.zeros(channels, x.dtype) if bias is None else bias
-        if x.ndim > 2:  # NCHW as it is: no copy moves the channels outermost
-            y, mean, var = compiled_planes.batch_norm(self._planes(x), weight, bias, float(eps),
-                                                      self._parallel_planes(x))
-            return y.reshape(x.shape), mean, var
-        y, mean, var = self._fused(compiled_channels.batch_norm, self._channel_rows(x), weight,
-                                   bias, float(eps))
-        return np.ascontiguousarray(y.T), mean, var
+            y, mean, var = super().batch_norm(x, weight, bias, eps, relu)
+        else:
+            channels = x.shape[1]
+            weight = np.ones(channels, x.dtype) if weight is None else weight
+            bias = np.zeros(channels, x.dtype) if bias is None else bias
+            y, mean, var = self._fused(compiled_channels.batch_norm, self._channel_rows(x),
+                                       weight, bias, float(eps))
+            y = np.ascontiguousarray(y.T)
+            if relu:
+                y = relu_kernel(y, out=y)
+        if out is None:
+            return y, mean, var
+        out[...] = y
+        return out, mean, var
 
     def batch_norm_statistics(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         check_channels("batch_norm_statistics", x)

@@ -139,10 +139,11 @@ class FusedOps(Mixin):
         return (0, *range(2, len(shape))), column, count
 
     def batch_norm(self, x: Array, weight: Array | None, bias: Array | None,
-                   eps: float) -> tuple[Array, Array, Array]:
+                   eps: float, relu: bool = False) -> tuple[Array, Array, Array]:
         """(x - mean) / sqrt(var + eps) * weight + bias per channel (axis 1), with the
         batch's mean and biased variance over every other axis; returns (y, mean, var),
-        mean and var of shape (C,)."""
+        mean and var of shape (C,). With `relu`, y is relu's of that (a training plan
+        runs a batch norm and the relu after it as one step)."""
         check_channels("batch_norm", x)
         _, column, _ = self._channel_geometry(x)
         mean, var = self.batch_norm_statistics(x)
@@ -152,7 +153,7 @@ class FusedOps(Mixin):
             y = self.mul(y, self.reshape(weight, column))
         if bias is not None:
             y = self.add(y, self.reshape(bias, column))
-        return y, mean, var
+        return (self.relu(y) if relu else y), mean, var
 
     def batch_norm_statistics(self, x: Array) -> tuple[Array, Array]:
         """(mean, var) of x per channel (axis 1) over every other axis, the variance

@@ -46,15 +46,23 @@ def _moments(x, c):
     return m, squares / count
 
 
-def _forward_channel(x, weight, bias, eps, y, mean, var, c):
-    """Channel c of batch_norm: y = (x - mean) weight / sqrt(var + eps) + bias."""
+def _forward_channel(x, weight, bias, eps, relu, y, mean, var, c):
+    """Channel c of batch_norm: y = (x - mean) weight / sqrt(var + eps) + bias, and with
+    `relu` relu(y) as relu computes it (NaN stays NaN)."""
     n_, _, s_ = x.shape
     m, v = _moments(x, c)
     scale = weight[c] / np.sqrt(v + eps)
     shift = bias[c]
-    for n in range(n_):
-        for t in range(s_):
-            y[n, c, t] = (x[n, c, t] - m) * scale + shift
+    zero = x.dtype.type(0)
+    if relu:
+        for n in range(n_):
+            for t in range(s_):
+                value = (x[n, c, t] - m) * scale + shift
+                y[n, c, t] = zero if value <= zero else value
+    else:
+        for n in range(n_):
+            for t in range(s_):
+                y[n, c, t] = (x[n, c, t] - m) * scale + shift
     mean[c] = m
     var[c] = v
 
@@ -96,14 +104,14 @@ def _backward_channel(upstream, x, weight, eps, grad_x, grad_weight, grad_bias, 
 prange = range
 
 
-def forward_serial(x, weight, bias, eps, y, mean, var):
+def forward_serial(x, weight, bias, eps, relu, y, mean, var):
     for c in range(x.shape[1]):
-        _forward_channel(x, weight, bias, eps, y, mean, var, c)
+        _forward_channel(x, weight, bias, eps, relu, y, mean, var, c)
 
 
-def forward_parallel(x, weight, bias, eps, y, mean, var):
+def forward_parallel(x, weight, bias, eps, relu, y, mean, var):
     for c in prange(x.shape[1]):
-        _forward_channel(x, weight, bias, eps, y, mean, var, c)
+        _forward_channel(x, weight, bias, eps, relu, y, mean, var, c)
 
 
 def statistics_serial(x, mean, var):
@@ -130,14 +138,15 @@ def backward_parallel(upstream, x, weight, eps, grad_x, grad_weight, grad_bias):
 
 
 def _kinds_signature(dtype: np.dtype, kinds: str) -> tuple:
-    # "i3"/"o3": a read-only / writable C-contiguous array of that many axes; "s" a scalar.
+    # "i3"/"o3": a read-only / writable C-contiguous array of that many axes; "s" a scalar,
+    # "b" a flag.
     nb = jit.numba()
-    return tuple(nb.from_dtype(dtype) if kind == "s" else
+    return tuple(nb.from_dtype(dtype) if kind == "s" else nb.boolean if kind == "b" else
                  jit.array_type(dtype, int(kind[1]), "C", readonly=kind[0] == "i")
                  for kind in kinds.split())
 
 
-_KINDS = {forward_serial: "i3 i1 i1 s o3 o1 o1", forward_parallel: "i3 i1 i1 s o3 o1 o1",
+_KINDS = {forward_serial: "i3 i1 i1 s b o3 o1 o1", forward_parallel: "i3 i1 i1 s b o3 o1 o1",
           backward_serial: "i3 i3 i1 s o3 o1 o1", backward_parallel: "i3 i3 i1 s o3 o1 o1",
           statistics_serial: "i3 o1 o1", statistics_parallel: "i3 o1 o1"}
 _registered = False
@@ -165,15 +174,17 @@ def _compiled(driver: Any, dtype: np.dtype) -> Any:
 
 
 def batch_norm(x: np.ndarray, weight: np.ndarray, bias: np.ndarray, eps: float,
-               parallel: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+               parallel: bool = False, relu: bool = False, out: np.ndarray | None = None
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(y, mean, var) of batch norm over the C-contiguous x (N, C, S), weight and bias
-    (C,) of x's dtype; `parallel` spreads the channels over Numba's threads."""
+    (C,) of x's dtype, y relu'd with `relu` and written into `out` (C-contiguous, x's
+    shape) when given; `parallel` spreads the channels over Numba's threads."""
     dtype = check_dtype("batch_norm", [x, weight, bias])
-    y = np.empty_like(x)
+    y = np.empty_like(x) if out is None else out
     mean, var = np.empty(x.shape[1], dtype), np.empty(x.shape[1], dtype)
     driver = forward_parallel if parallel else forward_serial
     _compiled(driver, dtype)(x, np.ascontiguousarray(weight), np.ascontiguousarray(bias),
-                             dtype.type(eps), y, mean, var)
+                             dtype.type(eps), bool(relu), y, mean, var)
     return y, mean, var
 
 

@@ -247,12 +247,16 @@ class Plan(Generic[_R]):
     def explain(self) -> str:
         """The plan as text: its steps, buffers, saved activations and peak memory."""
         g = self.graph
-        fused = sum(step.fused and not step.epilogue for step in self._schedule)
+        fused = sum(step.fused and not (step.epilogue or step.norm_relu)
+                    for step in self._schedule)
         epilogues = sum(step.epilogue for step in self._schedule)
+        norm_relus = sum(step.norm_relu for step in self._schedule)
         lines = [f"plan ({self.mode.value}): {len(g.inputs)} inputs, {len(g.params)} "
                  f"parameters, {len(self._schedule)} forward steps ({len(g.eqns)} ops, "
                  f"{fused} fused chains"
                  + (f", {epilogues} convolutions with their epilogue" if epilogues else "")
+                 + (f", {norm_relus} batch norms with the relu after them" if norm_relus
+                    else "")
                  + (f", {len(self._folds)} folds into convolutions" if self._folds else "")
                  + ")"]
         for v in g.inputs:
@@ -283,7 +287,8 @@ class Plan(Generic[_R]):
                                   + ", ".join(repr(a) for a in e.args) + ")"
                                   for e in step.eqns)
                 how = ("the convolution, its epilogue applied to each chunk of its output "
-                       "in cache" if step.epilogue else "one kernel")
+                       "in cache" if step.epilogue else "the batch norm's kernel writing "
+                       "relu's result" if step.norm_relu else "one kernel")
                 lines.append(f"       {how}, no intermediates stored: {inner}")
         if self._buffers:
             shared = len(self._owner) - len(self._buffers)

@@ -187,3 +187,46 @@ def test_backend_batch_norm_takes_planes_for_spatial_inputs_and_strided_ones(rng
         np.testing.assert_allclose(g, ref, **TOL[np.float32])
     _calls(CpuBackend(), x[:, :, 0, 0], w, b, u[:, :, 0, 0])  # (N, C): the row kernels
     assert len(taken) == 4
+
+
+@pytest.mark.parametrize("shape", [(5, 3), (4, 3, 5, 6), (2, 3, 2, 3, 4)])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16])
+@pytest.mark.parametrize("backend", [CpuBackend(), ThreadedCpuBackend(num_threads=2),
+                                     Defaults()], ids=["cpu", "threaded", "defaults"])
+def test_batch_norm_with_relu_is_relu_of_batch_norm_bit_for_bit(rng, shape, dtype, backend):
+    """relu=True (a training plan's batch norm + relu step) gives relu's result of the
+    same batch norm, bit for bit, NaN staying NaN and -0 becoming 0 as relu's do; into
+    `out` when given."""
+    x, w, b = _data(rng, shape, dtype)
+    x[:, 1] = np.nan  # a channel of NaN: its statistics and every output are NaN
+    b[2] = 50.0  # a channel relu leaves as it is
+    plain, mean, var = backend.batch_norm(x, w, b, EPS)
+    want = backend.relu(plain)
+    got, got_mean, got_var = backend.batch_norm(x, w, b, EPS, relu=True)
+    np.testing.assert_array_equal(got, want)
+    assert not np.signbit(got[~np.isnan(got)]).any() and np.isnan(got[:, 1]).all()
+    np.testing.assert_array_equal(got_mean, mean)
+    np.testing.assert_array_equal(got_var, var)
+    if isinstance(backend, CpuBackend) and not isinstance(backend, Defaults):
+        out = np.full(shape, 7.0, dtype)
+        into = backend.batch_norm(x, w, b, EPS, relu=True, out=out)[0]
+        assert into is out
+        np.testing.assert_array_equal(out, want)
+
+
+def test_batch_norm_with_relu_matches_pytorch(rng):
+    torch = pytest.importorskip("torch")
+    x, w, b = _data(rng, (6, 4, 3, 5), np.float64)
+    got = CpuBackend().batch_norm(x, w, b, EPS, relu=True)[0]
+    want = torch.relu(torch.nn.functional.batch_norm(
+        torch.from_numpy(x), None, None, torch.from_numpy(w), torch.from_numpy(b),
+        training=True, eps=EPS)).numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-13)
+
+
+def test_batch_norm_refuses_an_out_it_cannot_write():
+    x = np.ones((2, 3, 4), np.float32)
+    for out in (np.empty((2, 3, 5), np.float32), np.empty((2, 3, 4), np.float64),
+                np.empty((4, 3, 2), np.float32).T):
+        with pytest.raises(KernelError, match=r"batch_norm: .*out must be C-contiguous"):
+            CpuBackend().batch_norm(x, None, None, EPS, out=out)

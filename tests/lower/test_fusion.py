@@ -358,3 +358,66 @@ def test_sin_and_cos_fuse_through_their_declared_templates(dtype) -> None:
     assert {"sin", "cos"} <= {e.primitive.name for e in step.eqns}
     x2 = _rng(2).standard_normal((64, 128)).astype(dtype) * 4.0
     np.testing.assert_allclose(plan(x2).numpy(), fn(pb.tensor(x2)).numpy(), **TOL[dtype])
+
+
+def _conv_bn_relu(dtype, affine: bool = True):
+    pb.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(3, 6, 3, padding=1, bias=False, dtype=dtype),
+                         nn.BatchNorm2d(6, affine=affine, dtype=dtype), nn.ReLU(),
+                         nn.Flatten(), nn.Dense(6 * 5 * 5, 3, dtype=dtype))
+
+
+@pytest.mark.parametrize("affine", [True, False])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_a_training_batch_norm_and_its_relu_are_one_step(dtype, affine, monkeypatch) -> None:
+    """The step is the batch norm's kernel writing relu's result: bit for bit the two
+    ops one by one (plan without the fold), and eager autograd's loss and gradients."""
+    x = _rng().standard_normal((4, 3, 5, 5)).astype(dtype)
+    y = np.arange(4) % 3
+    results = {}
+    for fold in (True, False):
+        if not fold:
+            monkeypatch.setattr(pb.lower.fuse, "_relus_after_norms", lambda *a: {})
+        model = _conv_bn_relu(dtype, affine)
+        loss_fn = lambda x, y, model=model: nn.cross_entropy(model(x), y)
+        plan = pb.compile(loss_fn, x, y, mode=TRAINING)
+        norm_relu = [s for s in plan._schedule if s.norm_relu]
+        assert len(norm_relu) == int(fold)
+        assert ("1 batch norms with the relu after them" in plan.explain()) == fold
+        losses = [plan(x * k, y).item() for k in (1.0, -3.0)]  # the buffer is rewritten
+        results[fold] = (losses, [p.grad.numpy().copy() for p in model.parameters()],
+                         model[1].running_mean.numpy().copy())
+        if fold:
+            for p in model.parameters():
+                p.grad = None
+            _assert_plan_matches_eager(plan, loss_fn, model, x, y)
+    assert results[True][0] == results[False][0]
+    for got, want in zip(results[True][1], results[False][1]):
+        np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(results[True][2], results[False][2])
+
+
+def test_a_batch_norm_whose_result_something_else_reads_keeps_its_relu_apart() -> None:
+    pb.manual_seed(0)
+    norm = nn.BatchNorm2d(3)
+
+    def fn(x):
+        h = norm(x)
+        return pb.sum(pb.relu(h) * h)
+
+    x = _rng().standard_normal((4, 3, 5, 5)).astype(np.float32)
+    plan = pb.compile(fn, x, mode=TRAINING)
+    assert not [s for s in plan._schedule if s.norm_relu]
+    assert plan(x).item() == pytest.approx(fn(pb.tensor(x)).item(), rel=1e-5)
+
+
+def test_a_batch_norm_and_relu_step_runs_on_other_backends_through_their_ops() -> None:
+    model = _conv_bn_relu(np.float64)
+    x = _rng().standard_normal((4, 3, 5, 5))
+    y = np.arange(4) % 3
+    plan = pb.compile(lambda x, y: nn.cross_entropy(model(x), y), x, y, mode=TRAINING)
+    assert [s for s in plan._schedule if s.norm_relu]
+    want = plan(x, y).item()
+    with pb.use_backend(NotCpu()):  # no FusedOps: the defaults, relu through its relu
+        got = plan(x, y).item()
+    assert got == pytest.approx(want, rel=1e-12)
