@@ -109,6 +109,10 @@ class Primitive:
       None: a new array each call;
     - `absorbs`: a primitive whose backward this one's can take in when that one feeds
       it alone (max_pool2d absorbs relu's); None: none;
+    - `then_relu`: `rule(backend, *args, out=None, **params)` giving relu of its result,
+      in one pass where it can (into `out`, a plan's buffer, on a backend that runs plan
+      kernels): a plan runs it for this op and a relu that alone reads its result
+      (batch_norm); None: the two stay apart;
     - `masks_keep_shape`: True when a boolean mask among its parameters leaves its
       result's shape independent of the mask's values (where's condition); False: such
       a mask, computed from a plan's inputs, is refused (a getitem by mask);
@@ -140,6 +144,7 @@ class Primitive:
         "name",
         "saves_inputs",
         "saves_output",
+        "then_relu",
         "transpose",
         "vjp",
     )
@@ -175,6 +180,7 @@ class Primitive:
         self.layout: Rule | None = None
         self.ct_into: Any = None
         self.absorbs: Primitive | None = None
+        self.then_relu: Rule | None = None
         self.masks_keep_shape = False
         self.method: Rule | None = None
         self.exporter: Any = None

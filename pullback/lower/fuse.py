@@ -10,8 +10,8 @@ never fused. The generated kernel runs only on a backend whose `runs_plan_kernel
 is true (CpuBackend and ThreadedCpuBackend themselves); any other backend, a subclass
 of theirs included, runs the members one by one through its own ops.
 
-A training-mode batch norm whose result only a relu reads runs with it as one step, the
-backend's batch norm kernel writing relu's result (`FusedOps.batch_norm(relu=True)`):
+An op whose result only a relu reads runs with it as one step where its primitive
+declares how (`then_relu`: a training batch norm's kernel writes relu's result):
 ResNet-20's training step, one process in turns, best 8 of 12: 219-261 ms apart,
 206-256 as one step (bench/RESULTS.md).
 """
@@ -24,9 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from ..backend.fused import fused_ops
 from ..kernels.core import SUPPORTED_DTYPES, kernel
-from ..ops.batchnorm import batch_norm_p
 from ..ops.elementwise import relu_p
 from .epilogue import conv_epilogues, lower_epilogue
 from .graph import Eqn, StaticGraph, Var, resolve_params
@@ -49,7 +47,7 @@ class Step:
     out: Var
     eqns: list[Eqn] = field(default_factory=list)
     epilogue: bool = False  # a convolution and its epilogue (epilogue.py), not a chain
-    norm_relu: bool = False  # a training batch norm and the relu after it, not a chain
+    norm_relu: bool = False  # an op and the relu after it (`then_relu`), not a chain
 
     @property
     def fused(self) -> bool:
@@ -115,36 +113,32 @@ def schedule(graph: StaticGraph, keep: set[int], epilogues: bool = False) -> lis
 
 def _relus_after_norms(graph: StaticGraph, pinned: set[int], readers: dict[int, int]
                        ) -> dict[int, Eqn]:
-    """Training-mode batch norms whose result only a relu reads (and nothing keeps): the
-    relu, by id() of the batch norm's equation."""
+    """Equations whose primitive declares `then_relu` and whose result only a relu reads
+    (and nothing keeps): the relu, by id() of the equation."""
     relu_of: dict[int, Eqn] = {}
     for eqn in graph.eqns:
         if eqn.primitive is not relu_p or not isinstance(eqn.args[0], Var):
             continue
         y = eqn.args[0]
-        norm = getattr(y, "producer", None)
-        if (norm is not None and norm.primitive is batch_norm_p and norm.params["training"]
-                and not norm.param_vars and readers.get(y.index) == 1
-                and y.index not in pinned and y.dtype in SUPPORTED_DTYPES
-                and isinstance(norm.args[0], Var) and norm.args[0].dtype == y.dtype):
-            relu_of[id(norm)] = eqn
+        first = getattr(y, "producer", None)
+        if (first is not None and first.primitive.then_relu is not None
+                and not first.param_vars and readers.get(y.index) == 1
+                and y.index not in pinned and y.dtype in SUPPORTED_DTYPES):
+            relu_of[id(first)] = eqn
     return relu_of
 
 
-def _norm_relu(norm: Eqn, relu: Eqn) -> Step:
-    """One step for relu(batch_norm(x)) in training mode: the backend's batch norm kernel
-    writing relu's result (`FusedOps.batch_norm(relu=True)`), one pass over memory less
-    than the two ops; into the step's buffer on a backend that runs plan kernels. Its
-    backward is the two ops' own: batch norm's reads x, relu's its output."""
-    eps = norm.params["eps"]
+def _norm_relu(first: Eqn, relu: Eqn) -> Step:
+    """One step for relu(first(...)): the primitive's `then_relu` (a training batch norm's
+    kernel writing relu's result), taking the step's buffer as `out`. Its backward is
+    the two ops' own: batch norm's reads x, relu's its output."""
+    rule, params = first.primitive.then_relu, first.params
+    assert rule is not None  # `_relus_after_norms` chose it for declaring one
 
-    def run(backend: Any, x: Any, running_mean: Any, running_var: Any, weight: Any,
-            bias: Any, out: Any = None) -> Any:
-        if out is not None and backend.runs_plan_kernels():
-            return backend.batch_norm(x, weight, bias, eps, relu=True, out=out)[0]
-        return fused_ops(backend).batch_norm(x, weight, bias, eps, relu=True)[0]
+    def run(backend: Any, *args: Any, out: Any = None) -> Any:
+        return rule(backend, *args, out=out, **params)
 
-    return Step(run, norm.args, {}, relu.out, [norm, relu], norm_relu=True)
+    return Step(run, first.args, {}, relu.out, [first, relu], norm_relu=True)
 
 
 def _single(eqn: Eqn) -> Step:

@@ -89,6 +89,23 @@ def _impl(backend: Backend, x: Any, running_mean: Any, running_var: Any, weight:
 batch_norm_p = declare("batch_norm", _impl, _shape, saves_inputs=True, aliasing="fresh")
 
 
+def _then_relu(backend: Backend, x: Any, running_mean: Any, running_var: Any, weight: Any,
+               bias: Any, training: bool, eps: float, out: Any = None) -> Any:
+    """relu(batch_norm(...)): in training mode the backend's kernel writes relu's result
+    (`FusedOps.batch_norm(relu=True)`), one pass over memory less than the two ops, into
+    `out` (a plan's buffer) on a backend that runs plan kernels; eval mode's affine map,
+    then relu."""
+    if not training:
+        return backend.relu(_impl(backend, x, running_mean, running_var, weight, bias,
+                                  training, eps))
+    if out is not None and backend.runs_plan_kernels():
+        return backend.batch_norm(x, weight, bias, eps, relu=True, out=out)[0]
+    return fused_ops(backend).batch_norm(x, weight, bias, eps, relu=True)[0]
+
+
+batch_norm_p.then_relu = _then_relu
+
+
 # ---------------------------------------------------------------- derivative rules
 
 
