@@ -89,12 +89,13 @@ def _impl(backend: Backend, x: Any, running_mean: Any, running_var: Any, weight:
 batch_norm_p = declare("batch_norm", _impl, _shape, saves_inputs=True, aliasing="fresh")
 
 
-def _then_relu(backend: Backend, x: Any, running_mean: Any, running_var: Any, weight: Any,
+def _then_relu(backend: Any, x: Any, running_mean: Any, running_var: Any, weight: Any,
                bias: Any, training: bool, eps: float, out: Any = None) -> Any:
     """relu(batch_norm(...)): in training mode the backend's kernel writes relu's result
     (`FusedOps.batch_norm(relu=True)`), one pass over memory less than the two ops, into
-    `out` (a plan's buffer) on a backend that runs plan kernels; eval mode's affine map,
-    then relu."""
+    `out` (a plan's buffer) on a backend that runs plan kernels (CpuBackend's
+    batch_norm takes `out=`, as its conv2d_epilogue does); eval mode's affine map, then
+    relu."""
     if not training:
         return backend.relu(_impl(backend, x, running_mean, running_var, weight, bias,
                                   training, eps))

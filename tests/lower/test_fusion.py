@@ -421,3 +421,15 @@ def test_a_batch_norm_and_relu_step_runs_on_other_backends_through_their_ops() -
     with pb.use_backend(NotCpu()):  # no FusedOps: the defaults, relu through its relu
         got = plan(x, y).item()
     assert got == pytest.approx(want, rel=1e-12)
+
+
+def test_an_eval_mode_batch_norm_and_its_relu_are_one_step_too() -> None:
+    """A frozen batch norm (eval mode) in a training plan: its affine map, then relu."""
+    model = _conv_bn_relu(np.float64)
+    model[1].eval()
+    x = _rng().standard_normal((4, 3, 5, 5))
+    y = np.arange(4) % 3
+    loss_fn = lambda x, y: nn.cross_entropy(model(x), y)
+    plan = pb.compile(loss_fn, x, y, mode=TRAINING)
+    assert [s for s in plan._schedule if s.norm_relu]
+    _assert_plan_matches_eager(plan, loss_fn, model, x, y)
