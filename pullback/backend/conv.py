@@ -338,13 +338,21 @@ def _winograd(win: Windows, groups: int, batch: int, c_in: int, c_out: int) -> b
 # pay (bench/RESULTS.md).
 SPLIT_MACS = 1 << 26
 _PART = threading.local()  # .batch: the whole batch, on a thread running a part of it
+_splitting = False  # whether a convolution has split in this process (`_over_batch`)
 
 
-def _by_parts(n: int) -> bool:
-    """Whether a convolution over a batch of n runs through `_over_batch`: any batch of
-    more than one sample, unless this thread already runs a part of one. A batch of one
-    runs as it is, BLAS threading its products."""
-    return n > 1 and getattr(_PART, "batch", None) is None
+def _macs(win: Windows, n: int, c: int, o: int, groups: int) -> int:
+    """A convolution's multiply-adds: the same for the forward and both gradients."""
+    return n * o * win.out_hw[0] * win.out_hw[1] * (c // groups) * win.kernel[0] * win.kernel[1]
+
+
+def _by_parts(win: Windows, n: int, c: int, o: int, groups: int) -> bool:
+    """Whether a convolution of c channels into o over a batch of n runs through
+    `_over_batch`: a batch of more than one sample, unless this thread already runs a
+    part of one, that splits or whose products run on one BLAS thread. Any other runs
+    as it is, BLAS threading its products (a batch of one always)."""
+    return (n > 1 and getattr(_PART, "batch", None) is None
+            and (_splitting or _macs(win, n, c, o, groups) >= SPLIT_MACS))
 
 
 def _over_batch(win: Windows, n: int, c: int, o: int, groups: int,
@@ -353,16 +361,15 @@ def _over_batch(win: Windows, n: int, c: int, o: int, groups: int,
     each part run as a convolution of its own, not split again, and taking the path the
     whole batch would (`_winograd` counts the whole batch's tiles).
 
-    From SPLIT_MACS multiply-adds (the same for the forward and both gradients) the
-    parts run at once (split.over_batch). Below, the whole batch is one part, run here;
-    once a convolution has split in this process, with BLAS on one thread. A product
-    BLAS threads leaves its workers spinning for a while after it returns (OpenBLAS:
-    about 0.1 s), each on a core the next split convolution's parts need: on two cores,
+    From SPLIT_MACS multiply-adds the parts run at once (split.over_batch). Below, the
+    whole batch is one part, run here with BLAS on one thread: `_by_parts` sends such a
+    convolution here once a convolution has split in this process. A product BLAS
+    threads leaves its workers spinning for a while after it returns (OpenBLAS: about
+    0.1 s), each on a core the next split convolution's parts need: on two cores,
     ResNet-20's training step took 250 ms against 182 with its 1x1 and first-layer
     convolutions threaded by BLAS (one process, in turns). Where nothing splits (the
     digits CNNs), BLAS's threads pay: their steps took 9-12% longer without them."""
     global _splitting
-    macs = n * o * win.out_hw[0] * win.out_hw[1] * (c // groups) * win.kernel[0] * win.kernel[1]
 
     def part(a: int, b: int) -> Any:
         _PART.batch = n
@@ -371,16 +378,11 @@ def _over_batch(win: Windows, n: int, c: int, o: int, groups: int,
         finally:
             _PART.batch = None
 
-    if macs >= SPLIT_MACS:
+    if _macs(win, n, c, o, groups) >= SPLIT_MACS:
         _splitting = True
         return split.over_batch(n, part)
-    if not _splitting:
-        return [part(0, n)]
     with blas.one_thread():
         return [part(0, n)]
-
-
-_splitting = False  # whether a convolution has split in this process (`_over_batch`)
 
 
 def conv2d(x: np.ndarray, w: np.ndarray, stride: Any, padding: Any, dilation: Any = (1, 1),
@@ -401,7 +403,7 @@ def conv2d(x: np.ndarray, w: np.ndarray, stride: Any, padding: Any, dilation: An
         if epilogue is not None:
             epilogue(out.reshape(n, o, pixels), 0, n)
         return out
-    if _by_parts(n):
+    if _by_parts(win, n, c, o, groups):
         def part(a: int, b: int) -> None:
             shifted = None if epilogue is None else (
                 lambda rows, start, stop: epilogue(rows, start + a, stop + a))
@@ -498,7 +500,7 @@ def conv2d_input_backward(
     if grad.size == 0 or upstream.size == 0 or w.size == 0:
         grad[...] = 0  # an empty batch, or nothing reaches the input
         return grad
-    if _by_parts(n):
+    if _by_parts(win, n, c, o, groups):
         _over_batch(win, n, c, o, groups, lambda a, b: conv2d_input_backward(
             upstream[a:b], w, (b - a, *input_shape[1:]), stride, padding, dilation, groups,
             grad[a:b]))
@@ -575,7 +577,7 @@ def conv2d_weight_backward(
         return np.zeros(tuple(weight_shape), x.dtype)  # an empty batch adds nothing
     n, c = x.shape[:2]
     o = weight_shape[0]
-    if _by_parts(n):
+    if _by_parts(win, n, c, o, groups):
         grads = _over_batch(win, n, c, o, groups, lambda a, b: conv2d_weight_backward(
             upstream[a:b], x[a:b], weight_shape, stride, padding, dilation, groups))
         if len(grads) == 1:
