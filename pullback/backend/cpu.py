@@ -429,6 +429,13 @@ def _matmul_reason(a: Any, b: Any) -> str:
     return f"batch dimensions {sa[:-2]} and {sb[:-2]} cannot be broadcast together"
 
 
+def _check_out(op: str, x: np.ndarray, out: np.ndarray | None) -> None:
+    # A buffer a plan hands a batch norm kernel: written whole, in x's layout.
+    if out is not None and (out.shape != x.shape or out.dtype != x.dtype
+                            or not out.flags.c_contiguous):
+        raise KernelError(op, [x, out], "out must be C-contiguous, of x's shape and dtype")
+
+
 class CpuBackend(BackwardOps, FusedOps, CpuRecurrentOps, CpuGatherOps, CpuAttentionOps,
                  Backend):
     """NumPy (and Numba kernels) on the calling thread; deterministic. f32 stays f32."""
@@ -799,10 +806,7 @@ class CpuBackend(BackwardOps, FusedOps, CpuRecurrentOps, CpuGatherOps, CpuAttent
         """FusedOps.batch_norm, y written into `out` (x's shape and dtype, C-ordered) when
         given: a training plan's buffer."""
         check_channels("batch_norm", x)
-        if out is not None and (out.shape != x.shape or out.dtype != x.dtype
-                                or not out.flags.c_contiguous):
-            raise KernelError("batch_norm", [x, out], "out must be C-contiguous, of x's shape "
-                              "and dtype")
+        _check_out("batch_norm", x, out)
         if self._channel_params(x, weight, bias) and x.size and x.ndim > 2:
             # NCHW as it is: no copy moves the channels outermost.
             channels = x.shape[1]
@@ -836,22 +840,35 @@ class CpuBackend(BackwardOps, FusedOps, CpuRecurrentOps, CpuGatherOps, CpuAttent
         return compiled_planes.batch_norm_statistics(self._planes(x), self._parallel_planes(x))
 
     def batch_norm_backward(
-        self, upstream: np.ndarray, x: np.ndarray, weight: np.ndarray | None, eps: float
+        self, upstream: np.ndarray, x: np.ndarray, weight: np.ndarray | None, eps: float,
+        out: np.ndarray | None = None,
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """FusedOps.batch_norm_backward, grad_x written into `out` (x's shape and dtype,
+        C-ordered) when given: a training plan's cotangent buffer."""
         check_channels("batch_norm_backward", x)
-        if not (self._channel_params(x, weight) and x.size and upstream.shape == x.shape
-                and upstream.dtype is x.dtype):
-            return super().batch_norm_backward(upstream, x, weight, eps)
-        weight = np.ones(x.shape[1], x.dtype) if weight is None else weight
-        if x.ndim > 2:
+        _check_out("batch_norm_backward", x, out)
+        fits = (self._channel_params(x, weight) and x.size and upstream.shape == x.shape
+                and upstream.dtype is x.dtype)
+        if fits and x.ndim > 2:
+            weight = np.ones(x.shape[1], x.dtype) if weight is None else weight
+            planes = self._planes(x)
             grad_x, grad_weight, grad_bias = compiled_planes.batch_norm_backward(
-                self._planes(upstream), self._planes(x), weight, float(eps),
-                self._parallel_planes(x))
-            return grad_x.reshape(x.shape), grad_weight, grad_bias
-        grad_x, grad_weight, grad_bias = self._fused(
-            compiled_channels.batch_norm_backward, self._channel_rows(upstream),
-            self._channel_rows(x), weight, float(eps))
-        return np.ascontiguousarray(grad_x.T), grad_weight, grad_bias
+                self._planes(upstream), planes, weight, float(eps), self._parallel_planes(x),
+                None if out is None else out.reshape(planes.shape))
+            return (grad_x.reshape(x.shape) if out is None else out), grad_weight, grad_bias
+        if fits:
+            weight = np.ones(x.shape[1], x.dtype) if weight is None else weight
+            grad_x, grad_weight, grad_bias = self._fused(
+                compiled_channels.batch_norm_backward, self._channel_rows(upstream),
+                self._channel_rows(x), weight, float(eps))
+            grad_x = np.ascontiguousarray(grad_x.T)
+        else:
+            grad_x, grad_weight, grad_bias = super().batch_norm_backward(upstream, x, weight,
+                                                                         eps)
+        if out is None:
+            return grad_x, grad_weight, grad_bias
+        out[...] = grad_x
+        return out, grad_weight, grad_bias
 
     def conv2d_epilogue(
         self, x: np.ndarray, w: np.ndarray, bias: np.ndarray | None,

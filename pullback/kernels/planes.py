@@ -200,11 +200,13 @@ def batch_norm_statistics(x: np.ndarray, parallel: bool = False
 
 
 def batch_norm_backward(upstream: np.ndarray, x: np.ndarray, weight: np.ndarray, eps: float,
-                        parallel: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                        parallel: bool = False, out: np.ndarray | None = None
+                        ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(grad_x, grad_weight, grad_bias) of batch norm for the C-contiguous upstream and x
-    (N, C, S) and weight (C,) of one dtype, the statistics recomputed from x."""
+    (N, C, S) and weight (C,) of one dtype, the statistics recomputed from x; grad_x
+    written into `out` (C-contiguous, x's shape) when given."""
     dtype = check_dtype("batch_norm_backward", [upstream, x, weight])
-    grad_x = np.empty_like(x)
+    grad_x = np.empty_like(x) if out is None else out
     grad_weight, grad_bias = np.empty(x.shape[1], dtype), np.empty(x.shape[1], dtype)
     driver = backward_parallel if parallel else backward_serial
     _compiled(driver, dtype)(upstream, x, np.ascontiguousarray(weight), dtype.type(eps), grad_x,

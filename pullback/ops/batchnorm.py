@@ -30,7 +30,7 @@ from .checks import declare_check, inputs, normal, positive
 from .elementwise import add, div, mul, sqrt, sub
 from .hints import TensorLike
 from .reduce import mean
-from .registry import declare, dtype_of, is_float, shape_of
+from .registry import declare, dtype_of, is_float, shape_of, writes_cotangent_into
 from .shape import broadcast_to, getitem, reshape, stack, stop_gradient_p
 
 if TYPE_CHECKING:
@@ -198,6 +198,26 @@ def _vjp(be: BackwardOps, g: Any, n: Any) -> tuple[Any, ...]:
 
 
 defvjp(batch_norm_p, _vjp)
+
+
+def _ct_into(be: Any, g: Any, n: Any, out: Any) -> tuple[Any, ...]:
+    """_vjp with x's gradient written into `out` (a plan's cotangent buffer; `be` runs
+    plan kernels, whose batch_norm_backward takes `out=`): training mode's kernel
+    writes it there, eval mode's rule is copied in."""
+    if not n.params["training"]:
+        grads = _vjp(be, g, n)
+        out[...] = grads[0]
+        return (out, *grads[1:])
+    x, _, _, weight, _ = n.inputs
+    _, grad_weight, grad_bias = be.batch_norm_backward(g, x, weight, n.params["eps"], out=out)
+    return (out, None, None, grad_weight if n.parents[3] is not None else None,
+            grad_bias if n.parents[4] is not None else None)
+
+
+# x's cotangent buffer is laid out as x, (N, C, *spatial) C-ordered, as the kernels write.
+writes_cotangent_into(
+    batch_norm_p, lambda args, first, by_columns, first_by_columns: "C"
+    if len(first.shape) > 2 and not first_by_columns else None, _ct_into)
 
 
 # ---------------------------------------------------------------- the batch's statistics

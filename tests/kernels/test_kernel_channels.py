@@ -230,3 +230,21 @@ def test_batch_norm_refuses_an_out_it_cannot_write():
                 np.empty((4, 3, 2), np.float32).T):
         with pytest.raises(KernelError, match=r"batch_norm: .*out must be C-contiguous"):
             CpuBackend().batch_norm(x, None, None, EPS, out=out)
+        with pytest.raises(KernelError,
+                           match=r"batch_norm_backward: .*out must be C-contiguous"):
+            CpuBackend().batch_norm_backward(x, x, None, EPS, out=out)
+
+
+@pytest.mark.parametrize("shape", [(5, 3), (4, 3, 5, 6)])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16])
+def test_batch_norm_backward_writes_grad_x_into_out(rng, shape, dtype):
+    """A plan's cotangent buffer: grad_x written there, bit for bit the fresh array's."""
+    x, w, _ = _data(rng, shape, dtype)
+    u = rng.standard_normal(shape).astype(dtype)
+    for backend in (CpuBackend(), ThreadedCpuBackend(num_threads=2)):
+        want = backend.batch_norm_backward(u, x, w, EPS)
+        out = np.full(shape, 7.0, dtype)
+        got = backend.batch_norm_backward(u, x, w, EPS, out=out)
+        assert got[0] is out
+        for g, ref in zip(got, want, strict=True):
+            np.testing.assert_array_equal(g, ref)

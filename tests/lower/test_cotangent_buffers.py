@@ -140,3 +140,29 @@ def test_a_dense_layer_input_gradient_is_laid_out_as_its_input() -> None:
     grads = _plan_grads(plan, model, x, y)
     for got, want in zip(grads, _eager_grads(model, x, y)):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("frozen", [False, True], ids=["training", "eval"])
+@pytest.mark.parametrize("backend", [None, pb.ThreadedCpuBackend(num_threads=2), NotCpu()],
+                         ids=["cpu", "threaded", "other"])
+def test_batch_norms_write_their_input_gradient_into_a_buffer(backend, frozen) -> None:
+    """A batch norm's x gradient goes into a buffer (its kernel writes it there; in eval
+    mode its rule's is copied in), call after call, as eager computes it."""
+    pb.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
+                          nn.Conv2d(8, 8, 3, padding=1), nn.BatchNorm2d(8),
+                          nn.Flatten(), nn.Dense(8 * 16 * 16, 10))
+    if frozen:
+        model[1].eval()
+        model[4].eval()
+    plan = pb.compile(lambda x, y: nn.cross_entropy(model(x), y), *_data((8, 3, 16, 16), 0),
+                      mode=TRAINING)
+    steps = [eqn.primitive.name for (eqn, *_), b in zip(plan._backward, plan._ct_owner)
+             if b >= 0]
+    assert steps.count("batch_norm") == 2
+    for seed in (1, 2):  # the second call rewrites the buffers
+        x, y = _data((8, 3, 16, 16), seed)
+        with pb.use_backend(backend or pb.get_backend()):
+            got = _plan_grads(plan, model, x, y)
+        for g, want in zip(got, _eager_grads(model, x, y)):
+            np.testing.assert_allclose(g, want, rtol=1e-4, atol=1e-5)
