@@ -6,14 +6,15 @@ Without them every step allocates and frees megabytes of gradients, and glibc ha
 such blocks back to the kernel on free: the next step page-faults them in again
 (2,250 faults a step on the CNN of bench/plans.py, 30-36 ms against 24.5 without).
 
-A cotangent gets a buffer when one backward step writes it whole: its value has a
-single reader among the differentiated equations (several readers sum their parts,
-and that sum is a fresh array), it is not a parameter's (those go to `.grad`, which
-the caller keeps), and the step's primitive declares how it writes that cotangent
-(`writes_cotangent_into`, beside its declaration; one that does not gets a new array
-each call). Any other cotangent may be a view of the cotangent its step received
-(add passes it through, reshape views it), so a buffer stays taken until every
-cotangent that may view it is consumed; then the next one may take it.
+A step's first-operand cotangent gets a buffer when the step writes it whole: it is
+not a parameter's (those go to `.grad`, which the caller keeps), and the step's
+primitive declares how it writes that cotangent (`writes_cotangent_into`, beside its
+declaration; one that does not gets a new array each call). Where several readers
+send the value parts of its cotangent, the plan adds the others into such a buffer in
+place (plan.py's executor), so that the sum is no fresh array either. Any other
+cotangent may be a view of the cotangent its step received (add passes it through,
+reshape views it), so a buffer stays taken until every cotangent that may view it is
+consumed; then the next one may take it.
 """
 
 from __future__ import annotations
@@ -58,7 +59,6 @@ def assign(backward: list[tuple], folded: dict[int, Var], skipped: set[int],
     `skipped` those relus' outputs (their steps receive no cotangent: the pool's step
     hands its own straight to the relu's input), and
     `fortran` the forward values laid out by columns."""
-    producers: dict[int, int] = {}
     parents_of = []
     for eqn, node, *_ in backward:
         parents = list(node.parents)  # the differentiated operands (None for others)
@@ -67,9 +67,6 @@ def assign(backward: list[tuple], folded: dict[int, Var], skipped: set[int],
         elif eqn.out.index in skipped:
             parents = []
         parents_of.append(parents)
-        for p in parents:
-            if p is not None:
-                producers[p.index] = producers.get(p.index, 0) + 1
     owner = [-1] * len(backward)
     buffers: list[Buffer] = []
     idle: dict[Buffer, list[int]] = {}
@@ -78,7 +75,7 @@ def assign(backward: list[tuple], folded: dict[int, Var], skipped: set[int],
         incoming = pending.pop(eqn.out.index, set())
         first = parents_of[i][0] if parents_of[i] else None
         kind = _writable(eqn, first, fortran)
-        if kind is not None and first is not None and producers.get(first.index) == 1:
+        if kind is not None and first is not None:
             pool = idle.get(kind)
             owner[i] = pool.pop() if pool else len(buffers)
             if owner[i] == len(buffers):

@@ -622,6 +622,19 @@ class _PlanExecutor(EagerExecutor):
     def __init__(self, plan: TrainingPlan, env: list, arena: list):
         super().__init__()
         self.plan, self.env, self.arena = plan, env, arena
+        # ids of buffers that hold the cotangent of the one value their step wrote it for,
+        # not yet handed to that value's own step: parts of that cotangent may be added
+        # into them in place (its step may pass it on to several values after).
+        self.summing: set[int] = set()
+
+    def add_operands(self, a: Any, b: Any) -> Any:
+        if (type(a) is np.ndarray and type(b) is np.ndarray and a.shape == b.shape
+                and a.dtype == b.dtype and (id(a) in self.summing or id(b) in self.summing)):
+            # Into the buffer: a fresh array would page-fault in (addition commutes, so
+            # the sum is the same either way round).
+            into, other = (a, b) if id(a) in self.summing else (b, a)
+            return np.add(into, other, out=into)
+        return super().add_operands(a, b)
 
     def linearize_recorded_graph(self, node: Any) -> int:  # type: ignore[override]  # a step's index
         return self.plan._step_of[id(node)]  # the step does its own work, from the cache
@@ -629,6 +642,7 @@ class _PlanExecutor(EagerExecutor):
     def run_transposed_linear(self, linearization: Any, ct: Any) -> tuple:
         plan, env, backend, fused = self.plan, self.env, self.backend, self.fused
         k = linearization
+        self.summing.discard(id(ct))  # its value's step: from here it may go several ways
         eqn, node, _, reads, _ = plan._backward[k]
         if plan._traced_params[k]:  # parameters computed from this call's inputs
             node.params = resolve_params(eqn.params, env)
@@ -641,7 +655,11 @@ class _PlanExecutor(EagerExecutor):
         try:
             if writer is not None and fused and backend.runs_plan_kernels():
                 # The same kernel, its first operand's gradient into a buffer.
-                return writer(backend, ct, node, self.arena[plan._ct_owner[k]])
+                buffer = self.arena[plan._ct_owner[k]]
+                grads = writer(backend, ct, node, buffer)
+                if sum(g is buffer for g in grads) == 1:
+                    self.summing.add(id(buffer))
+                return grads
             if fused and eqn.primitive.vjp is not None:
                 # The backend's kernel, straight from the cache: no linearization.
                 return eqn.primitive.vjp(backend, ct, node)

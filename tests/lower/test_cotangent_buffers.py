@@ -70,8 +70,9 @@ def test_gradients_written_into_buffers_match_eager_call_after_call(backend) -> 
             kept = [(g, g.copy()) for g in planned]
 
 
-def test_a_cotangent_read_twice_is_summed_into_a_fresh_array() -> None:
-    # h feeds two layers: its cotangent is the sum of two parts, never a buffer.
+def test_a_cotangent_read_twice_is_summed_into_a_buffer() -> None:
+    # h feeds two layers: its cotangent is the sum of two parts, the second added in
+    # place into the buffer the first was written into.
     pb.manual_seed(0)
     first, left, right = nn.Dense(48, 96), nn.Dense(96, 10), nn.Dense(96, 10)
 
@@ -81,6 +82,10 @@ def test_a_cotangent_read_twice_is_summed_into_a_fresh_array() -> None:
 
     x, y = _data((256, 48), 3)
     plan = pb.compile(loss_fn, x, y, mode=TRAINING)
+    (h,) = [eqn.out for eqn in plan.graph.eqns if eqn.primitive.name == "relu"]
+    into_h = [eqn.primitive.name for (eqn, *_), b in zip(plan._backward, plan._ct_owner)
+              if b >= 0 and eqn.args[0] is h]
+    assert into_h == ["matmul"]  # left's part in a buffer; tanh's is added into it
     params = [*first.parameters(), *left.parameters(), *right.parameters()]
     for seed in (4, 5):
         x, y = _data((256, 48), seed)
