@@ -337,6 +337,10 @@ def _winograd(win: Windows, groups: int, batch: int, c_in: int, c_out: int) -> b
 # digits CNNs, 2-9M) measured 1.5x slower split: a part is too short for a thread to
 # pay (bench/RESULTS.md).
 SPLIT_MACS = 1 << 26
+# Below this many, once a convolution has split in this process, a convolution's
+# products run on one BLAS thread (`_over_batch`); from it up to SPLIT_MACS BLAS keeps
+# its threads: the 3x32x32 CNN's first layer (56M) took its step 8% longer on one.
+SERIAL_MACS = 1 << 25
 _PART = threading.local()  # .batch: the whole batch, on a thread running a part of it
 _splitting = False  # whether a convolution has split in this process (`_over_batch`)
 
@@ -349,10 +353,13 @@ def _macs(win: Windows, n: int, c: int, o: int, groups: int) -> int:
 def _by_parts(win: Windows, n: int, c: int, o: int, groups: int) -> bool:
     """Whether a convolution of c channels into o over a batch of n runs through
     `_over_batch`: a batch of more than one sample, unless this thread already runs a
-    part of one, that splits or whose products run on one BLAS thread. Any other runs
-    as it is, BLAS threading its products (a batch of one always)."""
-    return (n > 1 and getattr(_PART, "batch", None) is None
-            and (_splitting or _macs(win, n, c, o, groups) >= SPLIT_MACS))
+    part of one, that splits or (below SERIAL_MACS, once a convolution has split) whose
+    products run on one BLAS thread. Any other runs as it is, BLAS threading its
+    products (a batch of one always)."""
+    if n < 2 or getattr(_PART, "batch", None) is not None:
+        return False
+    macs = _macs(win, n, c, o, groups)
+    return macs >= SPLIT_MACS or (_splitting and macs < SERIAL_MACS)
 
 
 def _over_batch(win: Windows, n: int, c: int, o: int, groups: int,
@@ -362,8 +369,8 @@ def _over_batch(win: Windows, n: int, c: int, o: int, groups: int,
     whole batch would (`_winograd` counts the whole batch's tiles).
 
     From SPLIT_MACS multiply-adds the parts run at once (split.over_batch). Below, the
-    whole batch is one part, run here with BLAS on one thread: `_by_parts` sends such a
-    convolution here once a convolution has split in this process. A product BLAS
+    whole batch is one part, run here with BLAS on one thread: `_by_parts` sends one
+    below SERIAL_MACS here once a convolution has split in this process. A product BLAS
     threads leaves its workers spinning for a while after it returns (OpenBLAS: about
     0.1 s), each on a core the next split convolution's parts need: on two cores,
     ResNet-20's training step took 250 ms against 182 with its 1x1 and first-layer

@@ -156,17 +156,19 @@ def test_one_thread_lowers_blas_and_restores_it_when_the_last_block_ends():
 
 
 @needs_openblas
-@pytest.mark.parametrize("splitting", [False, True])
+@pytest.mark.parametrize("splitting,small", [(False, True), (True, True), (True, False)])
 def test_an_unsplit_convolution_runs_blas_on_one_thread_once_one_has_split(
-        cpu, monkeypatch, splitting):
+        cpu, monkeypatch, splitting, small):
     """Below SPLIT_MACS a batch runs whole on the calling thread; BLAS threads its
-    products until a convolution has split in this process, then runs them on one
-    thread (a spinning BLAS worker would take the split parts' core)."""
+    products until a convolution has split in this process, then runs those of a
+    convolution below SERIAL_MACS on one thread (a spinning BLAS worker would take the
+    split parts' core); larger ones keep BLAS's threads."""
     get, _ = blas._functions()
     before = get()
     if before < 2:
         pytest.skip("BLAS runs on one thread here: nothing to lower")
     monkeypatch.setattr(backend_conv, "SPLIT_MACS", 1 << 62)
+    monkeypatch.setattr(backend_conv, "SERIAL_MACS", 1 << 40 if small else 0)
     monkeypatch.setattr(backend_conv, "_splitting", splitting)
     seen = []
     unfold = backend_conv.kernels.unfold
@@ -180,7 +182,7 @@ def test_an_unsplit_convolution_runs_blas_on_one_thread_once_one_has_split(
     x = rng.standard_normal((3, 2, 6, 6)).astype(np.float32)
     w = rng.standard_normal((4, 2, 3, 3)).astype(np.float32)
     y = cpu.conv2d(x, w, (1, 1), (0, 0))
-    assert seen and set(seen) == ({1} if splitting else {before})
+    assert seen and set(seen) == ({1} if splitting and small else {before})
     assert get() == before
     ref = F.conv2d(torch.from_numpy(x), torch.from_numpy(w)).numpy()
     np.testing.assert_allclose(y, ref, rtol=1e-5, atol=1e-5)
