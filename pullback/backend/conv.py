@@ -339,7 +339,7 @@ def _winograd(win: Windows, groups: int, batch: int, c_in: int, c_out: int) -> b
 SPLIT_MACS = 1 << 26
 # Below this many, once a convolution has split in this process, a convolution's
 # products run on one BLAS thread (`_over_batch`); from it up to SPLIT_MACS BLAS keeps
-# its threads: the 3x32x32 CNN's first layer (56M) took its step 8% longer on one.
+# its threads: the 3x32x32 CNN's step took 5-10% longer with its 56M first layer on one.
 SERIAL_MACS = 1 << 25
 _PART = threading.local()  # .batch: the whole batch, on a thread running a part of it
 _splitting = False  # whether a convolution has split in this process (`_over_batch`)
