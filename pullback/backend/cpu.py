@@ -436,6 +436,14 @@ def _check_out(op: str, x: np.ndarray, out: np.ndarray | None) -> None:
         raise KernelError(op, [x, out], "out must be C-contiguous, of x's shape and dtype")
 
 
+def _copied_into(out: np.ndarray | None, y: np.ndarray) -> np.ndarray:
+    # y in `out` when one is given (a path whose kernel cannot write there itself).
+    if out is None:
+        return y
+    out[...] = y
+    return out
+
+
 class CpuBackend(BackwardOps, FusedOps, CpuRecurrentOps, CpuGatherOps, CpuAttentionOps,
                  Backend):
     """NumPy (and Numba kernels) on the calling thread; deterministic. f32 stays f32."""
@@ -807,31 +815,22 @@ class CpuBackend(BackwardOps, FusedOps, CpuRecurrentOps, CpuGatherOps, CpuAttent
         given: a training plan's buffer."""
         check_channels("batch_norm", x)
         _check_out("batch_norm", x, out)
-        if self._channel_params(x, weight, bias) and x.size and x.ndim > 2:
-            # NCHW as it is: no copy moves the channels outermost.
-            channels = x.shape[1]
-            weight = np.ones(channels, x.dtype) if weight is None else weight
-            bias = np.zeros(channels, x.dtype) if bias is None else bias
+        if not self._channel_params(x, weight, bias) or x.size == 0:
+            y, mean, var = super().batch_norm(x, weight, bias, eps, relu)
+            return _copied_into(out, y), mean, var
+        channels = x.shape[1]
+        weight = np.ones(channels, x.dtype) if weight is None else weight
+        bias = np.zeros(channels, x.dtype) if bias is None else bias
+        if x.ndim > 2:  # NCHW as it is: no copy moves the channels outermost
             planes = self._planes(x)
             y, mean, var = compiled_planes.batch_norm(
                 planes, weight, bias, float(eps), self._parallel_planes(x), relu,
                 None if out is None else out.reshape(planes.shape))
             return (y.reshape(x.shape) if out is None else out), mean, var
-        if not self._channel_params(x, weight, bias) or x.size == 0:
-            y, mean, var = super().batch_norm(x, weight, bias, eps, relu)
-        else:
-            channels = x.shape[1]
-            weight = np.ones(channels, x.dtype) if weight is None else weight
-            bias = np.zeros(channels, x.dtype) if bias is None else bias
-            y, mean, var = self._fused(compiled_channels.batch_norm, self._channel_rows(x),
-                                       weight, bias, float(eps))
-            y = np.ascontiguousarray(y.T)
-            if relu:
-                y = relu_kernel(y, out=y)
-        if out is None:
-            return y, mean, var
-        out[...] = y
-        return out, mean, var
+        y, mean, var = self._fused(compiled_channels.batch_norm, self._channel_rows(x), weight,
+                                   bias, float(eps))
+        y = np.ascontiguousarray(y.T)
+        return _copied_into(out, relu_kernel(y, out=y) if relu else y), mean, var
 
     def batch_norm_statistics(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         check_channels("batch_norm_statistics", x)
@@ -847,28 +846,22 @@ class CpuBackend(BackwardOps, FusedOps, CpuRecurrentOps, CpuGatherOps, CpuAttent
         C-ordered) when given: a training plan's cotangent buffer."""
         check_channels("batch_norm_backward", x)
         _check_out("batch_norm_backward", x, out)
-        fits = (self._channel_params(x, weight) and x.size and upstream.shape == x.shape
-                and upstream.dtype is x.dtype)
-        if fits and x.ndim > 2:
-            weight = np.ones(x.shape[1], x.dtype) if weight is None else weight
+        if not (self._channel_params(x, weight) and x.size and upstream.shape == x.shape
+                and upstream.dtype is x.dtype):
+            grad_x, grad_weight, grad_bias = super().batch_norm_backward(upstream, x, weight,
+                                                                         eps)
+            return _copied_into(out, grad_x), grad_weight, grad_bias
+        weight = np.ones(x.shape[1], x.dtype) if weight is None else weight
+        if x.ndim > 2:
             planes = self._planes(x)
             grad_x, grad_weight, grad_bias = compiled_planes.batch_norm_backward(
                 self._planes(upstream), planes, weight, float(eps), self._parallel_planes(x),
                 None if out is None else out.reshape(planes.shape))
             return (grad_x.reshape(x.shape) if out is None else out), grad_weight, grad_bias
-        if fits:
-            weight = np.ones(x.shape[1], x.dtype) if weight is None else weight
-            grad_x, grad_weight, grad_bias = self._fused(
-                compiled_channels.batch_norm_backward, self._channel_rows(upstream),
-                self._channel_rows(x), weight, float(eps))
-            grad_x = np.ascontiguousarray(grad_x.T)
-        else:
-            grad_x, grad_weight, grad_bias = super().batch_norm_backward(upstream, x, weight,
-                                                                         eps)
-        if out is None:
-            return grad_x, grad_weight, grad_bias
-        out[...] = grad_x
-        return out, grad_weight, grad_bias
+        grad_x, grad_weight, grad_bias = self._fused(
+            compiled_channels.batch_norm_backward, self._channel_rows(upstream),
+            self._channel_rows(x), weight, float(eps))
+        return _copied_into(out, np.ascontiguousarray(grad_x.T)), grad_weight, grad_bias
 
     def conv2d_epilogue(
         self, x: np.ndarray, w: np.ndarray, bias: np.ndarray | None,
