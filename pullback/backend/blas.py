@@ -9,6 +9,16 @@ found among those the process has loaded (/proc/self/maps, Linux). Its
 any thread, and restores the count when the last one ends. With another BLAS (MKL,
 Accelerate), or where the library cannot be found, `limitable()` is false and callers
 do not split.
+
+OpenBLAS's workers spin for a while after each product they run (2**28 cycles by
+default, about 0.1 s here) before they sleep, each on a core of its own. Work split
+over pullback's threads in that time shares a core with a spinning worker and runs at
+about half speed. Paths that leave BLAS threading its products (a recurrence's steps, a
+convolution not split by batch) say so (`threading_products`), and from then on, in
+this process, a product that could go either way (pullback.backend.gemm) leaves them
+to BLAS too (`products_threaded`): a fact of the process's history rather than of the
+clock, so that which way a product runs, and so how it rounds, does not depend on
+timing.
 """
 
 from __future__ import annotations
@@ -22,6 +32,7 @@ from typing import Any
 import numpy as np
 
 _lock = threading.Lock()
+_threaded = False  # a path has had BLAS thread its products (`threading_products`)
 _found: Any = None  # (get_num_threads, set_num_threads_local), or False: none usable
 
 _GET = ("openblas_get_num_threads", "scipy_openblas_get_num_threads64_",
@@ -99,3 +110,16 @@ def one_thread() -> Iterator[None]:
             _inside -= 1
             if _inside == 0:
                 found[1](_before)
+
+
+def threading_products() -> None:
+    """Note that a path runs products on BLAS's threads (its workers will spin after
+    them), for `products_threaded`."""
+    global _threaded
+    _threaded = True
+
+
+def products_threaded() -> bool:
+    """Whether a path has run products on BLAS's threads in this process
+    (`threading_products`)."""
+    return _threaded

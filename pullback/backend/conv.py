@@ -355,11 +355,14 @@ def _by_parts(win: Windows, n: int, c: int, o: int, groups: int) -> bool:
     `_over_batch`: a batch of more than one sample, unless this thread already runs a
     part of one, that splits or (below SERIAL_MACS, once a convolution has split) whose
     products run on one BLAS thread. Any other runs as it is, BLAS threading its
-    products (a batch of one always)."""
-    if n < 2 or getattr(_PART, "batch", None) is not None:
+    products (a batch of one always), which this notes (`blas.threading_products`)."""
+    if getattr(_PART, "batch", None) is not None:
         return False
     macs = _macs(win, n, c, o, groups)
-    return macs >= SPLIT_MACS or (_splitting and macs < SERIAL_MACS)
+    if n >= 2 and (macs >= SPLIT_MACS or (_splitting and macs < SERIAL_MACS)):
+        return True
+    blas.threading_products()
+    return False
 
 
 def _over_batch(win: Windows, n: int, c: int, o: int, groups: int,

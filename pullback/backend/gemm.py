@@ -14,8 +14,11 @@ on them without copies (see kernels.elementwise).
 from __future__ import annotations
 
 import math
+from typing import Literal
 
 import numpy as np
+
+from pullback.backend import blas, split
 
 # Below this many result elements the order makes no measurable difference; small
 # results stay C-ordered.
@@ -58,20 +61,25 @@ def bias_sums(x: np.ndarray, shape: tuple) -> np.ndarray | None:
     middle = math.prod(dims[first:last])
     if outer * inner == 1 or max(outer, inner) > COLUMN_SUM_ROWS:
         return None
-    if x.ndim == 2 and inner == 1 and x.flags.f_contiguous:
-        sums = np.matmul(_ones(outer, x.dtype), x)  # a dense layer's, laid out by columns
-    elif not x.flags.c_contiguous:
+    by_columns = x.ndim == 2 and inner == 1 and x.flags.f_contiguous  # a dense layer's
+    if not by_columns and not x.flags.c_contiguous:
         return None
-    else:
-        sums = x.reshape(outer * middle, inner)
-        if inner > 1:
-            sums = np.matmul(sums, _ones(inner, x.dtype))
-        if outer > 1:
-            sums = np.matmul(_ones(outer, x.dtype), sums.reshape(outer, middle))
+    # On one BLAS thread: a GEMV BLAS threads leaves its workers spinning on the cores
+    # the products split next to it need (`product`); GPT's step took 190-200 ms
+    # against 118-122 with its bias gradients so.
+    with blas.one_thread():
+        if by_columns:
+            sums = np.matmul(_ones(outer, x.dtype), x)
+        else:
+            sums = x.reshape(outer * middle, inner)
+            if inner > 1:
+                sums = np.matmul(sums, _ones(inner, x.dtype))
+            if outer > 1:
+                sums = np.matmul(_ones(outer, x.dtype), sums.reshape(outer, middle))
     return sums.reshape(shape)
 
 
-def result_order(rows: int, cols: int) -> str:
+def result_order(rows: int, cols: int) -> Literal["C", "F"]:
     """"F" (by columns) for a matrix product's (rows, cols) result that BLAS computes
     faster that way, "C" otherwise."""
     return "F" if rows < cols and rows * cols >= MIN_ELEMENTS else "C"
@@ -79,15 +87,48 @@ def result_order(rows: int, cols: int) -> str:
 
 def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """np.matmul(a, b) (into `out` when given), a 2-D floating result laid out as
-    `result_order` says, a stack of matrices times one matrix as one 2-D product."""
+    `result_order` says, a stack of matrices times one matrix as one 2-D product, a
+    large 2-D product split over BLAS's threads (`product`)."""
     if a.ndim > 2 and b.ndim == 2 and a.shape[-1] == b.shape[0] and a.dtype == b.dtype:
         return _stacked(a, b, out)
     if out is not None:
-        return np.matmul(a, b, out=out)
+        return product(a, b, out)
     if (a.ndim == 2 and b.ndim == 2 and a.dtype == b.dtype and a.dtype.kind == "f"
-            and result_order(a.shape[0], b.shape[1]) == "F" and a.shape[1] == b.shape[0]):
-        return np.matmul(a, b, out=np.empty((a.shape[0], b.shape[1]), a.dtype, order="F"))
+            and a.shape[1] == b.shape[0]):
+        order = result_order(a.shape[0], b.shape[1])
+        return product(a, b, np.empty((a.shape[0], b.shape[1]), a.dtype, order=order))
     return np.matmul(a, b, out=...)
+
+
+# A product of at least this many multiply-adds runs as one part per BLAS thread on
+# pullback's threads (pullback.backend.split), BLAS on one thread in each part: a
+# transformer's (2048, 128) @ (128, 384) and its gradients. BLAS's own threads left
+# spinning after such a product took a core from the passes pullback splits between
+# them (attention's heads): GPT's training step took 131-138 ms with BLAS threading its
+# products and 119-123 with them split here (bench/RESULTS.md, issue 13). The digits
+# MLP's 128 x 256 x 256 (2**23) took its step a third longer split: too short a part.
+SPLIT_MACS = 1 << 24
+
+
+def product(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """np.matmul(a, b, out=out); a 2-D float product of at least SPLIT_MACS
+    multiply-adds is cut into one part per BLAS thread along the result's rows (a
+    C-ordered `out`) or columns (a Fortran-ordered one), each part one BLAS call into
+    its block of `out`; unless another path has had BLAS thread its products in this
+    process (`blas.products_threaded`: their workers spin on the cores the parts
+    need), when BLAS threads it itself. The parts round apart from one call (BLAS's
+    kernels for a block's edges, and its own threads, round apart too), within float
+    error."""
+    if (a.ndim != 2 or b.ndim != 2 or out.ndim != 2 or a.dtype.kind != "f"
+            or not a.dtype == b.dtype == out.dtype or a.shape[1] != b.shape[0]
+            or out.shape != (a.shape[0], b.shape[1])
+            or a.shape[0] * a.shape[1] * b.shape[1] < SPLIT_MACS or blas.products_threaded()):
+        return np.matmul(a, b, out=out)
+    if out.flags.f_contiguous and not out.flags.c_contiguous:
+        split.over_batch(b.shape[1], lambda i, j: np.matmul(a, b[:, i:j], out=out[:, i:j]))
+    else:
+        split.over_batch(a.shape[0], lambda i, j: np.matmul(a[i:j], b, out=out[i:j]))
+    return out
 
 
 def _stacked(a: np.ndarray, b: np.ndarray, out: np.ndarray | None) -> np.ndarray:
@@ -99,9 +140,9 @@ def _stacked(a: np.ndarray, b: np.ndarray, out: np.ndarray | None) -> np.ndarray
     shape = a.shape[:-1] + (b.shape[1],)
     flat = a.reshape(rows, a.shape[-1])  # a copy only where a's rows are not contiguous
     if out is None:
-        return np.matmul(flat, b).reshape(shape)
+        return product(flat, b, np.empty((rows, b.shape[1]), a.dtype)).reshape(shape)
     if out.flags.c_contiguous:
-        np.matmul(flat, b, out=out.reshape(rows, b.shape[1]))  # a view: writes into out
+        product(flat, b, out.reshape(rows, b.shape[1]))  # a view: writes into out
         return out
-    out[...] = np.matmul(flat, b).reshape(shape)
+    out[...] = product(flat, b, np.empty((rows, b.shape[1]), a.dtype)).reshape(shape)
     return out

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import DTypeLike
 
+from pullback.backend import blas, gemm
 from pullback.backend.backward_ops import from_rule
 from pullback.backend.base import Array, Backend, Mixin
 from pullback.errors import KernelError
@@ -178,6 +179,7 @@ class CpuRecurrentOps(RecurrentOps):
             np.matmul(hs, wt, out=hw)
             step(xp, hw, cs, y, t)
             hs, cs = y[0, t], y[1, t]
+        blas.threading_products()
         return y
 
     def lstm_sequence_backward(self, upstream: np.ndarray, xp: np.ndarray, h0: np.ndarray,
@@ -199,6 +201,7 @@ class CpuRecurrentOps(RecurrentOps):
             for t in range(steps - 1, -1, -1):
                 step(upstream, y, c0 if t == 0 else y[1, t - 1], carry, dc, da, t)
                 np.matmul(da[t], w_hh, out=carry)
+            blas.threading_products()
         grads = (da, carry, dc, self._weight_grad(da, h0, y, _wants(needed, 3)))
         return _only_needed(grads, needed)
 
@@ -219,6 +222,7 @@ class CpuRecurrentOps(RecurrentOps):
             np.matmul(hs, wt, out=hw)
             step(xp, hw, b_hh, hs, y, t)
             hs = y[0, t]
+        blas.threading_products()
         return y
 
     def gru_sequence_backward(self, upstream: np.ndarray, xp: np.ndarray, h0: np.ndarray,
@@ -242,6 +246,7 @@ class CpuRecurrentOps(RecurrentOps):
                 step(upstream, y, h0 if t == 0 else y[0, t - 1], carry, dxp, dhw, t)
                 np.matmul(dhw[t], w_hh, out=through_w)
                 carry += through_w
+            blas.threading_products()
         grads = (dxp, carry, self._weight_grad(dhw, h0, y, _wants(needed, 2)),
                  dhw.reshape(steps * n, GRU_GATES * h).sum(axis=0))
         return _only_needed(grads, needed)
@@ -255,7 +260,8 @@ class CpuRecurrentOps(RecurrentOps):
             return None
         steps, n, width = da.shape
         h_prev = np.concatenate([h0[None], y[0, :steps - 1]]) if steps else y[0]
-        return da.reshape(steps * n, width).T @ h_prev.reshape(steps * n, y.shape[-1])
+        return gemm.product(da.reshape(steps * n, width).T, h_prev.reshape(steps * n, y.shape[-1]),
+                            np.empty((width, y.shape[-1]), da.dtype))
 
 
 def _wants(needed: tuple[bool, ...] | None, index: int) -> bool:

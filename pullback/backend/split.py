@@ -1,8 +1,10 @@
-"""A batch's work split over BLAS's threads, for CpuBackend's convolution loops whose
-own passes (Winograd's tile transforms) would otherwise run on one core while BLAS
-uses them all: the batch is cut into one contiguous part per BLAS thread, each part
-runs whole (transforms and products) on a thread of its own, and BLAS runs on one
-thread meanwhile (pullback.backend.blas), each part's products on its part's thread.
+"""Work split over BLAS's threads: a convolution's batch, a large matrix product's rows
+or columns, attention's heads. Cut into one contiguous part per BLAS thread, each part
+runs whole (its own passes and its products) on a thread of its own, and BLAS runs on
+one thread meanwhile (pullback.backend.blas), each part's products on its part's
+thread. Pullback's own passes (im2col, Winograd's transforms, attention's softmax) then
+use every core, not one while BLAS uses the rest; and where every large product of a
+step runs so, BLAS's workers never wake, so none spins on a core a part needs.
 
 The calling thread runs the first part, then takes back every part no worker has
 started yet and runs it itself, so a worker the operating system does not schedule
@@ -27,6 +29,7 @@ T = TypeVar("T")
 
 _lock = threading.Lock()
 _pool: ThreadPoolExecutor | None = None
+_within = threading.local()  # .part: this thread runs a part (work inside is not split)
 
 
 def _executor() -> ThreadPoolExecutor:
@@ -44,8 +47,9 @@ def _executor() -> ThreadPoolExecutor:
 
 def parts(n: int) -> list[tuple[int, int]]:
     """The contiguous parts (start, stop) of range(n) that `over_batch` runs: one per
-    BLAS thread, at most n."""
-    k = min(n, blas.threads()) if n > 1 and blas.limitable() else 1
+    BLAS thread, at most n; one on a thread already running a part."""
+    inside = getattr(_within, "part", False)
+    k = min(n, blas.threads()) if n > 1 and blas.limitable() and not inside else 1
     cuts = [n * i // k for i in range(k + 1)]
     return [(cuts[i], cuts[i + 1]) for i in range(k)]
 
@@ -58,13 +62,21 @@ def over_batch(n: int, run: Callable[[int, int], T]) -> list[T]:
         return [run(0, n)]
     pool = _executor()
     results: list[T] = []
-    with blas.one_thread():
-        futures: list[Future[T]] = [pool.submit(run, *part) for part in cuts[1:]]
+
+    def part(a: int, b: int) -> T:
+        before, _within.part = getattr(_within, "part", False), True
         try:
-            results.append(run(*cuts[0]))
-            for part, future in zip(cuts[1:], futures):
+            return run(a, b)
+        finally:
+            _within.part = before
+
+    with blas.one_thread():
+        futures: list[Future[T]] = [pool.submit(part, *cut) for cut in cuts[1:]]
+        try:
+            results.append(part(*cuts[0]))
+            for cut, future in zip(cuts[1:], futures):
                 # A part no worker has started is withdrawn and run here.
-                results.append(run(*part) if future.cancel() else future.result())
+                results.append(part(*cut) if future.cancel() else future.result())
         finally:
             for future in futures:  # never return while a part still writes
                 if not future.cancel():

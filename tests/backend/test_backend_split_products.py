@@ -1,0 +1,177 @@
+"""Large matrix products and attention's heads split over BLAS's threads
+(pullback.backend.gemm.product, attention's `_by_heads`): the parts compute what one
+call does (products within float error, attention bit for bit), in the result's
+layout; a product stays whole once a path has had BLAS thread its own products
+(recurrences, convolutions not split by batch), and nothing splits again inside a part."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from pullback.backend import attention, blas, gemm, recurrent, split
+from pullback.backend import conv as backend_conv
+
+needs_openblas = pytest.mark.skipif(not blas.limitable(), reason="NumPy's BLAS is not OpenBLAS")
+
+
+@pytest.fixture
+def halves(monkeypatch):
+    """Every product and attention split in two (whatever BLAS's threads), no path
+    having threaded BLAS's products yet; `halves(False)`: nothing splits."""
+    monkeypatch.setattr(blas, "_threaded", False)
+
+    def choose(on: bool) -> None:
+        limit = 0 if on else 1 << 62
+        monkeypatch.setattr(gemm, "SPLIT_MACS", limit)
+        monkeypatch.setattr(attention, "SPLIT_MACS", limit)
+        monkeypatch.setattr(split, "parts", lambda n: [(0, n // 2), (n // 2, n)] if n > 1
+                            else [(0, n)])
+    return choose
+
+
+@pytest.fixture
+def calls(monkeypatch):
+    """The n of every split.over_batch call, recorded, the parts then run as usual."""
+    seen: list[int] = []
+    original = split.over_batch
+
+    def recording(n, run):
+        seen.append(n)
+        return original(n, run)
+
+    monkeypatch.setattr(split, "over_batch", recording)
+    return seen
+
+
+SHAPES = [(64, 48, 80), (33, 257, 65), (7, 5, 1), (1, 16, 9)]
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("order", ["C", "F"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_a_split_product_is_one_calls_within_float_error(halves, calls, shape, order, dtype):
+    halves(True)
+    m, k, n = shape
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((m, k)).astype(dtype), rng.standard_normal((k, n)).astype(dtype)
+    out = np.empty((m, n), dtype, order=order)
+    assert gemm.product(a, b, out) is out
+    # Rows of a C-ordered result, columns of a Fortran-ordered one (a single row or
+    # column is both: by rows): each part's block of the result is contiguous.
+    assert calls == [m if out.flags.c_contiguous else n]
+    exact = a.astype(np.float64) @ b.astype(np.float64)
+    bound = k * np.finfo(dtype).eps * (np.abs(a) @ np.abs(b))
+    assert np.all(np.abs(out - exact) <= bound)
+    whole = np.matmul(a, b)
+    np.testing.assert_allclose(out, whole, rtol=0, atol=float(bound.max()))
+
+
+def test_products_of_the_matmul_op_and_its_gradients_split(cpu, halves, calls):
+    halves(True)
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((3, 10, 12)).astype(np.float32)
+    w = rng.standard_normal((8, 12)).astype(np.float32)
+    y = cpu.matmul(x, w.T)  # a stack times a matrix: one (30, 12) @ (12, 8) product
+    u = rng.standard_normal(y.shape).astype(np.float32)
+    gx, gw_t = cpu.matmul_backward(u, x, w.T)
+    assert calls == [30, 30, 8]  # y and x's gradient by their 30 rows, w's by its 8
+    # The weight's gradient keeps the transposed view's layout: its transpose is C-ordered.
+    assert gw_t.T.flags.c_contiguous
+    tx, tw = torch.from_numpy(x).requires_grad_(), torch.from_numpy(w).requires_grad_()
+    ty = tx @ tw.T
+    ty.backward(torch.from_numpy(u))
+    for ours, theirs in ((y, ty.detach()), (gx, tx.grad), (gw_t.T, tw.grad)):
+        np.testing.assert_allclose(ours, theirs.numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_small_or_integer_products_stay_whole(halves, calls, monkeypatch):
+    halves(False)
+    a = np.ones((64, 64), np.float32)
+    gemm.product(a, a, np.empty((64, 64), np.float32))
+    halves(True)
+    ints = np.arange(12).reshape(3, 4)
+    out = np.empty((3, 3), ints.dtype)
+    gemm.product(ints, ints.T, out)
+    np.testing.assert_array_equal(out, ints @ ints.T)
+    assert calls == []
+
+
+def test_once_a_path_threads_blas_products_stay_whole(halves, calls):
+    halves(True)
+    a = np.ones((16, 16), np.float32)
+    gemm.product(a, a, np.empty((16, 16), np.float32))
+    assert calls == [16] and not blas.products_threaded()
+    blas.threading_products()
+    assert blas.products_threaded()
+    out = np.empty((16, 16), np.float32)
+    gemm.product(a, a, out)
+    assert calls == [16]
+    np.testing.assert_array_equal(out, np.full((16, 16), 16, np.float32))
+
+
+def test_a_large_recurrence_notes_that_blas_threads_its_steps(monkeypatch):
+    monkeypatch.setattr(blas, "_threaded", False)
+    monkeypatch.setattr(recurrent, "SMALL_PRODUCT", 0)  # the per-step BLAS path
+    rng = np.random.default_rng(2)
+    steps, n, h = 3, 2, 4
+    xp = rng.standard_normal((steps, n, 4 * h)).astype(np.float32)
+    h0, c0 = np.zeros((n, h), np.float32), np.zeros((n, h), np.float32)
+    w_hh = rng.standard_normal((4 * h, h)).astype(np.float32)
+    recurrent.CpuRecurrentOps().lstm_sequence(xp, h0, c0, w_hh)
+    assert blas.products_threaded()
+
+
+def test_a_convolution_blas_threads_is_noted_and_a_split_one_is_not(monkeypatch):
+    monkeypatch.setattr(blas, "_threaded", False)
+    monkeypatch.setattr(backend_conv, "_splitting", False)
+    monkeypatch.setattr(backend_conv, "SPLIT_MACS", 0)
+    x = np.ones((4, 3, 6, 6), np.float32)
+    w = np.ones((2, 3, 3, 3), np.float32)
+    backend_conv.conv2d(x, w, (1, 1), (0, 0))  # by parts, BLAS on one thread in each
+    assert not blas.products_threaded()
+    backend_conv.conv2d(x[:1], w, (1, 1), (0, 0))  # a batch of one: BLAS threads it
+    assert blas.products_threaded()
+
+
+def test_inside_a_part_nothing_splits_again(monkeypatch):
+    monkeypatch.setattr(blas, "threads", lambda: 2)
+    monkeypatch.setattr(blas, "limitable", lambda: True)
+    inner = split.over_batch(4, lambda i, j: split.parts(j - i))
+    assert inner == [[(0, 2)], [(0, 2)]]
+    assert split.parts(4) == [(0, 2), (2, 4)]
+
+
+HEADS = [((2, 3, 9, 8), 9), ((1, 4, 12, 6), 12), ((3, 5, 4), 7)]
+
+
+@pytest.mark.parametrize("case", HEADS, ids=str)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_attention_split_by_heads_is_one_calls_bit_for_bit(cpu, halves, calls, case, causal,
+                                                           dtype):
+    (*batch, length, e), keys = case
+    rng = np.random.default_rng(3)
+    q = rng.standard_normal((*batch, length, e)).astype(dtype)
+    k, v = (rng.standard_normal((*batch, keys, e)).astype(dtype) for _ in range(2))
+    results = {}
+    for on in (False, True):
+        halves(on)
+        out = cpu.attention(q, k, v, None, None, 0.3, causal)
+        grads = cpu.attention_backward(np.ones_like(out), q, k, v, None, None, 0.3, causal,
+                                       False)
+        results[on] = (out, *grads[:3])
+    # The first batch axis of more than one is cut: (2, 3) by its 2, (1, 4) by its 4.
+    axis = next(size for size in batch if size > 1)
+    assert calls == [axis, axis]
+    for split_result, whole in zip(results[True], results[False]):
+        np.testing.assert_array_equal(split_result, whole)
+    mask = None
+    if causal:
+        mask = torch.ones(length, keys, dtype=torch.bool).tril()
+    tq, tk, tv = (torch.from_numpy(t) for t in (q, k, v))
+    expected = F.scaled_dot_product_attention(tq, tk, tv, attn_mask=mask, scale=0.3).numpy()
+    tol = 1e-5 if dtype == np.float32 else 1e-12
+    np.testing.assert_allclose(results[True][0], expected, rtol=tol, atol=tol)
