@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike, DTypeLike
 
-from pullback.backend import conv, gemm
+from pullback.backend import conv, gemm, heap
 from pullback.backend.attention import CpuAttentionOps
 from pullback.backend.backward_ops import BackwardOps, Grads, Needed, check_matmul_backward
 from pullback.backend.base import Backend, Index, Operand, Pair, Shape, check_gelu_mode
@@ -449,6 +449,11 @@ def _copied_into(out: np.ndarray | None, y: np.ndarray) -> np.ndarray:
         return y
     out[...] = y
     return out
+
+
+# The NumPy backends' arrays reuse freed pages rather than fault in new ones every step
+# (pullback.backend.heap): set for the process once this module is imported.
+heap.keep_freed_pages()
 
 
 class CpuBackend(BackwardOps, FusedOps, CpuRecurrentOps, CpuGatherOps, CpuAttentionOps,
