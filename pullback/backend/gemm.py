@@ -13,6 +13,7 @@ on them without copies (see kernels.elementwise).
 
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import Literal
 
@@ -64,10 +65,11 @@ def bias_sums(x: np.ndarray, shape: tuple) -> np.ndarray | None:
     by_columns = x.ndim == 2 and inner == 1 and x.flags.f_contiguous  # a dense layer's
     if not by_columns and not x.flags.c_contiguous:
         return None
-    # On one BLAS thread: a GEMV BLAS threads leaves its workers spinning on the cores
-    # the products split next to it need (`product`); GPT's step took 190-200 ms
-    # against 118-122 with its bias gradients so.
-    with blas.one_thread():
+    # On one BLAS thread while products split (`product`): a GEMV BLAS threads leaves
+    # its workers spinning on the cores the split products next to it need; GPT's step
+    # took 190-200 ms against 118-122 with its bias gradients so. Once BLAS threads
+    # other paths' products anyway, its threads sum faster.
+    with contextlib.nullcontext() if blas.products_threaded() else blas.one_thread():
         if by_columns:
             sums = np.matmul(_ones(outer, x.dtype), x)
         else:

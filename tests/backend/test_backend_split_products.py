@@ -175,3 +175,20 @@ def test_attention_split_by_heads_is_one_calls_bit_for_bit(cpu, halves, calls, c
     expected = F.scaled_dot_product_attention(tq, tk, tv, attn_mask=mask, scale=0.3).numpy()
     tol = 1e-5 if dtype == np.float32 else 1e-12
     np.testing.assert_allclose(results[True][0], expected, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("threaded", [False, True])
+def test_bias_sums_run_on_one_blas_thread_while_products_split(monkeypatch, threaded):
+    monkeypatch.setattr(blas, "_threaded", threaded)
+    entered = []
+    original = blas.one_thread
+
+    def recording():
+        entered.append(True)
+        return original()
+
+    monkeypatch.setattr(blas, "one_thread", recording)
+    x = np.random.default_rng(4).standard_normal((6, 5, 3, 3)).astype(np.float32)
+    sums = gemm.bias_sums(x, (5, 1, 1))
+    np.testing.assert_allclose(sums, x.sum(axis=(0, 2, 3), keepdims=True)[0], rtol=1e-5)
+    assert entered == ([] if threaded else [True])
