@@ -339,6 +339,28 @@ def avg_pool_body(x, out, g, scale):
     return out
 
 
+def avg_pool_global_body(x, out, scale):
+    """out[n, c, 0, 0] = scale * the sum of the plane x[n, c], for one window covering
+    each plane (a global average pool): the plane's positions summed in row-major
+    order from zero, the general body's order of offsets, so bit for bit its result.
+    Eight planes' sums run side by side: each alone is a chain of dependent adds."""
+    m, p = x.shape[0] * x.shape[1], x.shape[2] * x.shape[3]
+    src = x.reshape(m * p)
+    dst = out.reshape(m)
+    sums = np.empty(8, dtype=out.dtype)
+    zero = out.dtype.type(0)
+    for first in range(0, m, 8):
+        planes = min(8, m - first)
+        for i in range(8):
+            sums[i] = zero
+        for k in range(p):
+            for i in range(planes):
+                sums[i] += src[(first + i) * p + k]
+        for i in range(planes):
+            dst[first + i] = sums[i] * scale
+    return out
+
+
 def avg_pool_backward_body(upstream, grad, g, scale):
     """grad[n, c] = the sum, over the windows covering each position, of scale *
     upstream; offsets in row-major order, as NumPy's loop of `grad[window] += share`."""
@@ -564,6 +586,7 @@ _KINDS: dict[Callable, tuple[str, ...]] = {
     max_pool_body: ("in4", "out4", "geo", "value"),
     max_pool_backward_body: ("in4", "in4", "in4", "out4", "geo", "value"),
     avg_pool_body: ("in4", "out4", "geo", "value"),
+    avg_pool_global_body: ("in4", "out4", "value"),
     avg_pool_backward_body: ("in4", "out4", "geo", "value"),
     transpose_body: ("in2", "out2"),
     transposed_equal_body: ("in2", "in2"),
@@ -723,7 +746,18 @@ def avg_pool(x: np.ndarray, out: np.ndarray, geo: np.ndarray) -> np.ndarray:
     scale = dtype.type(1.0 / (geo[0] * geo[1]))
     if _tiles(geo):
         return compiled_tile("avg_forward", int(geo[0]), int(geo[1]), dtype)(x, out, scale)
+    if _global(x, geo):
+        # ResNet-50's 2048 planes of 7x7: 0.44 ms in the general body, whose loops run
+        # over one output position per plane.
+        return compiled(avg_pool_global_body, dtype)(x, out, scale)
     return compiled(avg_pool_body, dtype)(x, out, geo, scale)
+
+
+def _global(x: np.ndarray, geo: np.ndarray) -> bool:
+    """Whether one unpadded, undilated window covers each whole plane of x."""
+    kh, kw, _, _, ph, pw, dh, dw, oh, ow = (int(v) for v in geo[:10])
+    return ((kh, kw) == x.shape[2:] and ph == pw == 0 and dh == dw == 1
+            and oh == ow == 1 and x.size > 0)
 
 
 def avg_pool_backward(upstream: np.ndarray, grad: np.ndarray, geo: np.ndarray) -> np.ndarray:

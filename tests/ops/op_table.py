@@ -360,6 +360,8 @@ CONV_ROWS = [
        lambda x: F.avg_pool2d(x, 2), (2, 3, 4, 6)),
     op("avg_pool2d_stride_and_padding", lambda x: pb.avg_pool2d(x, 3, stride=2, padding=1),
        lambda x: F.avg_pool2d(x, 3, stride=2, padding=1), (1, 2, 6, 7)),
+    op("avg_pool2d_global", lambda x: pb.avg_pool2d(x, (4, 6), stride=1),
+       lambda x: F.avg_pool2d(x, (4, 6), stride=1), (2, 9, 4, 6)),
 ]
 
 
