@@ -282,7 +282,7 @@ def _by_heads(q: np.ndarray, k: np.ndarray, v: np.ndarray, run: Callable) -> Non
         index = (slice(None),) * axis + (slice(i, j),)
         run(lambda arrays: tuple(a[index] for a in arrays))
 
-    split.over_batch(batch[axis], cut)
+    split.over_parts(batch[axis], cut)
 
 
 def _forward(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, causal: bool,

@@ -371,7 +371,7 @@ def _over_batch(win: Windows, n: int, c: int, o: int, groups: int,
     each part run as a convolution of its own, not split again, and taking the path the
     whole batch would (`_winograd` counts the whole batch's tiles).
 
-    From SPLIT_MACS multiply-adds the parts run at once (split.over_batch). Below, the
+    From SPLIT_MACS multiply-adds the parts run at once (split.over_parts). Below, the
     whole batch is one part, run here with BLAS on one thread: `_by_parts` sends one
     below SERIAL_MACS here once a convolution has split in this process. A product BLAS
     threads leaves its workers spinning for a while after it returns (OpenBLAS: about
@@ -390,7 +390,7 @@ def _over_batch(win: Windows, n: int, c: int, o: int, groups: int,
 
     if _macs(win, n, c, o, groups) >= SPLIT_MACS:
         _splitting = True
-        return split.over_batch(n, part)
+        return split.over_parts(n, part)
     with blas.one_thread():
         return [part(0, n)]
 

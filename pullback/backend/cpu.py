@@ -458,7 +458,9 @@ heap.keep_freed_pages()
 
 class CpuBackend(BackwardOps, FusedOps, CpuRecurrentOps, CpuGatherOps, CpuAttentionOps,
                  Backend):
-    """NumPy (and Numba kernels) on the calling thread; deterministic. f32 stays f32."""
+    """NumPy (and Numba kernels) on the calling thread, except large convolutions,
+    matrix products and attention's heads, split over BLAS's threads
+    (pullback.backend.split); deterministic. f32 stays f32."""
 
     name = "cpu"
 

@@ -127,9 +127,9 @@ def product(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> np.ndarray:
             or a.shape[0] * a.shape[1] * b.shape[1] < SPLIT_MACS or blas.products_threaded()):
         return np.matmul(a, b, out=out)
     if out.flags.f_contiguous and not out.flags.c_contiguous:
-        split.over_batch(b.shape[1], lambda i, j: np.matmul(a, b[:, i:j], out=out[:, i:j]))
+        split.over_parts(b.shape[1], lambda i, j: np.matmul(a, b[:, i:j], out=out[:, i:j]))
     else:
-        split.over_batch(a.shape[0], lambda i, j: np.matmul(a[i:j], b, out=out[i:j]))
+        split.over_parts(a.shape[0], lambda i, j: np.matmul(a[i:j], b, out=out[i:j]))
     return out
 
 

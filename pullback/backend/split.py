@@ -9,9 +9,10 @@ step runs so, BLAS's workers never wake, so none spins on a core a part needs.
 The calling thread runs the first part, then takes back every part no worker has
 started yet and runs it itself, so a worker the operating system does not schedule
 (a busy machine) costs no waiting. Which thread runs a part changes nothing: the parts
-and what each computes depend only on the batch and BLAS's thread count, so results are
-the same bit for bit whoever runs them. Where BLAS runs on one thread, or its thread
-count cannot be set (`blas.limitable()`), everything runs on the calling thread.
+and what each computes depend only on the size cut and BLAS's thread count, so results
+are the same bit for bit whoever runs them. Where BLAS runs on one thread, or its thread
+count cannot be set (`blas.limitable()`), everything runs on the calling thread; so does
+the work inside a part, which is not split again.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ def _executor() -> ThreadPoolExecutor:
 
 
 def parts(n: int) -> list[tuple[int, int]]:
-    """The contiguous parts (start, stop) of range(n) that `over_batch` runs: one per
+    """The contiguous parts (start, stop) of range(n) that `over_parts` runs: one per
     BLAS thread, at most n; one on a thread already running a part."""
     inside = getattr(_within, "part", False)
     k = min(n, blas.threads()) if n > 1 and blas.limitable() and not inside else 1
@@ -54,7 +55,7 @@ def parts(n: int) -> list[tuple[int, int]]:
     return [(cuts[i], cuts[i + 1]) for i in range(k)]
 
 
-def over_batch(n: int, run: Callable[[int, int], T]) -> list[T]:
+def over_parts(n: int, run: Callable[[int, int], T]) -> list[T]:
     """[run(start, stop) for each of `parts(n)`], the parts run at once on BLAS's threads
     (BLAS itself on one thread meanwhile), results in order."""
     cuts = parts(n)

@@ -1,6 +1,7 @@
 """`ThreadedCpuBackend`: CpuBackend with large elementwise, row-wise and reduction work
 split into contiguous chunks over a thread pool (NumPy releases the GIL). Small ops,
-matmul and conv run exactly as in CpuBackend; BLAS threads those itself.
+matmul, attention and conv run exactly as in CpuBackend, which splits the large ones
+over BLAS's threads itself (pullback.backend.split).
 """
 
 from __future__ import annotations

@@ -87,7 +87,7 @@ def test_parts_take_the_whole_batchs_path(cpu, halves, monkeypatch):
     assert calls == [(4, 32, 8, 8), (4, 32, 8, 8)]
 
 
-def test_over_batch_runs_parts_at_once_in_order_and_withdraws_unstarted_ones(monkeypatch):
+def test_over_parts_runs_parts_at_once_in_order_and_withdraws_unstarted_ones(monkeypatch):
     monkeypatch.setattr(split, "parts", lambda n: [(0, 1), (1, 2), (2, 3)])
     started = threading.Barrier(2, timeout=10)
     threads = {}
@@ -98,7 +98,7 @@ def test_over_batch_runs_parts_at_once_in_order_and_withdraws_unstarted_ones(mon
             started.wait()  # parts 0 and 1 can only both pass if they run at once
         return a * 10
 
-    assert split.over_batch(3, run) == [0, 10, 20]
+    assert split.over_parts(3, run) == [0, 10, 20]
     assert threads[0] == threading.get_ident() != threads[1]
 
     # A worker that never starts: the caller runs that part itself.
@@ -107,7 +107,7 @@ def test_over_batch_runs_parts_at_once_in_order_and_withdraws_unstarted_ones(mon
     jams = [pool.submit(blocker.wait) for _ in range(pool._max_workers)]
     try:
         ran_on = []
-        out = split.over_batch(3, lambda a, b: ran_on.append(threading.get_ident()) or a)
+        out = split.over_parts(3, lambda a, b: ran_on.append(threading.get_ident()) or a)
         assert out == [0, 1, 2] and set(ran_on) == {threading.get_ident()}
     finally:
         blocker.set()
@@ -115,7 +115,7 @@ def test_over_batch_runs_parts_at_once_in_order_and_withdraws_unstarted_ones(mon
             jam.result()
 
 
-def test_over_batch_raises_a_parts_error_after_every_part_is_done(monkeypatch):
+def test_over_parts_raises_a_parts_error_after_every_part_is_done(monkeypatch):
     monkeypatch.setattr(split, "parts", lambda n: [(0, 1), (1, 2)])
     started, finished = threading.Event(), []
 
@@ -128,7 +128,7 @@ def test_over_batch_raises_a_parts_error_after_every_part_is_done(monkeypatch):
         finished.append(a)
 
     with pytest.raises(ValueError, match="part 0 failed"):
-        split.over_batch(2, run)
+        split.over_parts(2, run)
     assert finished == [1]
 
 

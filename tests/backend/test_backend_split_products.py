@@ -34,15 +34,15 @@ def halves(monkeypatch):
 
 @pytest.fixture
 def calls(monkeypatch):
-    """The n of every split.over_batch call, recorded, the parts then run as usual."""
+    """The n of every split.over_parts call, recorded, the parts then run as usual."""
     seen: list[int] = []
-    original = split.over_batch
+    original = split.over_parts
 
     def recording(n, run):
         seen.append(n)
         return original(n, run)
 
-    monkeypatch.setattr(split, "over_batch", recording)
+    monkeypatch.setattr(split, "over_parts", recording)
     return seen
 
 
@@ -139,7 +139,7 @@ def test_a_convolution_blas_threads_is_noted_and_a_split_one_is_not(monkeypatch)
 def test_inside_a_part_nothing_splits_again(monkeypatch):
     monkeypatch.setattr(blas, "threads", lambda: 2)
     monkeypatch.setattr(blas, "limitable", lambda: True)
-    inner = split.over_batch(4, lambda i, j: split.parts(j - i))
+    inner = split.over_parts(4, lambda i, j: split.parts(j - i))
     assert inner == [[(0, 2)], [(0, 2)]]
     assert split.parts(4) == [(0, 2), (2, 4)]
 
