@@ -118,13 +118,16 @@ def product(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> np.ndarray:
     C-ordered `out`) or columns (a Fortran-ordered one), each part one BLAS call into
     its block of `out`; unless another path has had BLAS thread its products in this
     process (`blas.products_threaded`: their workers spin on the cores the parts
-    need), when BLAS threads it itself. The parts round apart from one call (BLAS's
-    kernels for a block's edges, and its own threads, round apart too), within float
-    error."""
+    need), when BLAS threads it itself, or where `out` overlaps an operand. The parts
+    round apart from one call (BLAS's kernels for a block's edges, and its own
+    threads, round apart too), within float error."""
     if (a.ndim != 2 or b.ndim != 2 or out.ndim != 2 or a.dtype.kind != "f"
             or not a.dtype == b.dtype == out.dtype or a.shape[1] != b.shape[0]
             or out.shape != (a.shape[0], b.shape[1])
-            or a.shape[0] * a.shape[1] * b.shape[1] < SPLIT_MACS or blas.products_threaded()):
+            or a.shape[0] * a.shape[1] * b.shape[1] < SPLIT_MACS or blas.products_threaded()
+            # A part would write what another still reads: NumPy copies an operand the
+            # result overlaps, within one call only.
+            or np.may_share_memory(out, a) or np.may_share_memory(out, b)):
         return np.matmul(a, b, out=out)
     if out.flags.f_contiguous and not out.flags.c_contiguous:
         split.over_parts(b.shape[1], lambda i, j: np.matmul(a, b[:, i:j], out=out[:, i:j]))

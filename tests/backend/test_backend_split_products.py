@@ -192,3 +192,14 @@ def test_bias_sums_run_on_one_blas_thread_while_products_split(monkeypatch, thre
     sums = gemm.bias_sums(x, (5, 1, 1))
     np.testing.assert_allclose(sums, x.sum(axis=(0, 2, 3), keepdims=True)[0], rtol=1e-5)
     assert entered == ([] if threaded else [True])
+
+
+def test_a_product_into_an_operand_stays_whole(halves, calls):
+    halves(True)
+    rng = np.random.default_rng(5)
+    a = rng.standard_normal((12, 12)).astype(np.float64)
+    b = rng.standard_normal((12, 12)).astype(np.float64)
+    expected = a @ b
+    gemm.product(a, b, b)  # the result over the second operand, read whole by each part
+    assert calls == []
+    np.testing.assert_allclose(b, expected, rtol=1e-13)
