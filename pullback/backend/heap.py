@@ -6,7 +6,7 @@ LSTM's gate activations and their gradients, a transformer's activations). glibc
 each array above its mmap threshold on its own and unmaps it when freed, and trims
 the heap's free top above its trim threshold: either way the next step's array is
 new pages, each a page fault and a page of zeros written by the kernel. glibc raises
-both thresholds by itself once it has freed an mapped block that large (the mmap one up
+both thresholds by itself once it has freed a mapped block that large (the mmap one up
 to 32 MiB), so how fast a step runs depended on what the process had freed before:
 the LSTM bench's plan step took 42-44 ms in a process of its own and 35 ms after three
 PyTorch steps had run in it (2,030 page faults a step against 0.2; bench/RESULTS.md,
