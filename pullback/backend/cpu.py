@@ -419,13 +419,6 @@ def describe_index(index: Any) -> str:
     return f"[{', '.join(text)}]"
 
 
-def _c_ordered_product(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """a @ b (2-D), C-ordered whatever its shape; split over BLAS's threads when large
-    (gemm.product)."""
-    dtype = np.result_type(a, b)
-    return gemm.product(a, b, np.empty((a.shape[0], b.shape[1]), dtype))
-
-
 def _matmul_reason(a: Any, b: Any) -> str:
     sa, sb = np.shape(a), np.shape(b)
     if not sa or not sb:
@@ -1010,9 +1003,9 @@ class CpuBackend(BackwardOps, FusedOps, CpuRecurrentOps, CpuGatherOps, CpuAttent
                     # The weight is a transposed view (x @ w.T): give its gradient the same
                     # layout, so that transposing it back yields a C-ordered array and no
                     # strided copy is ever made of it.
-                    grad_rhs = _c_ordered_product(u2.T, a2).T
+                    grad_rhs = gemm.c_product(u2.T, a2).T
                 else:
-                    grad_rhs = _c_ordered_product(a2.T, u2).reshape(rhs.shape)
+                    grad_rhs = gemm.c_product(a2.T, u2).reshape(rhs.shape)
             else:
                 full = np.matmul(np.swapaxes(a, -1, -2), u)
                 grad_rhs = self.sum_to_shape(full, b.shape).reshape(rhs.shape)

@@ -136,6 +136,11 @@ def product(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> np.ndarray:
     return out
 
 
+def c_product(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """a @ b (2-D) into a new C-ordered array, whatever its shape (`product`)."""
+    return product(a, b, np.empty((a.shape[0], b.shape[1]), np.result_type(a, b)))
+
+
 def _stacked(a: np.ndarray, b: np.ndarray, out: np.ndarray | None) -> np.ndarray:
     """(..., M, K) @ (K, N) as one (rows, K) @ (K, N) product. NumPy runs the stacked
     form as one BLAS call per matrix of the stack; on two OpenBLAS threads a
@@ -145,9 +150,9 @@ def _stacked(a: np.ndarray, b: np.ndarray, out: np.ndarray | None) -> np.ndarray
     shape = a.shape[:-1] + (b.shape[1],)
     flat = a.reshape(rows, a.shape[-1])  # a copy only where a's rows are not contiguous
     if out is None:
-        return product(flat, b, np.empty((rows, b.shape[1]), a.dtype)).reshape(shape)
+        return c_product(flat, b).reshape(shape)
     if out.flags.c_contiguous:
         product(flat, b, out.reshape(rows, b.shape[1]))  # a view: writes into out
         return out
-    out[...] = product(flat, b, np.empty((rows, b.shape[1]), a.dtype)).reshape(shape)
+    out[...] = c_product(flat, b).reshape(shape)
     return out

@@ -260,8 +260,8 @@ class CpuRecurrentOps(RecurrentOps):
             return None
         steps, n, width = da.shape
         h_prev = np.concatenate([h0[None], y[0, :steps - 1]]) if steps else y[0]
-        return gemm.product(da.reshape(steps * n, width).T, h_prev.reshape(steps * n, y.shape[-1]),
-                            np.empty((width, y.shape[-1]), da.dtype))
+        return gemm.c_product(da.reshape(steps * n, width).T,
+                              h_prev.reshape(steps * n, y.shape[-1]))
 
 
 def _wants(needed: tuple[bool, ...] | None, index: int) -> bool:
