@@ -40,58 +40,106 @@ AT = np.array([[1, 1, 1, 1, 1, 0], [0, 1, -1, 2, -2, 0], [0, 1, 1, 4, 4, 0],
                [0, 1, -1, 8, -8, 1]], np.float64)
 
 
+# From this many tiles a row, input_transform_body reads the input a row at a time;
+# narrower maps gather each tile entry through a table (a row of 2-4 tiles costs more in
+# loop setup than in work). Measured per chunk, float32: 32x32 maps 0.54 ns an entry by
+# rows against 0.74 gathered; 8x8 and 16x16 0.75 gathered against 1.26 and 0.80.
+ROWS_FROM_TILES = 8
+
+
 def input_transform_body(x, v, ph, pw, tiles_h, tiles_w, stride):
     """v[a stride + c P + (n tiles_h + ty) tiles_w + tx] = (B^T d B)[a] for the 6x6
     tile d of x (m, C, H, W) at rows 4 ty - ph.., columns 4 tx - pw.., zero outside x,
     where P = m tiles_h tiles_w: v holds 36 (C, P) matrices `stride` apart.
 
-    A channel at a time, so that the inner loops run over many tiles and vectorize
-    (maps of 8x8 have 2 tiles a row, a channel 2 per sample). Rows first (d B): each
-    input row is copied into a zero-padded line (no bounds tests after that) and
-    deinterleaved into the line's columns 4 q + k for each k, so that each tile's 6
-    inputs lie at the same place in contiguous arrays. Then columns (B^T t) over all
-    the channel's tiles at once, one contiguous run per transform position."""
+    A channel at a time, in three passes whose inner loops run over all the chunk's
+    tiles but the first's: the 36 entries (i, j) of every tile into contiguous runs,
+    e[(6 i + j) P + tile]; then d B (rows), then B^T t (columns), each transform
+    position a contiguous run. Tiles overlap by two rows and two columns, so the first
+    pass reads each input about 2.25 times. On maps of at least ROWS_FROM_TILES tiles a
+    row it takes each input row once (rows 4 and 5 of a tile are rows 0 and 1 of the
+    next: copied after), through a zero-padded line; on narrower ones it copies the
+    chunk's planes of the channel side by side (samples lie C planes apart: at 8x8 and
+    64 channels, 16 KiB, and planes that far apart share cache sets) followed by a zero,
+    and gathers every entry through one table of where it lies there."""
     m_, c_, h_, w_ = x.shape
     tiles = tiles_h * tiles_w
     p_ = U(m_ * tiles)
     src = x.reshape(x.size)
     dst = v
-    tw = U(tiles_w)
-    q_ = tw + U(1)  # columns 4 q + k of the line, q < q_, in phase k
-    line = np.zeros(4 * q_, dtype=x.dtype)
-    phases = np.empty(4 * q_, dtype=x.dtype)  # phase k at k q_: the line deinterleaved
-    t = np.empty(36 * p_, dtype=x.dtype)  # d B as (input row i, position b, tile)
-    zero = line[0]
+    e = np.empty(36 * p_, dtype=x.dtype)  # entry (i, j) of every tile
+    t = np.empty(36 * p_, dtype=x.dtype)  # d B as (row i, position b, tile)
     position = U(stride)
-    lo, hi = U(min(pw, 4 * q_)), U(min(pw + w_, 4 * q_))  # the line's columns inside x
+    tw = U(tiles_w)
+    line = np.zeros(4 * (tw + U(1)), dtype=x.dtype)
+    zero = line[0]
+    lo, hi = U(min(pw, line.size)), U(min(pw + w_, line.size))  # the line's part in x
+    by_rows = tiles_w >= ROWS_FROM_TILES
+    plane = U(h_ * w_)
+    planes = np.zeros(1 if by_rows else m_ * h_ * w_ + 1, dtype=x.dtype)
+    where = np.empty(0 if by_rows else 36 * p_, dtype=np.int64)
+    if not by_rows:
+        for i in range(6):
+            for j in range(6):
+                for n in range(m_):
+                    for ty in range(tiles_h):
+                        r, at = ty * 4 - ph + i, (i * 6 + j) * p_ + n * tiles + ty * tiles_w
+                        for tx in range(tiles_w):
+                            col = tx * 4 - pw + j
+                            inside = 0 <= r < h_ and 0 <= col < w_
+                            where[at + tx] = n * plane + r * w_ + col if inside else planes.size - 1
     for c in range(c_):
-        for n in range(m_):
-            plane = U((n * c_ + c) * h_ * w_)
-            for ty in range(tiles_h):
-                for i in range(6):
-                    r = ty * 4 - ph + i
-                    row = U(i * 6) * p_ + U(n * tiles + ty * tiles_w)
+        if by_rows:
+            for n in range(m_):
+                first = U(n * tiles)
+                for rp in range(4 * tiles_h + 2):  # padded rows; the last two: rows 4, 5
+                    ty, i = rp >> 2, rp & 3  # of the last tiles
+                    if rp >= 4 * tiles_h:
+                        ty, i = tiles_h - 1, i + 4
+                    at = U(i * 6) * p_ + first + U(ty) * tw
+                    r = rp - ph
                     if r < 0 or r >= h_:
-                        for b in range(6):
+                        for j in range(6):
                             for tx in range(tw):
-                                t[row + U(b) * p_ + tx] = zero
+                                e[at + U(j) * p_ + tx] = zero
                         continue
-                    start = plane + U(r * w_) - lo
+                    start = U((n * c_ + c) * h_ * w_) + U(r * w_) - lo
                     for k in range(lo, hi):
                         line[k] = src[start + k]
-                    for q in range(q_):
-                        for k in range(4):
-                            phases[U(k) * q_ + q] = line[U(4) * q + U(k)]
                     for tx in range(tw):
-                        d0, d1, d2 = phases[tx], phases[q_ + tx], phases[U(2) * q_ + tx]
-                        d3, d4 = phases[U(3) * q_ + tx], phases[tx + U(1)]
-                        d5 = phases[q_ + tx + U(1)]
-                        t[row + tx] = 4.0 * d0 - 5.0 * d2 + d4
-                        t[row + p_ + tx] = d3 + d4 - 4.0 * (d1 + d2)
-                        t[row + U(2) * p_ + tx] = d4 - d3 + 4.0 * (d1 - d2)
-                        t[row + U(3) * p_ + tx] = d4 - d2 + 2.0 * (d3 - d1)
-                        t[row + U(4) * p_ + tx] = d4 - d2 + 2.0 * (d1 - d3)
-                        t[row + U(5) * p_ + tx] = 4.0 * d1 - 5.0 * d3 + d5
+                        k = U(4) * tx
+                        e[at + tx] = line[k]
+                        e[at + p_ + tx] = line[k + U(1)]
+                        e[at + U(2) * p_ + tx] = line[k + U(2)]
+                        e[at + U(3) * p_ + tx] = line[k + U(3)]
+                        e[at + U(4) * p_ + tx] = line[k + U(4)]
+                        e[at + U(5) * p_ + tx] = line[k + U(5)]
+                run = U((tiles_h - 1) * tiles_w)  # rows 4, 5 of the tiles above the last
+                for i in range(2):
+                    for j in range(6):
+                        to = U((4 + i) * 6 + j) * p_ + first
+                        at = U(i * 6 + j) * p_ + first + tw
+                        for k in range(run):
+                            e[to + k] = e[at + k]
+        else:
+            for n in range(m_):
+                at, to = U((n * c_ + c) * h_ * w_), U(n) * plane
+                for k in range(plane):
+                    planes[to + k] = src[at + k]
+            for k in range(36 * p_):
+                e[k] = planes[where[k]]
+        for i in range(6):  # rows: d B
+            row = U(i * 6) * p_
+            for k in range(p_):
+                d0, d1, d2 = e[row + k], e[row + p_ + k], e[row + U(2) * p_ + k]
+                d3, d4 = e[row + U(3) * p_ + k], e[row + U(4) * p_ + k]
+                d5 = e[row + U(5) * p_ + k]
+                t[row + k] = 4.0 * d0 - 5.0 * d2 + d4
+                t[row + p_ + k] = d3 + d4 - 4.0 * (d1 + d2)
+                t[row + U(2) * p_ + k] = d4 - d3 + 4.0 * (d1 - d2)
+                t[row + U(3) * p_ + k] = d4 - d2 + 2.0 * (d3 - d1)
+                t[row + U(4) * p_ + k] = d4 - d2 + 2.0 * (d1 - d3)
+                t[row + U(5) * p_ + k] = 4.0 * d1 - 5.0 * d3 + d5
         at = U(c) * p_
         for j in range(6):  # columns: B^T t, each position to its own matrix
             o0, o1 = at + U(j) * position, at + U(6 + j) * position

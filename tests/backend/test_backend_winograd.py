@@ -35,6 +35,9 @@ CASES = [
     ((3, 4, 5, 11), 5, (1, 2)),
     ((2, 5, 10, 3), 2, (1, 0)),
     ((1, 2, 4, 5), 3, (3, 1)),  # the forward only: the input gradient would need 2 - 3
+    # rows of at least ROWS_FROM_TILES tiles: the input transform reads rows, not a table
+    ((2, 2, 9, 33), 3, (1, 1)),
+    ((1, 3, 6, 36), 2, (2, 0)),
 ]
 IDS = [f"x{c[0]}-o{c[1]}-p{c[2]}" for c in CASES]
 
@@ -91,6 +94,12 @@ def test_the_transform_kernels_are_lavins_matrices(rng):
     y = kernels.AT @ (u * (kernels.BT @ d[0, 0] @ kernels.BT.T)) @ kernels.AT.T
     np.testing.assert_allclose(y, F.conv2d(torch.from_numpy(d), torch.from_numpy(w))[0, 0],
                                rtol=1e-12, atol=1e-12)
+
+
+def test_the_cases_cover_both_ways_of_reading_the_input():
+    widths = [winograd.tiles((h + 2 * p[0] - 2, w + 2 * p[1] - 2))[1]
+              for (_, _, h, w), _, p in CASES]
+    assert min(widths) < kernels.ROWS_FROM_TILES <= max(widths)
 
 
 @pytest.mark.parametrize("case", CASES, ids=IDS)
