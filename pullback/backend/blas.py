@@ -19,6 +19,12 @@ this process, a product that could go either way (pullback.backend.gemm) leaves 
 to BLAS too (`products_threaded`): a fact of the process's history rather than of the
 clock, so that which way a product runs, and so how it rounds, does not depend on
 timing.
+
+Conversely, once pullback has split work over its threads in this process (`note_split`,
+from pullback.backend.split), a product too small to split runs on one BLAS thread
+(`quiet_products`), unless BLAS threads products anyway: one threaded product a
+step keeps a worker spinning on the core the next split work needs. The 3x32x32 CNN's
+10-class layer alone (64 x 4096 x 10) halved the speed of the split convolution after it.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ import numpy as np
 
 _lock = threading.Lock()
 _threaded = False  # a path has had BLAS thread its products (`threading_products`)
+_split = False  # pullback has split work over its threads (`note_split`)
 _found: Any = None  # (get_num_threads, set_num_threads_local), or False: none usable
 
 _GET = ("openblas_get_num_threads", "scipy_openblas_get_num_threads64_",
@@ -123,3 +130,22 @@ def products_threaded() -> bool:
     """Whether a path has run products on BLAS's threads in this process
     (`threading_products`)."""
     return _threaded
+
+
+def note_split() -> None:
+    """Note that pullback has run work split over its threads in this process, for
+    `quiet_products`."""
+    global _split
+    _split = True
+
+
+def splitting() -> bool:
+    """Whether pullback has split work over its threads in this process (`note_split`)."""
+    return _split
+
+
+def quiet_products() -> bool:
+    """Whether a product pullback does not split runs on one BLAS thread: where pullback
+    splits work in this process (`note_split`) and no path has BLAS thread its products
+    (`products_threaded`)."""
+    return _split and not _threaded

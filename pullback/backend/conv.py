@@ -335,14 +335,13 @@ def _winograd(win: Windows, groups: int, batch: int, c_in: int, c_out: int) -> b
 # batch (pullback.backend.split), BLAS on one thread meanwhile: pullback's own passes
 # (im2col, col2im, Winograd's tile transforms) then use every core. Smaller ones (the
 # digits CNNs, 2-9M) measured 1.5x slower split: a part is too short for a thread to
-# pay (bench/RESULTS.md).
-SPLIT_MACS = 1 << 26
-# Below this many, once a convolution has split in this process, a convolution's
-# products run on one BLAS thread (`_over_batch`); from it up to SPLIT_MACS BLAS keeps
-# its threads: the 3x32x32 CNN's step took 5-10% longer with its 56M first layer on one.
-SERIAL_MACS = 1 << 25
+# pay (bench/RESULTS.md). Once work has split in this process (`blas.splitting`), a
+# smaller one runs whole with its products on one BLAS thread, as other products do
+# (pullback.backend.blas). At 2**26, the 3x32x32 CNN's 56M first layer ran threaded by
+# BLAS, its workers then spinning on the core its 302M second layer's parts needed:
+# that layer took 4.8-5.5 ms a pass in the training step, against 2.3-2.5 alone.
+SPLIT_MACS = 1 << 25
 _PART = threading.local()  # .batch: the whole batch, on a thread running a part of it
-_splitting = False  # whether a convolution has split in this process (`_over_batch`)
 
 
 def _macs(win: Windows, n: int, c: int, o: int, groups: int) -> int:
@@ -353,13 +352,12 @@ def _macs(win: Windows, n: int, c: int, o: int, groups: int) -> int:
 def _by_parts(win: Windows, n: int, c: int, o: int, groups: int) -> bool:
     """Whether a convolution of c channels into o over a batch of n runs through
     `_over_batch`: a batch of more than one sample, unless this thread already runs a
-    part of one, that splits or (below SERIAL_MACS, once a convolution has split) whose
-    products run on one BLAS thread. Any other runs as it is, BLAS threading its
-    products (a batch of one always), which this notes (`blas.threading_products`)."""
+    part of one, that splits or (once work has split in this process) whose products
+    run on one BLAS thread. Any other runs as it is, BLAS threading its products (a
+    batch of one always), which this notes (`blas.threading_products`)."""
     if getattr(_PART, "batch", None) is not None:
         return False
-    macs = _macs(win, n, c, o, groups)
-    if n >= 2 and (macs >= SPLIT_MACS or (_splitting and macs < SERIAL_MACS)):
+    if n >= 2 and (_macs(win, n, c, o, groups) >= SPLIT_MACS or blas.splitting()):
         return True
     blas.threading_products()
     return False
@@ -373,13 +371,12 @@ def _over_batch(win: Windows, n: int, c: int, o: int, groups: int,
 
     From SPLIT_MACS multiply-adds the parts run at once (split.over_parts). Below, the
     whole batch is one part, run here with BLAS on one thread: `_by_parts` sends one
-    below SERIAL_MACS here once a convolution has split in this process. A product BLAS
+    here once work has split in this process. A product BLAS
     threads leaves its workers spinning for a while after it returns (OpenBLAS: about
     0.1 s), each on a core the next split convolution's parts need: on two cores,
     ResNet-20's training step took 250 ms against 182 with its 1x1 and first-layer
     convolutions threaded by BLAS (one process, in turns). Where nothing splits (the
     digits CNNs), BLAS's threads pay: their steps took 9-12% longer without them."""
-    global _splitting
 
     def part(a: int, b: int) -> Any:
         _PART.batch = n
@@ -389,7 +386,6 @@ def _over_batch(win: Windows, n: int, c: int, o: int, groups: int,
             _PART.batch = None
 
     if _macs(win, n, c, o, groups) >= SPLIT_MACS:
-        _splitting = True
         return split.over_parts(n, part)
     with blas.one_thread():
         return [part(0, n)]

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 
@@ -99,7 +99,7 @@ def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> np.nd
             and a.shape[1] == b.shape[0]):
         order = result_order(a.shape[0], b.shape[1])
         return product(a, b, np.empty((a.shape[0], b.shape[1]), a.dtype, order=order))
-    return np.matmul(a, b, out=...)
+    return _whole(a, b, ...)
 
 
 # A product of at least this many multiply-adds runs as one part per BLAS thread on
@@ -118,9 +118,10 @@ def product(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> np.ndarray:
     C-ordered `out`) or columns (a Fortran-ordered one), each part one BLAS call into
     its block of `out`; unless another path has had BLAS thread its products in this
     process (`blas.products_threaded`: their workers spin on the cores the parts
-    need), when BLAS threads it itself, or where `out` overlaps an operand. The parts
-    round apart from one call (BLAS's kernels for a block's edges, and its own
-    threads, round apart too), within float error."""
+    need), when BLAS threads it itself, or where `out` overlaps an operand. A product
+    not split runs on one BLAS thread where pullback splits others
+    (`_whole`). The parts round apart from one call (BLAS's kernels
+    for a block's edges, and its own threads, round apart too), within float error."""
     if (a.ndim != 2 or b.ndim != 2 or out.ndim != 2 or a.dtype.kind != "f"
             or not a.dtype == b.dtype == out.dtype or a.shape[1] != b.shape[0]
             or out.shape != (a.shape[0], b.shape[1])
@@ -128,12 +129,22 @@ def product(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> np.ndarray:
             # A part would write what another still reads: NumPy copies an operand the
             # result overlaps, within one call only.
             or np.may_share_memory(out, a) or np.may_share_memory(out, b)):
-        return np.matmul(a, b, out=out)
+        return _whole(a, b, out)
     if out.flags.f_contiguous and not out.flags.c_contiguous:
         split.over_parts(b.shape[1], lambda i, j: np.matmul(a, b[:, i:j], out=out[:, i:j]))
     else:
         split.over_parts(a.shape[0], lambda i, j: np.matmul(a[i:j], b, out=out[i:j]))
     return out
+
+
+def _whole(a: np.ndarray, b: np.ndarray, out: Any) -> np.ndarray:
+    """np.matmul(a, b, out=out) as one call, on one BLAS thread where
+    `blas.quiet_products` (a BLAS worker woken here would spin on a core that work
+    pullback splits next needs)."""
+    if blas.quiet_products():
+        with blas.one_thread():
+            return np.matmul(a, b, out=out)
+    return np.matmul(a, b, out=out)
 
 
 def c_product(a: np.ndarray, b: np.ndarray) -> np.ndarray:

@@ -61,6 +61,7 @@ def over_parts(n: int, run: Callable[[int, int], T]) -> list[T]:
     cuts = parts(n)
     if len(cuts) == 1:
         return [run(0, n)]
+    blas.note_split()
     pool = _executor()
     results: list[T] = []
 

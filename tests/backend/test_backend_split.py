@@ -156,20 +156,19 @@ def test_one_thread_lowers_blas_and_restores_it_when_the_last_block_ends():
 
 
 @needs_openblas
-@pytest.mark.parametrize("splitting,small", [(False, True), (True, True), (True, False)])
-def test_an_unsplit_convolution_runs_blas_on_one_thread_once_one_has_split(
-        cpu, monkeypatch, splitting, small):
+@pytest.mark.parametrize("splitting", [False, True])
+def test_an_unsplit_convolution_runs_blas_on_one_thread_once_work_has_split(
+        cpu, monkeypatch, splitting):
     """Below SPLIT_MACS a batch runs whole on the calling thread; BLAS threads its
-    products until a convolution has split in this process, then runs those of a
-    convolution below SERIAL_MACS on one thread (a spinning BLAS worker would take the
-    split parts' core); larger ones keep BLAS's threads."""
+    products until work has split in this process, then runs them on one thread (a
+    spinning BLAS worker would take the split parts' core)."""
     get, _ = blas._functions()
     before = get()
     if before < 2:
         pytest.skip("BLAS runs on one thread here: nothing to lower")
     monkeypatch.setattr(backend_conv, "SPLIT_MACS", 1 << 62)
-    monkeypatch.setattr(backend_conv, "SERIAL_MACS", 1 << 40 if small else 0)
-    monkeypatch.setattr(backend_conv, "_splitting", splitting)
+    monkeypatch.setattr(blas, "_split", splitting)
+    monkeypatch.setattr(blas, "_threaded", False)
     seen = []
     unfold = backend_conv.kernels.unfold
 
@@ -182,18 +181,19 @@ def test_an_unsplit_convolution_runs_blas_on_one_thread_once_one_has_split(
     x = rng.standard_normal((3, 2, 6, 6)).astype(np.float32)
     w = rng.standard_normal((4, 2, 3, 3)).astype(np.float32)
     y = cpu.conv2d(x, w, (1, 1), (0, 0))
-    assert seen and set(seen) == ({1} if splitting and small else {before})
+    assert seen and set(seen) == ({1} if splitting else {before})
+    assert blas.products_threaded() is not splitting  # noted where BLAS threads it
     assert get() == before
     ref = F.conv2d(torch.from_numpy(x), torch.from_numpy(w)).numpy()
     np.testing.assert_allclose(y, ref, rtol=1e-5, atol=1e-5)
 
 
 def test_a_split_marks_the_process_as_splitting(cpu, halves, monkeypatch):
-    monkeypatch.setattr(backend_conv, "_splitting", False)
+    monkeypatch.setattr(blas, "_split", False)
     x = np.ones((4, 2, 5, 5), np.float32)
     cpu.conv2d(x, np.ones((3, 2, 3, 3), np.float32), (1, 1), (1, 1))
-    assert backend_conv._splitting is False  # halves(off) not yet chosen: as before
+    assert blas.splitting() is False  # halves(off) not yet chosen: as before
     halves(True)
     y = cpu.conv2d(x, np.ones((3, 2, 3, 3), np.float32), (1, 1), (1, 1))
-    assert backend_conv._splitting is True
+    assert blas.splitting() is True
     assert y[0, 0, 2, 2] == 18.0  # every window inside: 2 channels x 9 ones

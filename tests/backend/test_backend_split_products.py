@@ -126,7 +126,7 @@ def test_a_large_recurrence_notes_that_blas_threads_its_steps(monkeypatch):
 
 def test_a_convolution_blas_threads_is_noted_and_a_split_one_is_not(monkeypatch):
     monkeypatch.setattr(blas, "_threaded", False)
-    monkeypatch.setattr(backend_conv, "_splitting", False)
+    monkeypatch.setattr(blas, "_split", False)
     monkeypatch.setattr(backend_conv, "SPLIT_MACS", 0)
     x = np.ones((4, 3, 6, 6), np.float32)
     w = np.ones((2, 3, 3, 3), np.float32)
@@ -134,6 +134,38 @@ def test_a_convolution_blas_threads_is_noted_and_a_split_one_is_not(monkeypatch)
     assert not blas.products_threaded()
     backend_conv.conv2d(x[:1], w, (1, 1), (0, 0))  # a batch of one: BLAS threads it
     assert blas.products_threaded()
+
+
+@needs_openblas
+@pytest.mark.parametrize("split_before,threaded", [(False, False), (True, False), (True, True)])
+def test_an_unsplit_product_runs_on_one_blas_thread_once_work_has_split(
+        monkeypatch, split_before, threaded):
+    """A product too small to split keeps BLAS's threads until pullback has split work in
+    this process, then runs on one; unless a path has BLAS thread its products anyway."""
+    get, _ = blas._functions()
+    before = get()
+    if before < 2:
+        pytest.skip("BLAS runs on one thread here: nothing to lower")
+    monkeypatch.setattr(blas, "_split", split_before)
+    monkeypatch.setattr(blas, "_threaded", threaded)
+    seen = []
+    original = np.matmul
+
+    def watched(*args, **kwargs):
+        seen.append(get())
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(gemm.np, "matmul", watched)
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((6, 5)), rng.standard_normal((5, 4))
+    got = [gemm.matmul(a, b), gemm.product(a, b, np.empty((6, 4))),
+           gemm.matmul(a[None], b[None])]  # a stack: NumPy's own matmul
+    monkeypatch.setattr(gemm.np, "matmul", original)
+    assert len(seen) == 3
+    assert set(seen) == ({1} if split_before and not threaded else {before})
+    assert get() == before
+    for result in got:
+        np.testing.assert_allclose(result.reshape(6, 4), a @ b, rtol=1e-12)
 
 
 def test_inside_a_part_nothing_splits_again(monkeypatch):
