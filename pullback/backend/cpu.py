@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike, DTypeLike
 
-from pullback.backend import conv, gemm, heap
+from pullback.backend import conv, gemm, heap, split
 from pullback.backend.attention import CpuAttentionOps
 from pullback.backend.backward_ops import BackwardOps, Grads, Needed, check_matmul_backward
 from pullback.backend.base import Backend, Index, Operand, Pair, Shape, check_gelu_mode
@@ -480,7 +480,7 @@ class CpuBackend(BackwardOps, FusedOps, CpuRecurrentOps, CpuGatherOps, CpuAttent
     erf = _float_unary("erf", erf_kernel)
 
     def gelu(self, x: np.ndarray, approximate: str = "none") -> np.ndarray:
-        return gelu_kernel_for("gelu", x, approximate)(x)
+        return split.costly_elementwise(gelu_kernel_for("gelu", x, approximate), x)
 
     sin = _float_unary("sin", np.sin)
     cos = _float_unary("cos", np.cos)
@@ -947,9 +947,9 @@ class CpuBackend(BackwardOps, FusedOps, CpuRecurrentOps, CpuGatherOps, CpuAttent
     def gelu_backward(
         self, upstream: np.ndarray, forward_input: np.ndarray, approximate: str = "none"
     ) -> np.ndarray:
-        return gelu_backward_kernel_for(upstream, forward_input, approximate)(
-            upstream, forward_input
-        )
+        return split.costly_elementwise(
+            gelu_backward_kernel_for(upstream, forward_input, approximate), upstream,
+            forward_input)
 
     def softmax_backward(
         self, upstream: np.ndarray, forward_output: np.ndarray, axis: int

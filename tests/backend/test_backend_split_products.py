@@ -168,6 +168,36 @@ def test_an_unsplit_product_runs_on_one_blas_thread_once_work_has_split(
         np.testing.assert_allclose(result.reshape(6, 4), a @ b, rtol=1e-12)
 
 
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_gelu_and_its_gradient_split_bit_for_bit(cpu, halves, calls, monkeypatch, approximate,
+                                                 dtype):
+    """Large gelu forwards and backwards run in parts (split.costly_elementwise), giving
+    one call's result bit for bit; below COSTLY_ELEMENTS, or with operands that are
+    not C-contiguous arrays of one shape, one call."""
+    rng = np.random.default_rng(4)
+    x = (rng.standard_normal((37, 41)) * 3).astype(dtype)
+    up = rng.standard_normal((37, 41)).astype(dtype)
+    whole = cpu.gelu(x, approximate), cpu.gelu_backward(up, x, approximate)
+    assert calls == []  # below COSTLY_ELEMENTS
+    monkeypatch.setattr(split, "COSTLY_ELEMENTS", 8)
+    halves(True)
+    parts = cpu.gelu(x, approximate), cpu.gelu_backward(up, x, approximate)
+    assert calls == [x.size, x.size]
+    for got, want in zip(parts, whole):
+        assert got.dtype == dtype and got.shape == x.shape
+        np.testing.assert_array_equal(got, want)
+    reference = F.gelu(torch.from_numpy(x), approximate=approximate).numpy()
+    np.testing.assert_allclose(parts[0], reference, rtol=1e-5, atol=1e-6)  # gelu indeed
+    calls.clear()
+    by_columns = np.asfortranarray(x)
+    np.testing.assert_array_equal(cpu.gelu(by_columns, approximate), whole[0])
+    np.testing.assert_array_equal(cpu.gelu_backward(up[0], x, approximate),
+                                  cpu.gelu_backward(np.broadcast_to(up[0], x.shape).copy(),
+                                                    x, approximate))
+    assert calls == [x.size]  # only the last call's operands were alike
+
+
 def test_inside_a_part_nothing_splits_again(monkeypatch):
     monkeypatch.setattr(blas, "threads", lambda: 2)
     monkeypatch.setattr(blas, "limitable", lambda: True)
