@@ -112,6 +112,9 @@ POOL_CASES = [
     ((1, 2, 9, 10), (3, 3), (3, 3), (0, 0), (1, 1)),
     ((1, 2, 8, 9), (4, 3), (4, 3), (0, 0), (1, 1)),
     ((1, 1, 5, 5), (1, 1), (1, 1), (0, 0), (1, 1)),
+    # ... and with rows of INNER_BELOW windows or more (the rest: planes innermost)
+    ((2, 2, 6, 34), (2, 2), (2, 2), (0, 0), (1, 1)),
+    ((1, 3, 7, 25), (3, 3), (3, 3), (0, 0), (1, 1)),
     # the general loops: overlaps, padding, dilation, strides past the kernel
     ((2, 2, 7, 9), (3, 3), (2, 2), (1, 1), (1, 1)),
     ((1, 2, 6, 7), (3, 2), (1, 2), (1, 0), (1, 1)),
@@ -192,6 +195,13 @@ def test_unfold_reads_read_only_and_non_contiguous_inputs(rng):
 def _pool_input(rng, shape, dtype):
     # Values on a coarse grid: windows see ties, so "the first maximum" is exercised.
     return (rng.integers(-3, 4, shape) * 0.5).astype(dtype)
+
+
+def test_the_tiling_cases_route_both_ways():
+    tiling = [_win(*case) for case in POOL_CASES if case[1] == case[2] and case[3] == (0, 0)
+              and case[4] == (1, 1) and max(case[1]) <= max(kc.TILE_SIZES)]
+    widths = [win.out_hw[1] for win in tiling]
+    assert min(widths) < kc.INNER_BELOW <= max(widths)
 
 
 @pytest.mark.parametrize("dtype", FLOATS)
