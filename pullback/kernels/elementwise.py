@@ -312,6 +312,15 @@ class ElementwiseKernel(Kernel):
                 flat = False
             arrays.append(a)
             mask |= 1 << i
+        if not flat and out is None and _strided_alike(arrays):
+            # Operands of one shape and dtype, some strided (a dense layer's input
+            # gradient, Fortran-ordered, reshaped to a convolution's output): contiguous
+            # copies cost less than the general loop's setup (relu's gradient on 32 x 64
+            # x 2 x 2 that way: 48 -> 6 us).
+            values = [np.ascontiguousarray(v) if mask >> i & 1 else v
+                      for i, v in enumerate(values)]
+            arrays = [v for i, v in enumerate(values) if mask >> i & 1]
+            flat = True
         if flat and arrays and arrays[0].dtype in _COMPILED:
             dtype, shape = arrays[0].dtype, arrays[0].shape
         else:
@@ -407,6 +416,16 @@ class ElementwiseKernel(Kernel):
         for o, t in zip(outs, targets):
             if not o.flags.c_contiguous:
                 o[...] = t.reshape(shape)
+
+
+def _strided_alike(arrays: list[np.ndarray]) -> bool:
+    """Whether the arrays share one shape and a compiled dtype, some are neither C- nor
+    (all of them) Fortran-contiguous."""
+    if not arrays or arrays[0].dtype not in _COMPILED:
+        return False
+    first = arrays[0]
+    return (all(a.shape == first.shape and a.dtype is first.dtype for a in arrays)
+            and not all(a.flags.f_contiguous for a in arrays))
 
 
 def _memory_order(a: np.ndarray, b: np.ndarray) -> Literal["C", "F"] | None:

@@ -279,6 +279,25 @@ def test_non_contiguous_inputs_are_read_through_their_strides(rng):
     np.testing.assert_array_equal(lossy(y[::3]), (y[::3] + 1e8) - 1e8)
 
 
+def test_same_shape_strided_operands_are_copied_into_the_flat_loop(rng, monkeypatch):
+    # A Fortran-ordered (32, 24) result reshaped to (32, 6, 2, 2) is neither C- nor
+    # Fortran-contiguous: with a C-contiguous operand of its shape, the call copies it
+    # and runs the flat loop (not the general one), with a C-ordered result.
+    strided = np.asfortranarray(rng.standard_normal((32, 24))).reshape(32, 6, 2, 2)
+    assert not strided.flags.c_contiguous and not strided.flags.f_contiguous
+    other = rng.standard_normal((32, 6, 2, 2))
+    general = ElementwiseKernel._grid
+    monkeypatch.setattr(ElementwiseKernel, "_grid", lambda *a: pytest.fail("general loop"))
+    got = difference(strided, other)
+    assert got.flags.c_contiguous
+    np.testing.assert_array_equal(got, strided - other)
+    monkeypatch.setattr(ElementwiseKernel, "_grid", general)
+    # out= given: the general loop, which writes through it
+    out = np.empty((32, 6, 2, 2))
+    assert difference(strided, other, out=out) is out
+    np.testing.assert_array_equal(out, strided - other)
+
+
 def test_float32_kernel_computes_in_float32():
     # 1e8 + 1.5 rounds to 1e8 in float32 (its ulp there is 8), not in float64.
     assert lossy(np.array([1.5], np.float32))[0] == 0.0
