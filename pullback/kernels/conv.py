@@ -212,37 +212,29 @@ def max_pool_body(x, out, g, lowest):
     return out
 
 
-def _route(src, peak, up, dst, taken, start, at, row, count, step, assign):
-    """For windows at + t (t < count) whose maximum is not yet routed: where src[start
-    + t step] equals it, route upstream there and mark the window; elsewhere add (or,
-    `assign`, write) u - u, which is 0 as u * 0 is, NaN for an infinite or NaN u, and
-    never -0.0. Branch-free, and inlined so that constant `step` and `assign` let LLVM
-    vectorize it."""
-    for t in range(count):
-        pos = start + t * step
-        done = taken[row + t]
-        hit = (src[pos] == peak[at + t]) & (not done)
-        u = up[at + t]
-        share = u if hit else u - u
-        if assign:
-            dst[pos] = share
-        else:
-            dst[pos] += share
-        taken[row + t] = done | hit
-
-
-def _pad_hits(peak, taken, at, row, first, stop, lowest):
-    # Windows reading padding at t in [first, stop): padding equals a -inf maximum.
-    for t in range(first, stop):
-        taken[row + t] = taken[row + t] | (peak[at + t] == lowest)
+def _pad_match(peak, first, at, row, lo, hi, lowest):
+    # Windows at [lo, hi) of a row reading padding at this tap: padding equals a -inf
+    # maximum, and a window whose first maximum is padding routes nothing.
+    for t in range(lo, hi):
+        first[row + t] = -1 if peak[at + t] == lowest else first[row + t]
 
 
 def max_pool_backward_body(upstream, x, y, grad, g, lowest):
-    """grad[n, c] = upstream times a one-hot mask of the first position of each window
-    (row-major, padding reading as `lowest`) where x equals the window's maximum: the
-    NumPy code's loop over offsets, so that overlapping windows add in the same order,
-    a window without a match (a NaN maximum) routes nothing, and a NaN or infinite
-    upstream spreads over its window as NaN (u * 0)."""
+    """grad[n, c] = upstream routed to the first position of each window (row-major,
+    padding reading as `lowest`) where x equals the window's maximum, overlapping
+    windows adding in the order of the NumPy code's loop over offsets; a window without
+    a match (a NaN maximum) routes nothing, and a NaN or infinite upstream spreads over
+    its window as NaN (u * 0 at its other taps).
+
+    Per plane, in passes that never store with a stride: which tap of each window is
+    its first maximum, and where (backwards through the taps, vectorized along each row
+    of windows: the last match kept is the first); the windows then ordered by that tap
+    (a counting sort), so that routing them adds in the offset loop's order, one add a
+    window; then, only for an upstream that is not finite, NaN at the window's other
+    taps. The loop over offsets also adds u - u = 0 at every other tap, which changes
+    nothing for a finite u: the gradient starts at +0 and no sum reaches -0. (Storing
+    every tap with the window's stride took ResNet's 3x3, stride-2 pool of 64x112x112
+    10 ms, against 0.3 for PyTorch's, which saves the maxima's indices.)"""
     kh, kw, sh, sw, ph, pw, dh, dw = g[0], g[1], g[2], g[3], g[4], g[5], g[6], g[7]
     oh_, ow_ = g[8], g[9]
     n_, c_, h_, w_ = x.shape
@@ -251,55 +243,139 @@ def max_pool_backward_body(upstream, x, y, grad, g, lowest):
     peak = y.reshape(y.size)
     up = upstream.reshape(upstream.size)
     dst = grad.reshape(grad.size)
-    width = U(ow_)
-    # Windows that tile the input (MaxPool2d(k)) write each covered position once, so
-    # only the rows and columns past the last window need zeros first.
-    tiles = sh == kh and sw == kw and dh == 1 and dw == 1 and ph == 0 and pw == 0
-    covered_h = oh_ * kh if tiles else 0
-    covered_w = ow_ * kw if tiles else 0
-    taken = np.empty(oh_ * ow_, dtype=np.bool_)  # per window: its maximum is routed
-    for n in range(n_):
-        for c in range(c_):
-            plane = (n * c_ + c) * h_ * w_
-            windows = (n * c_ + c) * oh_ * ow_
-            for h in range(h_):
-                first = 0 if h >= covered_h else covered_w
-                for t in range(U(first), U(w_)):
-                    dst[U(plane + h * w_) + t] = 0
-            for t in range(U(oh_ * ow_)):
-                taken[t] = False
-            for i in range(kh):
-                for j in range(kw):
+    windows = oh_ * ow_
+    taps = kh * kw
+    first = np.empty(windows, dtype=np.int32)  # per window: its first maximum's tap, or -1
+    where = np.empty(windows, dtype=np.int64)  # ... and its position in the plane
+    reach = np.empty(taps, dtype=np.int64)  # per tap: its offset from its window's corner
+    for i in range(kh):
+        for j in range(kw):
+            reach[i * kw + j] = i * dh * w_ + j * dw
+    order = np.empty(windows, dtype=np.int64)  # the windows by that tap
+    starts = np.empty(taps + 1, dtype=np.int64)
+    for p in range(n_ * c_):
+        plane = p * h_ * w_
+        at = p * windows
+        for k in range(U(h_ * w_)):
+            dst[U(plane) + k] = 0
+        for r in range(oh_):
+            row = U(r * ow_)
+            for t in range(U(ow_)):
+                first[row + t] = -1
+            for i in range(kh - 1, -1, -1):
+                h = r * sh + i * dh - ph
+                for j in range(kw - 1, -1, -1):
                     lo, hi = spans[j, 0], spans[j, 1]
-                    for r in range(oh_):
-                        h = r * sh + i * dh - ph
-                        row = U(r * ow_)
-                        at = U(windows) + row
-                        if h < 0 or h >= h_:
-                            _pad_hits(peak, taken, at, row, U(0), width, lowest)
-                            continue
-                        if lo > 0 or hi < ow_:
-                            _pad_hits(peak, taken, at, row, U(0), U(lo), lowest)
-                            _pad_hits(peak, taken, at, row, U(hi), width, lowest)
-                        start = U(plane + h * w_ + lo * sw + j * dw - pw)
-                        count = U(hi - lo)
-                        row += U(lo)
-                        at += U(lo)
-                        if tiles and sw == 2:
-                            _route(src, peak, up, dst, taken, start, at, row, count, U(2), True)
-                        elif tiles:
-                            _route(src, peak, up, dst, taken, start, at, row, count, U(sw),
-                                   True)
-                        elif sw == 1:
-                            _route(src, peak, up, dst, taken, start, at, row, count, U(1),
-                                   False)
-                        elif sw == 2:
-                            _route(src, peak, up, dst, taken, start, at, row, count, U(2),
-                                   False)
-                        else:
-                            _route(src, peak, up, dst, taken, start, at, row, count, U(sw),
-                                   False)
+                    if h < 0 or h >= h_:
+                        lo = hi = ow_
+                    at_row = U(at) + row
+                    _pad_match(peak, first, at_row, row, U(0), U(lo), lowest)
+                    _pad_match(peak, first, at_row, row, U(hi), U(ow_), lowest)
+                    if hi <= lo:
+                        continue
+                    start = U(plane + h * w_ + lo * sw + j * dw - pw)
+                    tap = np.int32(i * kw + j)
+                    a0, r0, count = at_row + U(lo), row + U(lo), U(hi - lo)
+                    # The windows whose maximum is this tap's value take it. Written out
+                    # per stride, not as a helper: LLVM kept a helper a call here, and
+                    # only a constant stride vectorizes (64x112x112, 3x3, stride 2: 5.0
+                    # -> 2.0 ms).
+                    if sw == 1:
+                        for t in range(count):
+                            hit = src[start + t] == peak[a0 + t]
+                            first[r0 + t] = tap if hit else first[r0 + t]
+                    elif sw == 2:
+                        for t in range(count):
+                            hit = src[start + U(2) * t] == peak[a0 + t]
+                            first[r0 + t] = tap if hit else first[r0 + t]
+                    else:
+                        for t in range(count):
+                            hit = src[start + U(sw) * t] == peak[a0 + t]
+                            first[r0 + t] = tap if hit else first[r0 + t]
+        for k in range(taps + 1):
+            starts[k] = 0
+        for w in range(windows):
+            starts[first[w] + 1] += 1
+        total = 0
+        for k in range(taps + 1):
+            count = starts[k]
+            starts[k] = total
+            total += count
+        routed = starts[1]  # the windows before are those that route nothing
+        for r in range(oh_):  # where each routed window's maximum lies
+            corner = (r * sh - ph) * w_ - pw
+            for t in range(ow_):
+                f = first[r * ow_ + t]
+                where[r * ow_ + t] = corner + t * sw + reach[max(f, 0)]
+        for w in range(windows):
+            b = first[w] + 1
+            order[starts[b]] = w
+            starts[b] += 1
+        for k in range(routed, windows):
+            w = order[k]
+            dst[U(plane + where[w])] += up[at + w]
+        spread = False
+        for w in range(U(windows)):
+            u = up[U(at) + w]
+            spread = spread | (u - u != 0)  # NaN for an infinite or NaN u
+        if spread:
+            _spread_nan(up, dst, first, g, h_, w_, plane, at)
     return grad
+
+
+def max_pool_backward_inner_body(upstream, x, y, grad, g, lowest):
+    """max_pool_backward_body's result with the planes innermost: upstream and y (OH,
+    OW, P), x and grad (H, W, P) for P planes. The NumPy code's loop over offsets as it
+    is (the first maximum not yet routed takes u, every other tap adds u - u), each
+    window's taps a run over the planes, which vectorizes however small the maps."""
+    kh, kw, sh, sw, ph, pw, dh, dw = g[0], g[1], g[2], g[3], g[4], g[5], g[6], g[7]
+    oh_, ow_ = g[8], g[9]
+    h_, w_, p_ = x.shape
+    src = x.reshape(x.size)
+    peak = y.reshape(y.size)
+    up = upstream.reshape(upstream.size)
+    dst = grad.reshape(grad.size)
+    planes = U(p_)
+    taken = np.zeros(oh_ * ow_ * p_, dtype=np.bool_)  # per window and plane: routed
+    for k in range(U(dst.size)):
+        dst[k] = 0
+    for i in range(kh):
+        for j in range(kw):
+            for r in range(oh_):
+                h = r * sh + i * dh - ph
+                for t in range(ow_):
+                    col = t * sw + j * dw - pw
+                    at = U((r * ow_ + t) * p_)
+                    if h < 0 or h >= h_ or col < 0 or col >= w_:
+                        for q in range(planes):  # padding equals a -inf maximum
+                            taken[at + q] = taken[at + q] | (peak[at + q] == lowest)
+                        continue
+                    pos = U((h * w_ + col) * p_)
+                    for q in range(planes):
+                        done = taken[at + q]
+                        hit = (src[pos + q] == peak[at + q]) & (not done)
+                        u = up[at + q]
+                        dst[pos + q] += u if hit else u - u
+                        taken[at + q] = done | hit
+    return grad
+
+
+def _spread_nan(up, dst, first, g, h_, w_, plane, at):
+    # u - u (NaN) at every tap inside x but the first maximum's, for the windows of a
+    # plane whose upstream u is not finite.
+    kh, kw, sh, sw, ph, pw, dh, dw = g[0], g[1], g[2], g[3], g[4], g[5], g[6], g[7]
+    oh_, ow_ = g[8], g[9]
+    for r in range(oh_):
+        for t in range(ow_):
+            u = up[at + r * ow_ + t]
+            if u - u == 0:
+                continue
+            for i in range(kh):
+                h = r * sh + i * dh - ph
+                for j in range(kw):
+                    col = t * sw + j * dw - pw
+                    if 0 <= h < h_ and 0 <= col < w_ and i * kw + j != first[r * ow_ + t]:
+                        dst[U(plane + h * w_ + col)] += u - u
 
 
 def avg_pool_body(x, out, g, scale):
@@ -511,43 +587,6 @@ def tile_bodies(kh: int, kw: int, zero: Any) -> dict[str, Callable]:
                             dst[row + t * U(kw) + U(j)] = share + zero
         return grad
 
-    def max_backward_inner(upstream, x, y, grad):
-        """max_backward with the planes innermost: upstream and y (OH, OW, P), x and
-        grad (H, W, P), for P planes; every loop runs over the planes, however narrow
-        the maps. The same arithmetic, bit for bit."""
-        h_, w_, p_ = x.shape
-        oh_, ow_ = y.shape[0], y.shape[1]
-        src = x.reshape(x.size)
-        peak = y.reshape(y.size)
-        up = upstream.reshape(upstream.size)
-        dst = grad.reshape(grad.size)
-        planes = U(p_)
-        first = np.empty(p_, dtype=np.int32)
-        for h in range(h_):  # what no window covers
-            for c in range(w_):
-                if h >= oh_ * kh or c >= ow_ * kw:
-                    at = U((h * w_ + c) * p_)
-                    for q in range(planes):
-                        dst[at + q] = zero
-        for r in range(oh_):
-            for t in range(ow_):
-                at = U((r * ow_ + t) * p_)
-                for q in range(planes):
-                    first[q] = kh * kw
-                for i in range(kh - 1, -1, -1):  # backwards: the first match wins
-                    for j in range(kw - 1, -1, -1):
-                        tap = U(((r * kh + i) * w_ + t * kw + j) * p_)
-                        for q in range(planes):
-                            first[q] = i * kw + j if src[tap + q] == peak[at + q] else first[q]
-                for i in range(kh):
-                    for j in range(kw):
-                        tap = U(((r * kh + i) * w_ + t * kw + j) * p_)
-                        for q in range(planes):
-                            u = up[at + q]
-                            share = u if first[q] == i * kw + j else u * zero
-                            dst[tap + q] = share + zero
-        return grad
-
     def avg_forward(x, out, scale):
         """out = scale * the sum of each window, taps in row-major order."""
         n_, c_, h_, w_ = x.shape
@@ -586,7 +625,6 @@ def tile_bodies(kh: int, kw: int, zero: Any) -> dict[str, Callable]:
 
     bodies: dict[str, Callable[..., Any]] = {
         "max_forward": max_forward, "max_backward": max_backward,
-        "max_backward_inner": max_backward_inner,
         "avg_forward": avg_forward, "avg_backward": avg_backward}
     for body in bodies.values():
         # A name per size and dtype: Numba names a compiled function (and the
@@ -608,7 +646,6 @@ def _zero_uncovered(dst, plane, h_, w_, covered_h, covered_w, zero):
 _TILE_KINDS = {
     "max_forward": ("in4", "out4", "value"),
     "max_backward": ("in4", "in4", "in4", "out4"),
-    "max_backward_inner": ("in3", "in3", "in3", "out3"),
     "avg_forward": ("in4", "out4", "value"),
     "avg_backward": ("in4", "out4", "value"),
 }
@@ -624,6 +661,7 @@ _KINDS: dict[Callable, tuple[str, ...]] = {
     fold_body: ("in3", "out4", "geo"),
     max_pool_body: ("in4", "out4", "geo", "value"),
     max_pool_backward_body: ("in4", "in4", "in4", "out4", "geo", "value"),
+    max_pool_backward_inner_body: ("in3", "in3", "in3", "out3", "geo", "value"),
     avg_pool_body: ("in4", "out4", "geo", "value"),
     avg_pool_global_body: ("in4", "out4", "value"),
     avg_pool_backward_body: ("in4", "out4", "geo", "value"),
@@ -649,7 +687,7 @@ def _signature(dtype: np.dtype, kinds: Sequence[str]) -> tuple:
 def _register_helpers(nb: Any) -> None:
     global _registered
     if not _registered:  # the helpers the bodies call, callable from Numba
-        for helper in (_spans, _running_max, _route, _pad_hits, _zero_uncovered):
+        for helper in (_spans, _running_max, _pad_match, _spread_nan, _zero_uncovered):
             nb.extending.register_jitable(error_model="numpy")(helper)
         _registered = True
 
@@ -771,26 +809,34 @@ def max_pool_backward(upstream: np.ndarray, x: np.ndarray, y: np.ndarray, grad: 
     dtype = check_dtype("max_pool2d_backward", [upstream, x, y, grad])
     args = (np.ascontiguousarray(upstream), np.ascontiguousarray(x), np.ascontiguousarray(y),
             grad)
-    if _tiles(geo):
-        if y.shape[3] < INNER_BELOW and grad.flags.c_contiguous:
-            return _max_backward_inner(*args, geo, dtype)
+    tiles = _tiles(geo)
+    if (x.shape[0] * x.shape[1] >= INNER_PLANES and grad.flags.c_contiguous
+            and y.shape[3] < (INNER_TILING_BELOW if tiles else INNER_BELOW)):
+        return _max_backward_inner(*args, geo, dtype)
+    if tiles:
         x1, y1, up1, grad1 = _one_plane([args[1], args[2], args[0], grad], geo)
         compiled_tile("max_backward", int(geo[0]), int(geo[1]), dtype)(up1, x1, y1, grad1)
         return grad
     return compiled(max_pool_backward_body, dtype)(*args, geo, dtype.type(-np.inf))
 
 
-# A tiling max pool whose output is under this many windows wide routes its gradient
-# with the planes innermost (`max_backward_inner`): rows of 2-6 windows cost more in
-# loop setup than in work. MaxPool2d(2)'s backward measured 173 -> 103 us on
-# 32x32x8x8, 230 -> 96 on 128x32x4x4 and 400 -> 219 on 64x16x12x12 that way, the
-# transposes in and out taking most of it; 8 wide (32x32x16x16), 109 against 394.
-INNER_BELOW = 8
+# A max pool's gradient is routed with the planes innermost (max_pool_backward_inner_body)
+# where its output rows are shorter than this many windows and it has at least
+# INNER_PLANES planes: per plane, rows of a few windows cost more in loop setup than in
+# work; the transposes in and out cost most of the rest. 3x3, stride-2 windows
+# (padding 1) measured 21.2 -> 8.3 ms on 64x32x32x32, 15.4 -> 6.0 on 8x64x56x56, 1.09
+# -> 0.62 on 1x64x64x64 (32 wide), and 4.6 against 6.7 on 2x64x112x112 (56 wide).
+INNER_BELOW = 33
+# ... and tiling windows (MaxPool2d(k)) below this many: their own rows' kernel
+# vectorizes from 8 windows (32x32x16x16: 109 us against 394 planes innermost), and
+# under it took 173 against 103 us on 32x32x8x8, 230 against 96 on 128x32x4x4.
+INNER_TILING_BELOW = 8
+INNER_PLANES = 8
 
 
 def _max_backward_inner(upstream: np.ndarray, x: np.ndarray, y: np.ndarray,
                         grad: np.ndarray, geo: np.ndarray, dtype: np.dtype) -> np.ndarray:
-    """max_pool_backward of tiling windows through max_backward_inner: x, y and upstream
+    """max_pool_backward through max_pool_backward_inner_body: x, y and upstream
     transposed to (pixels, planes), the gradient transposed back into grad."""
     n, c, h, w = x.shape
     oh, ow = y.shape[2], y.shape[3]
@@ -801,9 +847,9 @@ def _max_backward_inner(upstream: np.ndarray, x: np.ndarray, y: np.ndarray,
                          np.empty((rows * cols, planes), dtype)).reshape(rows, cols, planes)
 
     inner_grad = np.empty((h, w, planes), dtype)
-    compiled_tile("max_backward_inner", int(geo[0]), int(geo[1]), dtype)(
+    compiled(max_pool_backward_inner_body, dtype)(
         planes_inner(upstream, oh, ow), planes_inner(x, h, w), planes_inner(y, oh, ow),
-        inner_grad)
+        inner_grad, geo, dtype.type(-np.inf))
     transpose(inner_grad.reshape(h * w, planes), grad.reshape(planes, h * w))
     return grad
 

@@ -112,7 +112,7 @@ POOL_CASES = [
     ((1, 2, 9, 10), (3, 3), (3, 3), (0, 0), (1, 1)),
     ((1, 2, 8, 9), (4, 3), (4, 3), (0, 0), (1, 1)),
     ((1, 1, 5, 5), (1, 1), (1, 1), (0, 0), (1, 1)),
-    # ... and with rows of INNER_BELOW windows or more (the rest: planes innermost)
+    # ... and with rows of INNER_TILING_BELOW windows or more (a row's kernel)
     ((2, 2, 6, 34), (2, 2), (2, 2), (0, 0), (1, 1)),
     ((1, 3, 7, 25), (3, 3), (3, 3), (0, 0), (1, 1)),
     # the general loops: overlaps, padding, dilation, strides past the kernel
@@ -197,11 +197,49 @@ def _pool_input(rng, shape, dtype):
     return (rng.integers(-3, 4, shape) * 0.5).astype(dtype)
 
 
-def test_the_tiling_cases_route_both_ways():
+# Pools of INNER_PLANES planes or more with short output rows: the gradient routed with
+# the planes innermost (`_max_backward_inner`), tiling windows and the general ones.
+INNER_CASES = [
+    ((4, 3, 8, 8), (2, 2), (2, 2), (0, 0), (1, 1)),
+    ((3, 5, 9, 7), (3, 3), (3, 3), (0, 0), (1, 1)),
+    ((2, 6, 9, 11), (3, 3), (2, 2), (1, 1), (1, 1)),
+    ((3, 4, 7, 8), (3, 2), (1, 2), (1, 0), (1, 1)),
+    ((2, 5, 9, 8), (2, 2), (1, 1), (1, 1), (2, 3)),
+]
+
+
+def test_the_tiling_cases_take_both_kernels():
     tiling = [_win(*case) for case in POOL_CASES if case[1] == case[2] and case[3] == (0, 0)
               and case[4] == (1, 1) and max(case[1]) <= max(kc.TILE_SIZES)]
     widths = [win.out_hw[1] for win in tiling]
-    assert min(widths) < kc.INNER_BELOW <= max(widths)
+    assert min(widths) < kc.INNER_TILING_BELOW <= max(widths)
+    assert min(n * c for (n, c, _, _), *_ in POOL_CASES) < kc.INNER_PLANES  # per plane
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("case", INNER_CASES, ids=_ids(INNER_CASES))
+def test_max_pool_backward_planes_innermost_matches_the_offset_loops(rng, case, dtype,
+                                                                    monkeypatch):
+    taken = []
+    inner = kc._max_backward_inner
+    monkeypatch.setattr(kc, "_max_backward_inner", lambda *a: taken.append(1) or inner(*a))
+    win = _win(*case)
+    x = _pool_input(rng, case[0], dtype)
+    y = np.empty((*case[0][:2], *win.out_hw), dtype=dtype)
+    kc.max_pool(x, y, win.geometry())
+    upstream = rng.standard_normal(y.shape).astype(dtype)
+    grad = np.full(case[0], np.nan, dtype=dtype)
+    kc.max_pool_backward(upstream, x, y, grad, win.geometry())
+    np.testing.assert_array_equal(grad, ref_max_pool_backward(upstream, x, y, win))
+    # NaN and infinite inputs, infinite and NaN upstream values
+    x.flat[rng.choice(x.size, 3, replace=False)] = [np.nan, -np.inf, np.inf]
+    kc.max_pool(x, y, win.geometry())
+    upstream.flat[rng.choice(y.size, 2, replace=False)] = [np.inf, np.nan]
+    with np.errstate(invalid="ignore"):
+        kc.max_pool_backward(upstream, x, y, grad, win.geometry())
+        want = ref_max_pool_backward(upstream, x, y, win)
+    np.testing.assert_array_equal(grad, want)
+    assert taken == [1, 1]
 
 
 @pytest.mark.parametrize("dtype", FLOATS)
@@ -216,6 +254,26 @@ def test_max_pool_and_backward_match_the_offset_loops(rng, case, dtype):
     grad = np.full(case[0], np.nan, dtype=dtype)
     kc.max_pool_backward(upstream, x, y, grad, win.geometry())
     np.testing.assert_array_equal(grad, ref_max_pool_backward(upstream, x, y, win))
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("case", POOL_CASES, ids=_ids(POOL_CASES))
+def test_max_pool_backward_with_nans_and_infinities_matches_the_offset_loops(rng, case,
+                                                                             dtype):
+    # NaN inputs (windows without a match), infinite inputs (maxima that padding ties),
+    # and infinite or NaN upstream values (spread over their windows as NaN).
+    win = _win(*case)
+    x = _pool_input(rng, case[0], dtype)
+    x.flat[rng.choice(x.size, 2, replace=False)] = [np.nan, -np.inf]
+    y = np.empty((*case[0][:2], *win.out_hw), dtype=dtype)
+    kc.max_pool(x, y, win.geometry())
+    upstream = rng.standard_normal(y.shape).astype(dtype)
+    upstream.flat[rng.choice(y.size, min(2, y.size), replace=False)] = [np.inf, np.nan][:y.size]
+    grad = np.full(case[0], 7.0, dtype=dtype)
+    with np.errstate(invalid="ignore"):
+        kc.max_pool_backward(upstream, x, y, grad, win.geometry())
+        want = ref_max_pool_backward(upstream, x, y, win)
+    np.testing.assert_array_equal(grad, want)
 
 
 @pytest.mark.parametrize("dtype", FLOATS)
