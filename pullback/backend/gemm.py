@@ -118,10 +118,10 @@ def product(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> np.ndarray:
     C-ordered `out`) or columns (a Fortran-ordered one), each part one BLAS call into
     its block of `out`; unless another path has had BLAS thread its products in this
     process (`blas.products_threaded`: their workers spin on the cores the parts
-    need), when BLAS threads it itself, or where `out` overlaps an operand. A product
-    not split runs on one BLAS thread where pullback splits others
-    (`_whole`). The parts round apart from one call (BLAS's kernels
-    for a block's edges, and its own threads, round apart too), within float error."""
+    need), when BLAS threads it itself, or where `out` overlaps an operand; a product
+    not split runs on one BLAS thread where pullback splits others (`_whole`). The
+    parts round apart from one call (BLAS's kernels for a block's edges, and its own
+    threads, round apart too), within float error."""
     if (a.ndim != 2 or b.ndim != 2 or out.ndim != 2 or a.dtype.kind != "f"
             or not a.dtype == b.dtype == out.dtype or a.shape[1] != b.shape[0]
             or out.shape != (a.shape[0], b.shape[1])
