@@ -374,10 +374,14 @@ def _named(op: str, method: Method) -> Method:
     return method
 
 
-def _float_unary(op: str, kernel: Callable[..., np.ndarray]) -> Method:
+def _float_unary(op: str, kernel: Callable[..., np.ndarray], costly: bool = False) -> Method:
+    # `costly`: a transcendental function, 0.8 ns or more an element on one core, split
+    # over the cores when large (split.costly_elementwise).
     def method(self: Backend, x: np.ndarray) -> np.ndarray:
         if x.dtype.kind != "f":
             raise KernelError(op, [x], "expected a floating dtype")
+        if costly:
+            return split.costly_elementwise(kernel, x)
         return kernel(x, out=...)
 
     return _named(op, method)
@@ -469,21 +473,21 @@ class CpuBackend(BackwardOps, FusedOps, CpuRecurrentOps, CpuGatherOps, CpuAttent
     neg = _any_unary("neg", np.negative)
     abs = _any_unary("abs", np.absolute)
     sign = _any_unary("sign", np.sign)
-    exp = _float_unary("exp", np.exp)
-    log = _float_unary("log", log_kernel)
+    exp = _float_unary("exp", np.exp, costly=True)
+    log = _float_unary("log", log_kernel, costly=True)
     sqrt = _float_unary("sqrt", np.sqrt)
     relu = _float_unary("relu", relu_kernel)
-    sigmoid = _float_unary("sigmoid", sigmoid_kernel)
-    tanh = _float_unary("tanh", np.tanh)
-    silu = _float_unary("silu", silu_kernel)
-    softplus = _float_unary("softplus", softplus_kernel)
-    erf = _float_unary("erf", erf_kernel)
+    sigmoid = _float_unary("sigmoid", sigmoid_kernel, costly=True)
+    tanh = _float_unary("tanh", np.tanh, costly=True)
+    silu = _float_unary("silu", silu_kernel, costly=True)
+    softplus = _float_unary("softplus", softplus_kernel, costly=True)
+    erf = _float_unary("erf", erf_kernel, costly=True)
 
     def gelu(self, x: np.ndarray, approximate: str = "none") -> np.ndarray:
         return split.costly_elementwise(gelu_kernel_for("gelu", x, approximate), x)
 
-    sin = _float_unary("sin", np.sin)
-    cos = _float_unary("cos", np.cos)
+    sin = _float_unary("sin", np.sin, costly=True)
+    cos = _float_unary("cos", np.cos, costly=True)
 
     add = _binary("add", np.add)
     sub = _binary("sub", np.subtract)
@@ -939,10 +943,10 @@ class CpuBackend(BackwardOps, FusedOps, CpuRecurrentOps, CpuGatherOps, CpuAttent
         return abs_backward_kernel(upstream, forward_input)
 
     def silu_backward(self, upstream: np.ndarray, forward_input: np.ndarray) -> np.ndarray:
-        return silu_backward_kernel(upstream, forward_input)
+        return split.costly_elementwise(silu_backward_kernel, upstream, forward_input)
 
     def softplus_backward(self, upstream: np.ndarray, forward_input: np.ndarray) -> np.ndarray:
-        return softplus_backward_kernel(upstream, forward_input)
+        return split.costly_elementwise(softplus_backward_kernel, upstream, forward_input)
 
     def gelu_backward(
         self, upstream: np.ndarray, forward_input: np.ndarray, approximate: str = "none"

@@ -89,10 +89,11 @@ def over_parts(n: int, run: Callable[[int, int], T]) -> list[T]:
     return results
 
 
-# An elementwise kernel that costs a nanosecond or more an element (gelu's erf, forward
-# and backward) splits from this many elements; a part then saves more than waking a
-# thread costs. Cheaper kernels are bound by memory: split so by ThreadedCpuBackend,
-# the adds of GPT's step took 5.3 ms a step against 2.8 whole.
+# An elementwise kernel of transcendental functions (0.8-3.6 ns an element on one core:
+# exp, log, tanh, erf, gelu, sigmoid and their kin) splits from this many elements,
+# where a part saves more than waking a thread costs: 1.3-1.7x faster at 2**18
+# elements, 1.7-1.95x at 2**20 (bench/RESULTS.md). Kernels bound by memory stay whole:
+# split by ThreadedCpuBackend, the adds of GPT's step took 5.3 ms a step against 2.8.
 COSTLY_ELEMENTS = 1 << 17
 
 
@@ -100,13 +101,14 @@ def costly_elementwise(kernel: Callable[..., np.ndarray], *operands: np.ndarray)
     """kernel(*operands), an elementwise kernel taking `out=`, run in one contiguous part
     per BLAS thread (`over_parts`) where every operand is a C-contiguous array of one
     shape and dtype with at least COSTLY_ELEMENTS elements; as one call otherwise
-    (which also reports what is wrong with the operands). Elementwise, the parts give
-    the one call's result bit for bit."""
+    (which also reports what is wrong with the operands; `out=...`: an array even for
+    0-d operands, as NumPy's ufuncs give it). Elementwise, the parts give the one call's
+    result bit for bit."""
     first = operands[0]
     if first.size < COSTLY_ELEMENTS or not all(
             isinstance(a, np.ndarray) and a.shape == first.shape and a.dtype == first.dtype
             and a.flags.c_contiguous for a in operands):
-        return kernel(*operands)
+        return kernel(*operands, out=...)
     out = np.empty(first.shape, first.dtype)
     flat, target = [a.reshape(-1) for a in operands], out.reshape(-1)
     over_parts(first.size, lambda i, j: kernel(*(a[i:j] for a in flat), out=target[i:j]))

@@ -168,34 +168,53 @@ def test_an_unsplit_product_runs_on_one_blas_thread_once_work_has_split(
         np.testing.assert_allclose(result.reshape(6, 4), a @ b, rtol=1e-12)
 
 
-@pytest.mark.parametrize("approximate", ["none", "tanh"])
+# The costly elementwise ops (split.costly_elementwise): (name, call, PyTorch's twin).
+COSTLY = [
+    ("gelu", lambda be, x, u: be.gelu(x), lambda t: F.gelu(t)),
+    ("gelu_tanh", lambda be, x, u: be.gelu(x, "tanh"), lambda t: F.gelu(t, approximate="tanh")),
+    ("gelu_backward", lambda be, x, u: be.gelu_backward(u, x), None),
+    ("gelu_tanh_backward", lambda be, x, u: be.gelu_backward(u, x, "tanh"), None),
+    ("exp", lambda be, x, u: be.exp(x), torch.exp),
+    ("log", lambda be, x, u: be.log(np.abs(x) + 0.5), lambda t: torch.log(t.abs() + 0.5)),
+    ("sigmoid", lambda be, x, u: be.sigmoid(x), torch.sigmoid),
+    ("tanh", lambda be, x, u: be.tanh(x), torch.tanh),
+    ("silu", lambda be, x, u: be.silu(x), F.silu),
+    ("silu_backward", lambda be, x, u: be.silu_backward(u, x), None),
+    ("softplus", lambda be, x, u: be.softplus(x), F.softplus),
+    ("softplus_backward", lambda be, x, u: be.softplus_backward(u, x), None),
+    ("erf", lambda be, x, u: be.erf(x), torch.erf),
+    ("sin", lambda be, x, u: be.sin(x), torch.sin),
+    ("cos", lambda be, x, u: be.cos(x), torch.cos),
+]
+
+
+@pytest.mark.parametrize("case", COSTLY, ids=[c[0] for c in COSTLY])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_gelu_and_its_gradient_split_bit_for_bit(cpu, halves, calls, monkeypatch, approximate,
-                                                 dtype):
-    """Large gelu forwards and backwards run in parts (split.costly_elementwise), giving
-    one call's result bit for bit; below COSTLY_ELEMENTS, or with operands that are
-    not C-contiguous arrays of one shape, one call."""
+def test_costly_elementwise_ops_split_bit_for_bit(cpu, halves, calls, monkeypatch, case,
+                                                  dtype):
+    """Large transcendental elementwise ops run in parts (split.costly_elementwise),
+    giving one call's result bit for bit; below COSTLY_ELEMENTS, or with operands that
+    are not C-contiguous arrays of one shape, one call."""
+    _, call, twin = case
     rng = np.random.default_rng(4)
     x = (rng.standard_normal((37, 41)) * 3).astype(dtype)
     up = rng.standard_normal((37, 41)).astype(dtype)
-    whole = cpu.gelu(x, approximate), cpu.gelu_backward(up, x, approximate)
+    whole = call(cpu, x, up)
     assert calls == []  # below COSTLY_ELEMENTS
     monkeypatch.setattr(split, "COSTLY_ELEMENTS", 8)
     halves(True)
-    parts = cpu.gelu(x, approximate), cpu.gelu_backward(up, x, approximate)
-    assert calls == [x.size, x.size]
-    for got, want in zip(parts, whole):
-        assert got.dtype == dtype and got.shape == x.shape
-        np.testing.assert_array_equal(got, want)
-    reference = F.gelu(torch.from_numpy(x), approximate=approximate).numpy()
-    np.testing.assert_allclose(parts[0], reference, rtol=1e-5, atol=1e-6)  # gelu indeed
+    parts = call(cpu, x, up)
+    assert calls == [x.size]
+    assert parts.dtype == dtype and parts.shape == x.shape
+    np.testing.assert_array_equal(parts, whole)
+    if twin is not None:  # the op it claims to be
+        np.testing.assert_allclose(parts, twin(torch.from_numpy(x)).numpy(), rtol=1e-5,
+                                   atol=1e-6)
     calls.clear()
-    by_columns = np.asfortranarray(x)
-    np.testing.assert_array_equal(cpu.gelu(by_columns, approximate), whole[0])
-    np.testing.assert_array_equal(cpu.gelu_backward(up[0], x, approximate),
-                                  cpu.gelu_backward(np.broadcast_to(up[0], x.shape).copy(),
-                                                    x, approximate))
-    assert calls == [x.size]  # only the last call's operands were alike
+    np.testing.assert_array_equal(call(cpu, np.asfortranarray(x), np.asfortranarray(up)),
+                                  whole)
+    assert calls == []  # not C-contiguous: one call
+    assert type(call(cpu, x[0, 0], up[0, 0])) is np.ndarray  # 0-d: an array, as before
 
 
 def test_inside_a_part_nothing_splits_again(monkeypatch):
