@@ -12,12 +12,13 @@ weight gradient as one product over all steps.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 from numpy.typing import DTypeLike
 
-from pullback.backend import blas, gemm
+from pullback.backend import blas, gemm, split
 from pullback.backend.backward_ops import from_rule
 from pullback.backend.base import Array, Backend, Mixin
 from pullback.errors import KernelError
@@ -33,6 +34,12 @@ LSTM_STATES, GRU_STATES = 6, 5  # the leading axis of y: h, c, i, f, g, o / h, r
 # Above it the products go to BLAS step by step (LSTM N=32, H=64: the loops 1.4-1.9x
 # slower, N=8, H=64 and N=32, H=32 about even).
 SMALL_PRODUCT = 65536
+# A recurrence above SMALL_PRODUCT splits its batch over the cores from this many rows
+# a part: each part's products run on one BLAS thread, which for fewer rows is slower
+# than BLAS threading the whole batch's (LSTM, T=32, forward + backward, two threads:
+# N=64, H=256 36 -> 33.6 ms a training step; N=128, H=64 6.95 -> 4.94 ms; N=32, H=64
+# 1.93 -> 1.67; but N=16, H=256 (parts of 8 rows) 8.6 -> 10.2).
+SPLIT_ROWS = 16
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 
 
@@ -175,11 +182,14 @@ class CpuRecurrentOps(RecurrentOps):
             kernels.compiled(kernels.lstm_sequence, dtype)(xp, hs, cs, wt, hw, y)
             return y
         step = kernels.compiled(kernels.lstm_step, dtype)
-        for t in range(steps):
-            np.matmul(hs, wt, out=hw)
-            step(xp, hw, cs, y, t)
-            hs, cs = y[0, t], y[1, t]
-        blas.threading_products()
+
+        def rows(first: int, stop: int) -> None:
+            for t in range(steps):
+                h_prev, c_prev = (hs, cs) if t == 0 else (y[0, t - 1], y[1, t - 1])
+                np.matmul(h_prev[first:stop], wt, out=hw[first:stop])
+                step(xp, hw, c_prev, y, t, first, stop)
+
+        _over_rows(n, rows)
         return y
 
     def lstm_sequence_backward(self, upstream: np.ndarray, xp: np.ndarray, h0: np.ndarray,
@@ -198,10 +208,14 @@ class CpuRecurrentOps(RecurrentOps):
                 upstream, y, c0, np.ascontiguousarray(w_hh), carry, dc, da)
         else:
             step = kernels.compiled(kernels.lstm_step_backward, dtype)
-            for t in range(steps - 1, -1, -1):
-                step(upstream, y, c0 if t == 0 else y[1, t - 1], carry, dc, da, t)
-                np.matmul(da[t], w_hh, out=carry)
-            blas.threading_products()
+
+            def rows(first: int, stop: int) -> None:
+                for t in range(steps - 1, -1, -1):
+                    step(upstream, y, c0 if t == 0 else y[1, t - 1], carry, dc, da, t,
+                         first, stop)
+                    np.matmul(da[t, first:stop], w_hh, out=carry[first:stop])
+
+            _over_rows(n, rows)
         grads = (da, carry, dc, self._weight_grad(da, h0, y, _wants(needed, 3)))
         return _only_needed(grads, needed)
 
@@ -218,11 +232,14 @@ class CpuRecurrentOps(RecurrentOps):
             kernels.compiled(kernels.gru_sequence, dtype)(xp, hs, wt, b_hh, hw, y)
             return y
         step = kernels.compiled(kernels.gru_step, dtype)
-        for t in range(steps):
-            np.matmul(hs, wt, out=hw)
-            step(xp, hw, b_hh, hs, y, t)
-            hs = y[0, t]
-        blas.threading_products()
+
+        def rows(first: int, stop: int) -> None:
+            for t in range(steps):
+                h_prev = hs if t == 0 else y[0, t - 1]
+                np.matmul(h_prev[first:stop], wt, out=hw[first:stop])
+                step(xp, hw, b_hh, h_prev, y, t, first, stop)
+
+        _over_rows(n, rows)
         return y
 
     def gru_sequence_backward(self, upstream: np.ndarray, xp: np.ndarray, h0: np.ndarray,
@@ -242,11 +259,15 @@ class CpuRecurrentOps(RecurrentOps):
                 upstream, y, h0, np.ascontiguousarray(w_hh), carry, through_w, dxp, dhw)
         else:
             step = kernels.compiled(kernels.gru_step_backward, dtype)
-            for t in range(steps - 1, -1, -1):
-                step(upstream, y, h0 if t == 0 else y[0, t - 1], carry, dxp, dhw, t)
-                np.matmul(dhw[t], w_hh, out=through_w)
-                carry += through_w
-            blas.threading_products()
+
+            def rows(first: int, stop: int) -> None:
+                for t in range(steps - 1, -1, -1):
+                    step(upstream, y, h0 if t == 0 else y[0, t - 1], carry, dxp, dhw, t,
+                         first, stop)
+                    np.matmul(dhw[t, first:stop], w_hh, out=through_w[first:stop])
+                    carry[first:stop] += through_w[first:stop]
+
+            _over_rows(n, rows)
         grads = (dxp, carry, self._weight_grad(dhw, h0, y, _wants(needed, 2)),
                  dhw.reshape(steps * n, GRU_GATES * h).sum(axis=0))
         return _only_needed(grads, needed)
@@ -262,6 +283,19 @@ class CpuRecurrentOps(RecurrentOps):
         h_prev = np.concatenate([h0[None], y[0, :steps - 1]]) if steps else y[0]
         return gemm.c_product(da.reshape(steps * n, width).T,
                               h_prev.reshape(steps * n, y.shape[-1]))
+
+
+def _over_rows(n: int, rows: Callable[[int, int], None]) -> None:
+    """rows(first, stop) over the batch's n rows: split over the cores where each part
+    has SPLIT_ROWS rows or more (a sequence's rows are independent, so each part runs
+    all T steps of its rows, its products on its own thread, with no wait between
+    steps: split.over_parts); else whole, BLAS threading its products."""
+    parts = len(split.parts(n))
+    if parts > 1 and n >= SPLIT_ROWS * parts:
+        split.over_parts(n, rows)
+    else:
+        rows(0, n)
+        blas.threading_products()
 
 
 def _wants(needed: tuple[bool, ...] | None, index: int) -> bool:

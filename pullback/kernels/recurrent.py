@@ -36,11 +36,11 @@ from pullback.kernels.scalar_math import sigmoid, tanh
 # ---------------------------------------------------------------- kernel bodies
 
 
-def lstm_step(xp, hw, c_prev, y, t):
-    """Step t: gates = xp[t] + hw (pre-activations, N x 4H), then c = f c_prev + i g,
-    h = o tanh(c), written with the gates into y[:, t]."""
-    n_, h_ = c_prev.shape
-    for n in range(n_):
+def lstm_step(xp, hw, c_prev, y, t, first, stop):
+    """Step t for the batch rows first..stop: gates = xp[t] + hw (pre-activations,
+    N x 4H), then c = f c_prev + i g, h = o tanh(c), written with the gates into y[:, t]."""
+    h_ = c_prev.shape[1]
+    for n in range(first, stop):
         for j in range(h_):
             i = sigmoid(xp[t, n, j] + hw[n, j])
             f = sigmoid(xp[t, n, h_ + j] + hw[n, h_ + j])
@@ -55,13 +55,14 @@ def lstm_step(xp, hw, c_prev, y, t):
             y[5, t, n, j] = o
 
 
-def lstm_step_backward(upstream, y, c_prev, dh_carry, dc, da, t):
-    """Step t backwards: from the cotangents of y[:, t], dh_carry (what step t + 1 sends
-    h_t through the recurrent product) and dc (what it sends c_t), write the gates'
-    pre-activation cotangents da[t] and, in place, dc for c_{t-1}."""
-    n_, h_ = c_prev.shape
+def lstm_step_backward(upstream, y, c_prev, dh_carry, dc, da, t, first, stop):
+    """Step t backwards for the batch rows first..stop: from the cotangents of y[:, t],
+    dh_carry (what step t + 1 sends h_t through the recurrent product) and dc (what it
+    sends c_t), write the gates' pre-activation cotangents da[t] and, in place, dc for
+    c_{t-1}."""
+    h_ = c_prev.shape[1]
     tc = np.empty(h_, y.dtype)
-    for n in range(n_):
+    for n in range(first, stop):
         # tanh(c) in a pass of its own: the pass below then has no call in it
         for j in range(h_):
             tc[j] = tanh(y[1, t, n, j])
@@ -83,11 +84,12 @@ def lstm_step_backward(upstream, y, c_prev, dh_carry, dc, da, t):
             da[t, n, 3 * h_ + j] = do * o * (1.0 - o)
 
 
-def gru_step(xp, hw, b_hh, h_prev, y, t):
-    """Step t: r, z from xp[t] + hw + b_hh, hn = hw_n + b_hn, n = tanh(xp_n + r hn),
-    h = (1 - z) n + z h_prev, written into y[:, t]; hw is h_prev @ W_hh^T."""
-    n_, h_ = h_prev.shape
-    for n in range(n_):
+def gru_step(xp, hw, b_hh, h_prev, y, t, first, stop):
+    """Step t for the batch rows first..stop: r, z from xp[t] + hw + b_hh, hn = hw_n +
+    b_hn, n = tanh(xp_n + r hn), h = (1 - z) n + z h_prev, written into y[:, t]; hw is
+    h_prev @ W_hh^T."""
+    h_ = h_prev.shape[1]
+    for n in range(first, stop):
         for j in range(h_):
             r = sigmoid(xp[t, n, j] + hw[n, j] + b_hh[j])
             z = sigmoid(xp[t, n, h_ + j] + hw[n, h_ + j] + b_hh[h_ + j])
@@ -100,13 +102,13 @@ def gru_step(xp, hw, b_hh, h_prev, y, t):
             y[4, t, n, j] = hn
 
 
-def gru_step_backward(upstream, y, h_prev, carry, dxp, dhw, t):
-    """Step t backwards: `carry` holds what step t + 1 sends h_t; write the cotangents
-    of xp[t] (dxp[t]) and of the recurrent pre-activations hw + b_hh (dhw[t]), and
-    replace carry by the direct part of h_{t-1}'s cotangent, z dh (the caller adds
-    dhw[t] @ W_hh)."""
-    n_, h_ = h_prev.shape
-    for n in range(n_):
+def gru_step_backward(upstream, y, h_prev, carry, dxp, dhw, t, first, stop):
+    """Step t backwards for the batch rows first..stop: `carry` holds what step t + 1
+    sends h_t; write the cotangents of xp[t] (dxp[t]) and of the recurrent
+    pre-activations hw + b_hh (dhw[t]), and replace carry by the direct part of
+    h_{t-1}'s cotangent, z dh (the caller adds dhw[t] @ W_hh)."""
+    h_ = h_prev.shape[1]
+    for n in range(first, stop):
         for j in range(h_):
             r = y[1, t, n, j]
             z = y[2, t, n, j]
@@ -146,10 +148,10 @@ def lstm_sequence(xp, h0, c0, wt, hw, y):
     for t in range(xp.shape[0]):
         if t == 0:
             product(h0, wt, hw)
-            lstm_step(xp, hw, c0, y, t)
+            lstm_step(xp, hw, c0, y, t, 0, hw.shape[0])
         else:
             product(y[0, t - 1], wt, hw)
-            lstm_step(xp, hw, y[1, t - 1], y, t)
+            lstm_step(xp, hw, y[1, t - 1], y, t, 0, hw.shape[0])
 
 
 def lstm_sequence_backward(upstream, y, c0, w_hh, carry, dc, da):
@@ -157,9 +159,10 @@ def lstm_sequence_backward(upstream, y, c0, w_hh, carry, dc, da):
     cotangent h_{t-1} gets through the recurrent product, carry = da[t] @ W_hh."""
     for t in range(y.shape[1] - 1, -1, -1):
         if t == 0:
-            lstm_step_backward(upstream, y, c0, carry, dc, da, t)
+            lstm_step_backward(upstream, y, c0, carry, dc, da, t, 0, carry.shape[0])
         else:
-            lstm_step_backward(upstream, y, y[1, t - 1], carry, dc, da, t)
+            lstm_step_backward(upstream, y, y[1, t - 1], carry, dc, da, t, 0,
+                               carry.shape[0])
         product(da[t], w_hh, carry)
 
 
@@ -168,10 +171,10 @@ def gru_sequence(xp, h0, wt, b_hh, hw, y):
     for t in range(xp.shape[0]):
         if t == 0:
             product(h0, wt, hw)
-            gru_step(xp, hw, b_hh, h0, y, t)
+            gru_step(xp, hw, b_hh, h0, y, t, 0, hw.shape[0])
         else:
             product(y[0, t - 1], wt, hw)
-            gru_step(xp, hw, b_hh, y[0, t - 1], y, t)
+            gru_step(xp, hw, b_hh, y[0, t - 1], y, t, 0, hw.shape[0])
 
 
 def gru_sequence_backward(upstream, y, h0, w_hh, carry, through_w, dxp, dhw):
@@ -179,9 +182,10 @@ def gru_sequence_backward(upstream, y, h0, w_hh, carry, through_w, dxp, dhw):
     carry += dhw[t] @ W_hh."""
     for t in range(y.shape[1] - 1, -1, -1):
         if t == 0:
-            gru_step_backward(upstream, y, h0, carry, dxp, dhw, t)
+            gru_step_backward(upstream, y, h0, carry, dxp, dhw, t, 0, carry.shape[0])
         else:
-            gru_step_backward(upstream, y, y[0, t - 1], carry, dxp, dhw, t)
+            gru_step_backward(upstream, y, y[0, t - 1], carry, dxp, dhw, t, 0,
+                              carry.shape[0])
         product(dhw[t], w_hh, through_w)
         for n in range(carry.shape[0]):
             for j in range(carry.shape[1]):
@@ -191,12 +195,12 @@ def gru_sequence_backward(upstream, y, h0, w_hh, carry, through_w, dxp, dhw):
 # ---------------------------------------------------------------- compilation
 
 # Each body's parameters: "inK"/"outK" an array of K dims (read-only or written), "t"
-# the step number.
+# an integer (the step number, the first and the stop of a range of batch rows).
 _KINDS: dict[Callable, tuple[str, ...]] = {
-    lstm_step: ("in3", "in2", "in2", "out4", "t"),
-    lstm_step_backward: ("in4", "in4", "in2", "in2", "out2", "out3", "t"),
-    gru_step: ("in3", "in2", "in1", "in2", "out4", "t"),
-    gru_step_backward: ("in4", "in4", "in2", "out2", "out3", "out3", "t"),
+    lstm_step: ("in3", "in2", "in2", "out4", "t", "t", "t"),
+    lstm_step_backward: ("in4", "in4", "in2", "in2", "out2", "out3", "t", "t", "t"),
+    gru_step: ("in3", "in2", "in1", "in2", "out4", "t", "t", "t"),
+    gru_step_backward: ("in4", "in4", "in2", "out2", "out3", "out3", "t", "t", "t"),
     lstm_sequence: ("in3", "in2", "in2", "in2", "out2", "out4"),
     lstm_sequence_backward: ("in4", "in4", "in2", "in2", "out2", "out2", "out3"),
     gru_sequence: ("in3", "in2", "in2", "in1", "out2", "out4"),
