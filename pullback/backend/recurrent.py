@@ -18,11 +18,12 @@ from typing import Any
 import numpy as np
 from numpy.typing import DTypeLike
 
-from pullback.backend import blas, gemm, split
+from pullback.backend import gemm, split
 from pullback.backend.backward_ops import from_rule
 from pullback.backend.base import Array, Backend, Mixin
 from pullback.errors import KernelError
 from pullback.kernels import recurrent as kernels
+from pullback.kernels import tiles
 
 LSTM_GATES, GRU_GATES = 4, 3
 LSTM_STATES, GRU_STATES = 6, 5  # the leading axis of y: h, c, i, f, g, o / h, r, z, n, hn
@@ -34,12 +35,12 @@ LSTM_STATES, GRU_STATES = 6, 5  # the leading axis of y: h, c, i, f, g, o / h, r
 # Above it the products go to BLAS step by step (LSTM N=32, H=64: the loops 1.4-1.9x
 # slower, N=8, H=64 and N=32, H=32 about even).
 SMALL_PRODUCT = 65536
-# A recurrence above SMALL_PRODUCT splits its batch over the cores from this many rows
-# a part: each part's products run on one BLAS thread, which for fewer rows is slower
-# than BLAS threading the whole batch's (LSTM, T=32, forward + backward, two threads:
-# N=64, H=256 36 -> 33.6 ms a training step; N=128, H=64 6.95 -> 4.94 ms; N=32, H=64
-# 1.93 -> 1.67; but N=16, H=256 (parts of 8 rows) 8.6 -> 10.2).
-SPLIT_ROWS = 16
+# A recurrence above SMALL_PRODUCT splits its batch over the cores where each part's
+# step product (its rows x gates H x H) has at least this many multiply-adds and at
+# least a tile's rows (kernels.tiles.MR). LSTM, T=32, forward + backward, two threads,
+# whole against split: N=8, H=256 (parts of 4 rows) 5.9 -> 3.8 ms; N=16, H=128 3.3 ->
+# 2.3; N=32, H=256 19.1 -> 11.7; but N=8, H=64 (4 x 256 x 64 a part) 0.42 -> 0.80.
+SPLIT_MACS = 1 << 18
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 
 
@@ -182,14 +183,15 @@ class CpuRecurrentOps(RecurrentOps):
             kernels.compiled(kernels.lstm_sequence, dtype)(xp, hs, cs, wt, hw, y)
             return y
         step = kernels.compiled(kernels.lstm_step, dtype)
+        times_w = _times(wt)
 
         def rows(first: int, stop: int) -> None:
             for t in range(steps):
                 h_prev, c_prev = (hs, cs) if t == 0 else (y[0, t - 1], y[1, t - 1])
-                np.matmul(h_prev[first:stop], wt, out=hw[first:stop])
+                times_w(h_prev[first:stop], hw[first:stop])
                 step(xp, hw, c_prev, y, t, first, stop)
 
-        _over_rows(n, rows)
+        _over_rows(n, LSTM_GATES * h * h, rows)
         return y
 
     def lstm_sequence_backward(self, upstream: np.ndarray, xp: np.ndarray, h0: np.ndarray,
@@ -208,14 +210,15 @@ class CpuRecurrentOps(RecurrentOps):
                 upstream, y, c0, np.ascontiguousarray(w_hh), carry, dc, da)
         else:
             step = kernels.compiled(kernels.lstm_step_backward, dtype)
+            times_w = _times(w_hh)
 
             def rows(first: int, stop: int) -> None:
                 for t in range(steps - 1, -1, -1):
                     step(upstream, y, c0 if t == 0 else y[1, t - 1], carry, dc, da, t,
                          first, stop)
-                    np.matmul(da[t, first:stop], w_hh, out=carry[first:stop])
+                    times_w(da[t, first:stop], carry[first:stop])
 
-            _over_rows(n, rows)
+            _over_rows(n, LSTM_GATES * h * h, rows)
         grads = (da, carry, dc, self._weight_grad(da, h0, y, _wants(needed, 3)))
         return _only_needed(grads, needed)
 
@@ -232,14 +235,15 @@ class CpuRecurrentOps(RecurrentOps):
             kernels.compiled(kernels.gru_sequence, dtype)(xp, hs, wt, b_hh, hw, y)
             return y
         step = kernels.compiled(kernels.gru_step, dtype)
+        times_w = _times(wt)
 
         def rows(first: int, stop: int) -> None:
             for t in range(steps):
                 h_prev = hs if t == 0 else y[0, t - 1]
-                np.matmul(h_prev[first:stop], wt, out=hw[first:stop])
+                times_w(h_prev[first:stop], hw[first:stop])
                 step(xp, hw, b_hh, h_prev, y, t, first, stop)
 
-        _over_rows(n, rows)
+        _over_rows(n, GRU_GATES * h * h, rows)
         return y
 
     def gru_sequence_backward(self, upstream: np.ndarray, xp: np.ndarray, h0: np.ndarray,
@@ -259,15 +263,16 @@ class CpuRecurrentOps(RecurrentOps):
                 upstream, y, h0, np.ascontiguousarray(w_hh), carry, through_w, dxp, dhw)
         else:
             step = kernels.compiled(kernels.gru_step_backward, dtype)
+            times_w = _times(w_hh)
 
             def rows(first: int, stop: int) -> None:
                 for t in range(steps - 1, -1, -1):
                     step(upstream, y, h0 if t == 0 else y[0, t - 1], carry, dxp, dhw, t,
                          first, stop)
-                    np.matmul(dhw[t, first:stop], w_hh, out=through_w[first:stop])
+                    times_w(dhw[t, first:stop], through_w[first:stop])
                     carry[first:stop] += through_w[first:stop]
 
-            _over_rows(n, rows)
+            _over_rows(n, GRU_GATES * h * h, rows)
         grads = (dxp, carry, self._weight_grad(dhw, h0, y, _wants(needed, 2)),
                  dhw.reshape(steps * n, GRU_GATES * h).sum(axis=0))
         return _only_needed(grads, needed)
@@ -285,17 +290,30 @@ class CpuRecurrentOps(RecurrentOps):
                               h_prev.reshape(steps * n, y.shape[-1]))
 
 
-def _over_rows(n: int, rows: Callable[[int, int], None]) -> None:
-    """rows(first, stop) over the batch's n rows: split over the cores where each part
-    has SPLIT_ROWS rows or more (a sequence's rows are independent, so each part runs
-    all T steps of its rows, its products on its own thread, with no wait between
-    steps: split.over_parts); else whole, BLAS threading its products."""
+def _times(w: np.ndarray) -> Callable[[np.ndarray, np.ndarray], None]:
+    """out = a @ w for a recurrence's per-step products, w packed once for all of them
+    (pullback.kernels.tiles: a few rows at a time, where BLAS would repack w per call)."""
+    panels = tiles.pack(w).panels
+    product = tiles.compiled(panels.dtype)
+
+    def times(a: np.ndarray, out: np.ndarray) -> None:
+        # `tiles.product` without its checks, which hold for every step's rows.
+        product(a, panels, out, tiles.edge(panels))
+
+    return times
+
+
+def _over_rows(n: int, row_macs: int, rows: Callable[[int, int], None]) -> None:
+    """rows(first, stop) over the batch's n rows, whose step products take `row_macs`
+    multiply-adds a row: split over the cores where SPLIT_MACS says (a sequence's rows
+    are independent, so each part runs all T steps of its rows, with no wait between
+    steps: split.over_parts); else whole, on this thread."""
     parts = len(split.parts(n))
-    if parts > 1 and n >= SPLIT_ROWS * parts:
+    least = n // parts
+    if parts > 1 and least >= tiles.MR and least * row_macs >= SPLIT_MACS:
         split.over_parts(n, rows)
     else:
         rows(0, n)
-        blas.threading_products()
 
 
 def _wants(needed: tuple[bool, ...] | None, index: int) -> bool:

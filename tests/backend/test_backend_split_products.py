@@ -112,22 +112,23 @@ def test_once_a_path_threads_blas_products_stay_whole(halves, calls):
     np.testing.assert_array_equal(out, np.full((16, 16), 16, np.float32))
 
 
-@needs_openblas
-@pytest.mark.parametrize("n, threaded", [(32, False), (31, True), (1, True)])
-def test_a_large_recurrence_splits_its_rows_or_notes_that_blas_threads_its_steps(
-        monkeypatch, n, threaded):
-    # Rows split over two parts (16 rows or more each) run their products on one BLAS
-    # thread each; a smaller batch runs whole, its products threaded by BLAS.
+@pytest.mark.parametrize("n, h, split_rows", [(8, 64, False), (8, 256, True), (6, 256, False)])
+def test_a_large_recurrence_splits_its_rows_where_each_part_pays(monkeypatch, n, h,
+                                                                split_rows):
+    # Two parts: 4 rows of 4 H x H = 2**18 multiply-adds at H = 256 split; 4 rows at
+    # H = 64, or 3 rows (fewer than a tile's), run whole. BLAS never threads them (its
+    # workers would spin on the cores split work needs).
     monkeypatch.setattr(blas, "_threaded", False)
-    monkeypatch.setattr(recurrent, "SMALL_PRODUCT", 0)  # the per-step BLAS path
-    monkeypatch.setattr(blas, "threads", lambda: 2)
+    monkeypatch.setattr(split, "parts", lambda rows: [(0, rows // 2), (rows // 2, rows)])
+    ran = []
+    monkeypatch.setattr(split, "over_parts", lambda rows, run: ran.append(rows) or [
+        run(0, rows // 2), run(rows // 2, rows)])
     rng = np.random.default_rng(2)
-    steps, h = 3, 4
-    xp = rng.standard_normal((steps, n, 4 * h)).astype(np.float32)
+    xp = rng.standard_normal((2, n, 4 * h)).astype(np.float32)
     h0, c0 = np.zeros((n, h), np.float32), np.zeros((n, h), np.float32)
     w_hh = rng.standard_normal((4 * h, h)).astype(np.float32)
     recurrent.CpuRecurrentOps().lstm_sequence(xp, h0, c0, w_hh)
-    assert blas.products_threaded() is threaded
+    assert ran == ([n] if split_rows else []) and not blas.products_threaded()
 
 
 def test_a_convolution_blas_threads_is_noted_and_a_split_one_is_not(monkeypatch):
