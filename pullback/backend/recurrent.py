@@ -298,7 +298,7 @@ def _times(w: np.ndarray) -> Callable[[np.ndarray, np.ndarray], None]:
 
     def times(a: np.ndarray, out: np.ndarray) -> None:
         # `tiles.product` without its checks, which hold for every step's rows.
-        product(a, panels, out, tiles.edge(panels))
+        product(a, panels, out, tiles.edge_buffer(panels))
 
     return times
 

@@ -79,11 +79,11 @@ def product(a: np.ndarray, b: Packed, out: np.ndarray) -> np.ndarray:
     if not (a.flags.c_contiguous and out.flags.c_contiguous):
         raise KernelError("packed_product", [a, panels, out], "a and out must be C-contiguous")
     if out.size:
-        compiled(dtype)(a, panels, out, edge(panels))
+        compiled(dtype)(a, panels, out, edge_buffer(panels))
     return out
 
 
-def edge(panels: np.ndarray) -> np.ndarray:
+def edge_buffer(panels: np.ndarray) -> np.ndarray:
     """A tile's scratch for the panel past the result's last column."""
     return np.empty((MR, panels.shape[2]), panels.dtype)
 
@@ -91,37 +91,39 @@ def edge(panels: np.ndarray) -> np.ndarray:
 # ---------------------------------------------------------------- kernel bodies
 
 
-def tile(rows, a, a_off, lda, b, b_off, ldb, c, c_off, ldc, k):
-    """c[c_off + r ldc + j] = sum over i < k of a[a_off + r lda + i] b[b_off + i ldb + j],
-    for r < rows (1 to MR) and j < ldb's panel width NR; flat arrays. Compiled: LLVM IR
-    (`_tile_intrinsic`)."""
-    nr = panel_width(b.dtype)
+def tile(rows, a, i, ka, b, panel, kb, c, ic, jc, k):
+    """c[ic + r, jc + j] = sum over s < k of a[i + r, ka + s] b[panel, kb + s, j], for
+    r < rows (1 to MR) and j < NR (b's panel width): a and c 2-D, unit-strided along
+    their rows; b packed panels. Compiled: LLVM IR (`_tile_intrinsic`)."""
     for r in range(rows):
-        for j in range(nr):
+        for j in range(b.shape[2]):
             total = a.dtype.type(0)
-            for i in range(k):
-                total += a[a_off + r * lda + i] * b[b_off + i * ldb + j]
-            c[c_off + r * ldc + j] = total
+            for s in range(k):
+                total += a[i + r, ka + s] * b[panel, kb + s, j]
+            c[ic + r, jc + j] = total
+
+
+def store_tile(rows, a, i, ka, b, panel, kb, c, ic, jc, cols, k, edge):
+    """`tile` into c's columns jc..jc + cols (cols <= NR): straight into c for a whole
+    panel, through `edge` (MR x NR) and copied for a panel past c's last column."""
+    if cols == b.shape[2]:
+        tile(rows, a, i, ka, b, panel, kb, c, ic, jc, k)
+    else:
+        tile(rows, a, i, ka, b, panel, kb, edge, 0, 0, k)
+        for r in range(rows):
+            for j in range(cols):
+                c[ic + r, jc + j] = edge[r, j]
 
 
 def product_body(a, packed, out, edge):
-    """out = a @ B over B's panels, MR rows of a at a time; a panel past out's last
-    column goes through `edge` and only out's columns are copied."""
+    """out = a @ B over B's panels, MR rows of a at a time."""
     m, k = a.shape
     n = out.shape[1]
     nr = packed.shape[2]
-    af, pf, of, ef = a.reshape(-1), packed.reshape(-1), out.reshape(-1), edge.reshape(-1)
     for p in range(packed.shape[0]):
-        j0 = p * nr
-        for i0 in range(0, m, MR):
-            rows = min(MR, m - i0)
-            if j0 + nr <= n:
-                tile(rows, af, i0 * k, k, pf, p * k * nr, nr, of, i0 * n + j0, n, k)
-            else:
-                tile(rows, af, i0 * k, k, pf, p * k * nr, nr, ef, 0, nr, k)
-                for r in range(rows):
-                    for j in range(n - j0):
-                        out[i0 + r, j0 + j] = edge[r, j]
+        for i in range(0, m, MR):
+            store_tile(min(MR, m - i), a, i, 0, packed, p, 0, out, i, p * nr,
+                       min(nr, n - p * nr), k, edge)
 
 
 # ---------------------------------------------------------------- compilation
@@ -134,23 +136,27 @@ def compiled(dtype: np.dtype) -> Any:
 
 
 def _make(dtype: np.dtype) -> tuple[Any, tuple]:
+    """product_body in `dtype`, `tile` the intrinsics (one per row count) and
+    store_tile compiled into it."""
     import types
 
     nb = jit.numba()
     one, two, three, four = (_tile_intrinsic(rows) for rows in range(1, MR + 1))
 
     @nb.njit(inline="always", **jit.JIT_OPTIONS)
-    def compiled_tile(rows, a, a_off, lda, b, b_off, ldb, c, c_off, ldc, k):
+    def compiled_tile(rows, a, i, ka, b, panel, kb, c, ic, jc, k):
         if rows == 4:
-            four(a, a_off, lda, b, b_off, ldb, c, c_off, ldc, k)
+            four(a, i, ka, b, panel, kb, c, ic, jc, k)
         elif rows == 3:
-            three(a, a_off, lda, b, b_off, ldb, c, c_off, ldc, k)
+            three(a, i, ka, b, panel, kb, c, ic, jc, k)
         elif rows == 2:
-            two(a, a_off, lda, b, b_off, ldb, c, c_off, ldc, k)
+            two(a, i, ka, b, panel, kb, c, ic, jc, k)
         else:
-            one(a, a_off, lda, b, b_off, ldb, c, c_off, ldc, k)
+            one(a, i, ka, b, panel, kb, c, ic, jc, k)
 
     scope = dict(product_body.__globals__, tile=compiled_tile)
+    scope["store_tile"] = nb.njit(inline="always", **jit.JIT_OPTIONS)(
+        types.FunctionType(store_tile.__code__, scope, store_tile.__name__))
     body = types.FunctionType(product_body.__code__, scope, product_body.__name__)
     body.__qualname__, body.__module__ = product_body.__qualname__, product_body.__module__
     signature = (jit.array_type(dtype, 2, "C", readonly=True),
@@ -162,58 +168,73 @@ def _make(dtype: np.dtype) -> tuple[Any, tuple]:
 def _tile_intrinsic(rows: int) -> Any:
     """`tile` for `rows` rows as a Numba intrinsic: the loop over k in LLVM IR, the
     tile's rows x VECTORS accumulators in SIMD registers (phi nodes), one fused
-    multiply-add (llvm.fma) per accumulator and k."""
+    multiply-add (llvm.fma) per accumulator and k; a's and c's rows addressed through
+    their row strides."""
     from llvmlite import ir
     from numba import types
+    from numba.core import cgutils
     from numba.extending import intrinsic
 
-    def typer(typingctx, a, a_off, lda, b, b_off, ldb, c, c_off, ldc, k):
+    def typer(typingctx, a, i, ka, b, panel, kb, c, ic, jc, k):
         sig = types.void(a, types.intp, types.intp, b, types.intp, types.intp, c,
                          types.intp, types.intp, types.intp)
         return sig, codegen
 
     def codegen(context, builder, signature, args):
-        a, a_off, lda, b, b_off, ldb, c, c_off, ldc, k = args
-        array_types = signature.args[0], signature.args[3], signature.args[6]
-        pa, pb, pc = (builder.gep(context.make_array(ty)(context, builder, value).data, [off])
-                      for ty, value, off in zip(array_types, (a, b, c), (a_off, b_off, c_off)))
-        dtype = np.dtype(str(array_types[0].dtype))
+        a, i, ka, b, panel, kb, c, ic, jc, k = args
+        aty, bty, cty = signature.args[0], signature.args[3], signature.args[6]
+        arrays = [context.make_array(ty)(context, builder, value)
+                  for ty, value in ((aty, a), (bty, b), (cty, c))]
+        pa = cgutils.get_item_pointer(context, builder, aty, arrays[0], [i, ka])
+        pb = cgutils.get_item_pointer(context, builder, bty, arrays[1],
+                                      [panel, kb, ir.Constant(ir.IntType(64), 0)])
+        pc = cgutils.get_item_pointer(context, builder, cty, arrays[2], [ic, jc])
+        a_step = cgutils.unpack_tuple(builder, arrays[0].strides)[0]  # bytes
+        c_step = cgutils.unpack_tuple(builder, arrays[2].strides)[0]
+        dtype = np.dtype(str(aty.dtype))
         width, align = lanes(dtype), dtype.itemsize
-        scalar = context.get_value_type(array_types[0].dtype)
+        scalar = context.get_value_type(aty.dtype)
         vec = ir.VectorType(scalar, width)
-        vptr = vec.as_pointer()
-        i64 = ir.IntType(64)
+        vptr, sptr = vec.as_pointer(), scalar.as_pointer()
+        i64, i8p = ir.IntType(64), ir.IntType(8).as_pointer()
+        nr = VECTORS * width
+
+        def row(base: Any, step: Any, r: int) -> Any:  # row r of a or c, in bytes
+            moved = builder.gep(builder.bitcast(base, i8p),
+                                [builder.mul(ir.Constant(i64, r), step)])
+            return builder.bitcast(moved, sptr)
+
         name = f"llvm.fma.v{width}f{8 * align}"
         fma = builder.module.globals.get(name) or ir.Function(
             builder.module, ir.FunctionType(vec, [vec, vec, vec]), name)
         zero = ir.Constant(vec, None)
         splat_mask = ir.Constant(ir.VectorType(ir.IntType(32), width), [0] * width)
+        a_rows = [row(pa, a_step, r) for r in range(rows)]
         entry = builder.basic_block
         loop = builder.append_basic_block("tile_k")
         done = builder.append_basic_block("tile_store")
         builder.cbranch(builder.icmp_signed(">", k, ir.Constant(i64, 0)), loop, done)
 
         builder.position_at_end(loop)
-        i = builder.phi(i64)
-        i.add_incoming(ir.Constant(i64, 0), entry)
+        step = builder.phi(i64)
+        step.add_incoming(ir.Constant(i64, 0), entry)
         acc = [builder.phi(vec) for _ in range(rows * VECTORS)]
         for phi in acc:
             phi.add_incoming(zero, entry)
-        b_row = builder.gep(pb, [builder.mul(i, ldb)])
+        b_row = builder.gep(pb, [builder.mul(step, ir.Constant(i64, nr))])
         bv = [builder.load(builder.bitcast(builder.gep(b_row, [ir.Constant(i64, v * width)]),
                                            vptr), align=align) for v in range(VECTORS)]
         summed = []
         for r in range(rows):
-            x = builder.load(builder.gep(pa, [builder.add(builder.mul(ir.Constant(i64, r), lda),
-                                                          i)]), align=align)
+            x = builder.load(builder.gep(a_rows[r], [step]), align=align)
             splat = builder.shuffle_vector(
                 builder.insert_element(ir.Constant(vec, ir.Undefined), x,
                                        ir.Constant(ir.IntType(32), 0)),
                 ir.Constant(vec, ir.Undefined), splat_mask)
             summed += [builder.call(fma, [splat, bv[v], acc[r * VECTORS + v]])
                        for v in range(VECTORS)]
-        following = builder.add(i, ir.Constant(i64, 1))
-        i.add_incoming(following, loop)
+        following = builder.add(step, ir.Constant(i64, 1))
+        step.add_incoming(following, loop)
         for phi, value in zip(acc, summed):
             phi.add_incoming(value, loop)
         builder.cbranch(builder.icmp_signed("<", following, k), loop, done)
@@ -227,8 +248,8 @@ def _tile_intrinsic(rows: int) -> Any:
             results.append(phi)
         for index, value in enumerate(results):
             r, v = divmod(index, VECTORS)
-            at = builder.add(builder.mul(ir.Constant(i64, r), ldc), ir.Constant(i64, v * width))
-            builder.store(value, builder.bitcast(builder.gep(pc, [at]), vptr), align=align)
+            at = builder.gep(row(pc, c_step, r), [ir.Constant(i64, v * width)])
+            builder.store(value, builder.bitcast(at, vptr), align=align)
         return context.get_dummy_value()
 
     return intrinsic(typer)

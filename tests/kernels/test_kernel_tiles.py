@@ -55,7 +55,7 @@ def test_the_python_oracle_matches_the_compiled_kernel(rng):
     packed = tiles.pack(rng.standard_normal((5, 14)))
     want = tiles.product(a, packed, np.empty((6, 14)))
     got = np.empty((6, 14))
-    tiles.product_body(a, packed.panels, got, tiles.edge(packed.panels))
+    tiles.product_body(a, packed.panels, got, tiles.edge_buffer(packed.panels))
     np.testing.assert_allclose(got, want, rtol=1e-15, atol=1e-15)
 
 
