@@ -112,6 +112,16 @@ def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> np.nd
 SPLIT_MACS = 1 << 24
 
 
+def blasable(x: np.ndarray) -> np.ndarray:
+    """x, or a contiguous copy of a matrix broadcast along an axis (a zero stride):
+    NumPy's matmul hands BLAS no such operand and multiplies it in a loop of its own
+    instead. ONNX's ResNet-50 `light` model's 2048 x 1000 classifier weight is one
+    value broadcast: 1.9 ms a product that way, 0.45 copied first."""
+    if x.ndim == 2 and x.size > 1 and 0 in x.strides:
+        return np.ascontiguousarray(x)
+    return x
+
+
 def product(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> np.ndarray:
     """np.matmul(a, b, out=out); a 2-D float product of at least SPLIT_MACS
     multiply-adds is cut into one part per BLAS thread along the result's rows (a
@@ -121,7 +131,9 @@ def product(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> np.ndarray:
     need), when BLAS threads it itself, or where `out` overlaps an operand; a product
     not split runs on one BLAS thread where pullback splits others (`_whole`). The
     parts round apart from one call (BLAS's kernels for a block's edges, and its own
-    threads, round apart too), within float error."""
+    threads, round apart too), within float error. A broadcast operand is copied first
+    (`blasable`)."""
+    a, b = blasable(a), blasable(b)
     if (a.ndim != 2 or b.ndim != 2 or out.ndim != 2 or a.dtype.kind != "f"
             or not a.dtype == b.dtype == out.dtype or a.shape[1] != b.shape[0]
             or out.shape != (a.shape[0], b.shape[1])

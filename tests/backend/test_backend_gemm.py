@@ -1,12 +1,13 @@
 """How the NumPy backends lay out matrix products (backend.gemm): by columns where
-the result has fewer rows than columns, with the same values either way."""
+the result has fewer rows than columns, with the same values either way; a broadcast
+operand copied for BLAS."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from pullback.backend import CpuBackend, ThreadedCpuBackend
+from pullback.backend import CpuBackend, ThreadedCpuBackend, gemm
 from pullback.backend.gemm import MIN_ELEMENTS, result_order
 
 FLOATS = [np.float32, np.float64]
@@ -94,3 +95,22 @@ def test_a_convolution_bias_gradient_sums_each_channel(dtype):
     np.testing.assert_allclose(CpuBackend().sum_to_shape(g[:, ::2], (3, 1, 1)),
                                g[:, ::2].sum(axis=(0, 2, 3)).reshape(3, 1, 1), rtol=1e-5,
                                atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("which", ["one value", "one row", "transposed"])
+def test_a_broadcast_operand_goes_to_blas_as_a_copy_with_the_same_values(dtype, which):
+    # NumPy's matmul multiplies a zero-strided operand in a loop of its own; gemm copies
+    # it first (ONNX's light ResNet-50 keeps its classifier weight as one value).
+    rng = np.random.default_rng(1)
+    a = rng.standard_normal((3, 40)).astype(dtype)
+    b = {"one value": np.broadcast_to(dtype(0.25), (40, 30)),
+         "one row": np.broadcast_to(rng.standard_normal(30).astype(dtype), (40, 30)),
+         "transposed": np.broadcast_to(rng.standard_normal(40).astype(dtype), (30, 40)).T}[which]
+    copied = gemm.blasable(b)
+    assert 0 not in copied.strides and copied.flags.c_contiguous
+    np.testing.assert_array_equal(copied, b)
+    np.testing.assert_allclose(CpuBackend().matmul(a, b), a @ np.array(b),
+                               rtol=1e-6 if dtype == np.float32 else 1e-14)
+    square = np.ones((5, 5), dtype)
+    assert gemm.blasable(square) is square  # strides of its own: as it is
