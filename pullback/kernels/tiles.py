@@ -170,7 +170,7 @@ def _tile_intrinsic(rows: int) -> Any:
     tile's rows x VECTORS accumulators in SIMD registers (phi nodes), one fused
     multiply-add (llvm.fma) per accumulator and k; a's and c's rows addressed through
     their row strides."""
-    from llvmlite import ir
+    from llvmlite import ir  # type: ignore[import-untyped]  # llvmlite ships no type information
     from numba import types
     from numba.core import cgutils
     from numba.extending import intrinsic
