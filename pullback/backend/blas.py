@@ -13,8 +13,8 @@ do not split.
 OpenBLAS's workers spin for a while after each product they run (2**28 cycles by
 default, about 0.1 s here) before they sleep, each on a core of its own. Work split
 over pullback's threads in that time shares a core with a spinning worker and runs at
-about half speed. Paths that leave BLAS threading its products (a recurrence's steps, a
-convolution not split by batch) say so (`threading_products`), and from then on, in
+about half speed. Paths that leave BLAS threading its products (a convolution not split
+by batch) say so (`threading_products`), and from then on, in
 this process, a product that could go either way (pullback.backend.gemm) leaves them
 to BLAS too (`products_threaded`): a fact of the process's history rather than of the
 clock, so that which way a product runs, and so how it rounds, does not depend on

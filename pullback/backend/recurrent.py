@@ -5,9 +5,11 @@ the recurrence over T steps and return the sequence's state array `y` (see
 pullback.kernels.recurrent for its layout: h, c and the gates per step, so that the
 backward needs no recomputation). Defaults are written in forward ops on `self`
 (forward) or derived from the primitives' rules (backward: `derive_default`);
-`CpuRecurrentOps` runs each step as one BLAS product and one Numba kernel (a small
-recurrence: every step in one Numba kernel, see SMALL_PRODUCT), and the backward's
-weight gradient as one product over all steps.
+`CpuRecurrentOps` runs each step as one product with the recurrent weight, packed once
+for all steps (pullback.kernels.tiles), and one Numba kernel; a batch large enough
+splits over the cores by rows, each part running every step of its rows (SPLIT_MACS).
+A small recurrence runs every step in one Numba kernel (SMALL_PRODUCT). The backward's
+weight gradient is one BLAS product over all steps.
 """
 
 from __future__ import annotations
@@ -167,8 +169,8 @@ class RecurrentOps(Mixin):
 
 
 class CpuRecurrentOps(RecurrentOps):
-    """RecurrentOps on NumPy arrays: per step one BLAS product and one Numba kernel, or
-    for a small recurrence the whole sequence in one Numba kernel."""
+    """RecurrentOps on NumPy arrays: per step one packed-weight product and one Numba
+    kernel, or for a small recurrence the whole sequence in one Numba kernel."""
 
     def lstm_sequence(self, xp: np.ndarray, h0: np.ndarray, c0: np.ndarray,
                       w_hh: np.ndarray) -> np.ndarray:

@@ -1,10 +1,11 @@
 """One time step of an LSTM or a GRU, forward and backward, as Numba kernels.
 
 A recurrent layer's products (the input projection for every step, the state times
-the recurrent weight per step, the weight's gradient over all steps) are BLAS GEMMs
-its caller runs; what is left per step is elementwise: the gate activations, the new
+the recurrent weight per step, the weight's gradient over all steps) are its caller's
+(pullback.backend.recurrent); what is left per step is elementwise: the gate activations, the new
 cell and hidden state, and, backwards, the gates' cotangents. Each kernel does that
-work in one pass over the batch, and saves what the backward reads (the gate
+work in one pass over a range of the batch's rows (all of them, or a part's when the
+caller splits the batch over the cores), and saves what the backward reads (the gate
 activations) in the sequence's state array `y`:
 
 - LSTM, gate order i f g o (PyTorch's): `y` is (6, T, N, H) holding h, c, i, f, g, o;
