@@ -34,9 +34,10 @@ def _close(got: pb.Tensor, want: torch.Tensor, dtype: type, what: str) -> None:
                                err_msg=what)
 
 
-def _states(kind: str, layers: int, rng: np.random.Generator, dtype: type) -> list:
+def _states(kind: str, layers: int, rng: np.random.Generator, dtype: type, n: int = N
+            ) -> list:
     count = 2 if kind == "LSTM" else 1
-    return [rng.standard_normal((layers, N, H)).astype(dtype) for _ in range(count)]
+    return [rng.standard_normal((layers, n, H)).astype(dtype) for _ in range(count)]
 
 
 CASES = [  # kind, dtype, num_layers, batch_first, given initial states
@@ -52,11 +53,30 @@ CASES = [  # kind, dtype, num_layers, batch_first, given initial states
 @pytest.mark.parametrize("kind, dtype, layers, batch_first, given", CASES)
 def test_matches_torch_outputs_states_and_every_gradient(kind, dtype, layers, batch_first,
                                                         given):
+    _compare_with_torch(kind, dtype, layers, batch_first, given, N)
+
+
+@pytest.mark.parametrize("kind, dtype, layers, batch_first, given", CASES[:2] + CASES[3:5])
+def test_a_batch_split_over_the_cores_matches_torch(kind, dtype, layers, batch_first, given,
+                                                   monkeypatch):
+    # The per-step path (a packed-weight product and a step kernel), the batch of nine
+    # in parts of four and five rows, each running every step: as torch, gradients too.
+    from pullback.backend import blas, recurrent, split
+
+    monkeypatch.setattr(blas, "_split", blas.splitting())  # what splitting notes, undone after
+    monkeypatch.setattr(recurrent, "SMALL_PRODUCT", 0)
+    monkeypatch.setattr(recurrent, "SPLIT_MACS", 0)
+    monkeypatch.setattr(split, "parts", lambda rows: [(0, rows // 2), (rows // 2, rows)])
+    _compare_with_torch(kind, dtype, layers, batch_first, given, 9)
+
+
+def _compare_with_torch(kind: str, dtype: type, layers: int, batch_first: bool, given: bool,
+                        n: int) -> None:
     layer, twin = _twins(kind, dtype, num_layers=layers, batch_first=batch_first)
     rng = np.random.default_rng(1)
-    shape = (N, T, IN) if batch_first else (T, N, IN)
+    shape = (n, T, IN) if batch_first else (T, n, IN)
     x = rng.standard_normal(shape).astype(dtype)
-    states = _states(kind, layers, rng, dtype) if given else None
+    states = _states(kind, layers, rng, dtype, n) if given else None
     xs, txs = pb.tensor(x, requires_grad=True), torch.tensor(x, requires_grad=True)
     hx = [pb.tensor(s, requires_grad=True) for s in states] if given else None
     thx = [torch.tensor(s, requires_grad=True) for s in states] if given else None
