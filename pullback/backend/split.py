@@ -9,44 +9,123 @@ workers never wake, so none spins on a core a part needs.
 
 The calling thread runs the first part, then takes back every part no worker has
 started yet and runs it itself, so a worker the operating system does not schedule
-(a busy machine) costs no waiting. Which thread runs a part changes nothing: the parts
-and what each computes depend only on the size cut and BLAS's thread count, so results
-are the same bit for bit whoever runs them. Where BLAS runs on one thread, or its thread
-count cannot be set (`blas.limitable()`), everything runs on the calling thread; so does
-the work inside a part, which is not split again.
+(a busy machine) costs no waiting. Workers and the caller hand parts over through
+flags they poll for a while (pullback.kernels.spin) before they sleep. Which thread
+runs a part changes nothing: the parts and what each computes depend only on the size
+cut and BLAS's thread count, so results are the same bit for bit whoever runs them.
+Where BLAS runs on one thread, or its thread count cannot be set (`blas.limitable()`),
+everything runs on the calling thread; so does the work inside a part, which is not
+split again.
 """
 
 from __future__ import annotations
 
-import atexit
+import contextlib
+import functools
 import os
 import threading
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 
 from pullback.backend import blas
+from pullback.kernels import spin
 
 T = TypeVar("T")
 
-_lock = threading.Lock()
-_pool: ThreadPoolExecutor | None = None
 _within = threading.local()  # .part: this thread runs a part (work inside is not split)
 
+# A worker's flag (one int64 of a shared array, a cache line apart from the next):
+_IDLE, _POSTED, _RUNNING, _TAKEN, _DONE = 0, 1, 2, 3, 4
+_SLOT = 8
+# A worker that has run a part polls for the next one this many times before it sleeps
+# (about 25 ns a poll here: 2 ms), and the caller polls for a worker's part to end this
+# many times (20 ms) before it sleeps; both offer their core to other threads every
+# few polls (kernels.spin). Woken by the operating system instead, a worker started its
+# part a median 45-73 us late and the caller saw it end 34 us late, on parts of a few
+# hundred: ResNet-20's training step took 5% longer so (bench/RESULTS.md). A 0.2 ms
+# poll kept little of that gain.
+IDLE_POLLS = 80_000
+WAIT_POLLS = 800_000
 
-def _executor() -> ThreadPoolExecutor:
-    global _pool
-    if _pool is None:
+
+class _Worker:
+    """A thread that runs the parts posted to it through its flag, one at a time."""
+
+    def __init__(self, flags: np.ndarray, index: int):
+        self.flags, self.at = flags, index * _SLOT
+        self.task: Callable[[], Any] | None = None
+        self.outcome: tuple[Any, BaseException | None] = (None, None)
+        self.cond = threading.Condition()
+        threading.Thread(target=self._loop, name=f"pullback-split-{index}", daemon=True).start()
+
+    def post(self, task: Callable[[], Any]) -> None:
+        self.task = task
+        with self.cond:  # under the lock its sleep checks the flag in: no wakeup lost
+            self.flags[self.at] = _POSTED
+            self.cond.notify()
+
+    def take_back(self) -> bool:
+        """Whether the part posted was not started, and is now the caller's to run."""
+        return bool(_claim()(self.flags, self.at, _POSTED, _TAKEN))
+
+    def result(self) -> Any:
+        """The posted part's result (or its exception raised), once it has ended."""
+        if not _wait_for()(self.flags, self.at, _DONE, WAIT_POLLS):
+            with self.cond:
+                while self.flags[self.at] != _DONE:
+                    self.cond.wait()
+        self.flags[self.at] = _IDLE
+        (result, error), self.outcome, self.task = self.outcome, (None, None), None
+        if error is not None:
+            raise error
+        return result
+
+    def _loop(self) -> None:
+        flags, at, wait_for, claim = self.flags, self.at, _wait_for(), _claim()
+        while True:
+            if not wait_for(flags, at, _POSTED, IDLE_POLLS):
+                with self.cond:
+                    while flags[at] != _POSTED:
+                        self.cond.wait()
+            if not claim(flags, at, _POSTED, _RUNNING):
+                continue  # the caller took it back
+            task = self.task
+            assert task is not None  # posted before the flag
+            try:
+                self.outcome = (task(), None)
+            except BaseException as exc:  # the caller raises it
+                self.outcome = (None, exc)
+            with self.cond:
+                flags[at] = _DONE
+                self.cond.notify_all()
+
+
+_lock = threading.Lock()  # making the crew
+_busy = threading.Lock()  # held by the call whose parts the crew runs
+_crew: list[_Worker] | None = None
+
+
+def _workers() -> list[_Worker]:
+    """The crew, made on first use: one worker fewer than the CPUs (the caller runs a
+    part)."""
+    global _crew
+    if _crew is None:
         with _lock:
-            if _pool is None:
-                # Threads start on demand, up to one fewer than the CPUs (the caller runs
-                # a part).
-                _pool = ThreadPoolExecutor(max(1, (os.cpu_count() or 2) - 1),
-                                           thread_name_prefix="pullback-split")
-                atexit.register(_pool.shutdown, wait=False)
-    return _pool
+            if _crew is None:
+                count = max(1, (os.cpu_count() or 2) - 1)
+                flags = np.zeros(count * _SLOT, np.int64)
+                _crew = [_Worker(flags, i) for i in range(count)]
+    return _crew
+
+
+def _wait_for() -> Any:
+    return spin.compiled(spin.wait_for)
+
+
+def _claim() -> Any:
+    return spin.compiled(spin.claim)
 
 
 def parts(n: int) -> list[tuple[int, int]]:
@@ -60,13 +139,12 @@ def parts(n: int) -> list[tuple[int, int]]:
 
 def over_parts(n: int, run: Callable[[int, int], T]) -> list[T]:
     """[run(start, stop) for each of `parts(n)`], the parts run at once on BLAS's threads
-    (BLAS itself on one thread meanwhile), results in order."""
+    (BLAS itself on one thread meanwhile), results in order. Parts beyond the crew, or
+    all of them while another thread's call holds the crew, run here in turn."""
     cuts = parts(n)
     if len(cuts) == 1:
         return [run(0, n)]
     blas.note_split()
-    pool = _executor()
-    results: list[T] = []
 
     def part(a: int, b: int) -> T:
         before, _within.part = getattr(_within, "part", False), True
@@ -76,17 +154,29 @@ def over_parts(n: int, run: Callable[[int, int], T]) -> list[T]:
             _within.part = before
 
     with blas.one_thread():
-        futures: list[Future[T]] = [pool.submit(part, *cut) for cut in cuts[1:]]
+        if not _busy.acquire(blocking=False):
+            return [part(*cut) for cut in cuts]
+        posted: list[_Worker | None] = []
         try:
-            results.append(part(*cuts[0]))
-            for cut, future in zip(cuts[1:], futures):
-                # A part no worker has started is withdrawn and run here.
-                results.append(part(*cut) if future.cancel() else future.result())
+            for crew_member, cut in zip(_workers(), cuts[1:]):
+                crew_member.post(functools.partial(part, *cut))
+                posted.append(crew_member)
+            results = [part(*cuts[0])]
+            for index, cut in enumerate(cuts[1:]):
+                worker = posted[index] if index < len(posted) else None
+                if worker is not None:
+                    # A part no worker has started is taken back and run here.
+                    results.append(part(*cut) if worker.take_back() else worker.result())
+                    posted[index] = None  # collected
+                else:  # beyond the crew
+                    results.append(part(*cut))
+            return results
         finally:
-            for future in futures:  # never return while a part still writes
-                if not future.cancel():
-                    future.exception()
-    return results
+            for left in posted:  # never return while a part still writes
+                if left is not None and not left.take_back():
+                    with contextlib.suppress(BaseException):  # the first error is raised
+                        left.result()
+            _busy.release()
 
 
 # An elementwise kernel of transcendental functions (0.8-3.6 ns an element on one core:

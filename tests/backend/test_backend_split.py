@@ -15,6 +15,7 @@ import torch.nn.functional as F
 
 from pullback.backend import blas, split, winograd
 from pullback.backend import conv as backend_conv
+from pullback.kernels import spin
 
 needs_openblas = pytest.mark.skipif(not blas.limitable(), reason="NumPy's BLAS is not OpenBLAS")
 
@@ -101,18 +102,41 @@ def test_over_parts_runs_parts_at_once_in_order_and_withdraws_unstarted_ones(mon
     assert split.over_parts(3, run) == [0, 10, 20]
     assert threads[0] == threading.get_ident() != threads[1]
 
-    # A worker that never starts: the caller runs that part itself.
-    blocker = threading.Event()
-    pool = split._executor()
-    jams = [pool.submit(blocker.wait) for _ in range(pool._max_workers)]
-    try:
-        ran_on = []
-        out = split.over_parts(3, lambda a, b: ran_on.append(threading.get_ident()) or a)
-        assert out == [0, 1, 2] and set(ran_on) == {threading.get_ident()}
-    finally:
-        blocker.set()
-        for jam in jams:
-            jam.result()
+    # A worker that never starts its part: the caller takes it back and runs it; a third
+    # part, beyond a crew of one, runs on the caller too.
+    idle = split._Worker.__new__(split._Worker)  # no thread: it never claims a part
+    idle.flags, idle.at = np.zeros(split._SLOT, np.int64), 0
+    idle.task, idle.outcome, idle.cond = None, (None, None), threading.Condition()
+    monkeypatch.setattr(split, "_crew", [idle])
+    ran_on = []
+    out = split.over_parts(3, lambda a, b: ran_on.append(threading.get_ident()) or a)
+    assert out == [0, 1, 2] and set(ran_on) == {threading.get_ident()}
+    assert idle.flags[0] == split._TAKEN
+
+
+def test_while_another_call_holds_the_crew_every_part_runs_on_the_caller(monkeypatch):
+    monkeypatch.setattr(split, "parts", lambda n: [(0, 1), (1, 2)])
+    ran_on = []
+    with split._busy:
+        out = split.over_parts(2, lambda a, b: ran_on.append(threading.get_ident()) or a)
+    assert out == [0, 1] and set(ran_on) == {threading.get_ident()}
+    started = threading.Barrier(2, timeout=10)  # the crew again, once it is free:
+    assert split.over_parts(2, lambda a, b: started.wait() or a) == [0, 1]  # both at once
+
+
+def test_a_flag_is_waited_for_and_claimed_as_the_python_oracle_says():
+    # Compiled (no GIL, atomic load, cmpxchg) and plain Python agree.
+    for wait_for, claim in ((spin.compiled(spin.wait_for), spin.compiled(spin.claim)),
+                            (spin.wait_for, spin.claim)):
+        flags = np.zeros(16, np.int64)
+        assert wait_for(flags, 3, 0, 1) and not wait_for(flags, 3, 1, 5000)
+        assert claim(flags, 3, 0, 5) and flags[3] == 5
+        assert not claim(flags, 3, 0, 7) and flags[3] == 5
+    flags = np.zeros(16, np.int64)
+    later = threading.Timer(0.05, flags.__setitem__, (8, 3))
+    later.start()
+    assert spin.compiled(spin.wait_for)(flags, 8, 3, 10**9)  # sees another thread's store
+    later.join()
 
 
 def test_over_parts_raises_a_parts_error_after_every_part_is_done(monkeypatch):
