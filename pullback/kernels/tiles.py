@@ -3,7 +3,7 @@ a recurrence's weight, multiplied by every step's state.
 
 BLAS packs both operands into its own layout on every call. For a product of a few
 rows (an LSTM step's 32 x 256 state times its 256 x 1024 weight) that repacking is a
-third of the call, and one thread ran it at 73 GFLOP/s where this runs it at 99. Here
+third of the call, and one thread ran it at 73 GFLOP/s where this runs it at 94-99. Here
 B is packed once (`pack`): panels of NR columns, each panel's K rows of NR values
 contiguous, so one pass over a panel reads memory in order. The product then walks the
 panels, and in each the rows of A four at a time: a tile of 4 x NR results is held in
@@ -76,8 +76,9 @@ def product(a: np.ndarray, b: Packed, out: np.ndarray) -> np.ndarray:
         raise KernelError("packed_product", [a, panels, out],
                           f"expected a (M, K) and out (M, N) for B (K, N) = "
                           f"({panels.shape[1]}, {b.columns})")
-    if not (a.flags.c_contiguous and out.flags.c_contiguous):
-        raise KernelError("packed_product", [a, panels, out], "a and out must be C-contiguous")
+    if not (a.flags.c_contiguous and out.flags.c_contiguous and panels.flags.c_contiguous):
+        raise KernelError("packed_product", [a, panels, out],
+                          "a, out and B's panels must be C-contiguous")
     if out.size:
         compiled(dtype)(a, panels, out, edge_buffer(panels))
     return out

@@ -68,6 +68,8 @@ def test_the_python_oracle_matches_the_compiled_kernel(rng):
      r"for B \(K, N\) = \(3, 4\)"),
     (lambda: (np.ones((3, 2)).T, tiles.pack(np.ones((3, 4))), np.empty((2, 4))),
      "must be C-contiguous"),
+    (lambda: (np.ones((2, 3)), tiles.Packed(tiles.pack(np.ones((3, 4))).panels[:, ::-1], 4),
+              np.empty((2, 4))), "must be C-contiguous"),
     (lambda: (np.ones((2, 3), np.int64), tiles.pack(np.ones((3, 4))), np.empty((2, 4))),
      "mixed dtypes"),
 ])
