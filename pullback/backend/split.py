@@ -120,6 +120,17 @@ def _workers() -> list[_Worker]:
     return _crew
 
 
+def _forget_crew() -> None:
+    """In a child process after os.fork: the parent's workers are not there, so the
+    next split makes a crew of its own (and no lock stays held by a parent's thread)."""
+    global _crew, _busy
+    _crew, _busy = None, threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_crew)
+
+
 def _wait_for() -> Any:
     return spin.compiled(spin.wait_for)
 

@@ -6,6 +6,7 @@ while they run and restored after, nested and concurrent blocks counted."""
 
 from __future__ import annotations
 
+import os
 import threading
 
 import numpy as np
@@ -221,3 +222,19 @@ def test_a_split_marks_the_process_as_splitting(cpu, halves, monkeypatch):
     y = cpu.conv2d(x, np.ones((3, 2, 3, 3), np.float32), (1, 1), (1, 1))
     assert blas.splitting() is True
     assert y[0, 0, 2, 2] == 18.0  # every window inside: 2 channels x 9 ones
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="os.fork is POSIX's")
+def test_a_forked_child_splits_on_a_crew_of_its_own(monkeypatch):
+    monkeypatch.setattr(split, "parts", lambda n: [(0, 1), (1, 2)])
+    split.over_parts(2, lambda a, b: a)  # the parent's crew exists
+    pid = os.fork()
+    if pid == 0:  # the child: both parts must run at once, on a worker of its own
+        try:
+            started = threading.Barrier(2, timeout=10)
+            ok = split.over_parts(2, lambda a, b: started.wait() or a) == [0, 1]
+        except BaseException:  # any failure is the exit status
+            ok = False
+        os._exit(0 if ok else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
