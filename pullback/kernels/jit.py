@@ -94,6 +94,16 @@ def in_precision(fn: Callable, dtype: np.dtype) -> Callable:
     return copy
 
 
+def rebound(fn: Callable, scope: dict[str, Any]) -> Callable:
+    """A copy of `fn` reading its globals from `scope` (its names bound to compiled
+    callees or intrinsics, say), its name, qualified name and module kept, so that
+    Numba's disk cache files it as `fn`."""
+    copy = types.FunctionType(fn.__code__, scope, fn.__name__, fn.__defaults__,
+                              fn.__closure__)
+    copy.__qualname__, copy.__module__ = fn.__qualname__, fn.__module__
+    return copy
+
+
 def _file_stamp(path: str) -> str:
     try:
         info = os.stat(path)

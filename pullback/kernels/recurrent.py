@@ -23,7 +23,6 @@ Numba's disk cache; a float32 kernel computes in float32 (jit.in_precision).
 
 from __future__ import annotations
 
-import types
 from collections.abc import Callable
 from typing import Any
 
@@ -253,7 +252,4 @@ def _with_callees(body: Callable, dtype: np.dtype) -> Callable:
     for callee in callees:
         scope[callee.__name__] = nb.njit(inline="always", **jit.JIT_OPTIONS)(
             jit.in_precision(callee, dtype))
-    copy = types.FunctionType(fn.__code__, scope, fn.__name__, fn.__defaults__,
-                              fn.__closure__)
-    copy.__qualname__, copy.__module__ = fn.__qualname__, fn.__module__
-    return copy
+    return jit.rebound(fn, scope)

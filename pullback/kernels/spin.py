@@ -71,14 +71,11 @@ def compiled(body: Any) -> Any:
 
 
 def _make(body: Any) -> tuple[Any, tuple]:
-    import types
-
     nb = jit.numba()
     scope = dict(body.__globals__, atomic_load=_atomic_load(), pause=_hint("pause"),
                  yield_core=_hint("yield"), compare_and_swap=_compare_and_swap())
-    fn = types.FunctionType(body.__code__, scope, body.__name__)
-    fn.__qualname__, fn.__module__ = body.__qualname__, body.__module__
-    return fn, (jit.array_type(np.dtype(np.int64), 1, "C"), nb.intp, nb.int64, nb.int64)
+    flags = jit.array_type(np.dtype(np.int64), 1, "C")
+    return jit.rebound(body, scope), (flags, nb.intp, nb.int64, nb.int64)
 
 
 def _atomic_load() -> Any:
@@ -119,6 +116,7 @@ def _hint(kind: str) -> Any:
     as an intrinsic; nothing elsewhere."""
     from llvmlite import ir  # type: ignore[import-untyped]  # llvmlite ships no type information
     from numba import types
+    from numba.core import cgutils
     from numba.extending import intrinsic
 
     if kind == "pause":
@@ -130,9 +128,8 @@ def _hint(kind: str) -> Any:
     def typer(typingctx):
         def codegen(context, builder, signature, args):
             if name is not None:
-                fn = builder.module.globals.get(name) or ir.Function(
-                    builder.module, ir.FunctionType(ret, []), name)
-                builder.call(fn, [])
+                builder.call(cgutils.get_or_insert_function(
+                    builder.module, ir.FunctionType(ret, []), name), [])
             return context.get_dummy_value()
 
         return types.void(), codegen

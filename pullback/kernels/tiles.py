@@ -139,8 +139,6 @@ def compiled(dtype: np.dtype) -> Any:
 def _make(dtype: np.dtype) -> tuple[Any, tuple]:
     """product_body in `dtype`, `tile` the intrinsics (one per row count) and
     store_tile compiled into it."""
-    import types
-
     nb = jit.numba()
     one, two, three, four = (_tile_intrinsic(rows) for rows in range(1, MR + 1))
 
@@ -157,13 +155,11 @@ def _make(dtype: np.dtype) -> tuple[Any, tuple]:
 
     scope = dict(product_body.__globals__, tile=compiled_tile)
     scope["store_tile"] = nb.njit(inline="always", **jit.JIT_OPTIONS)(
-        types.FunctionType(store_tile.__code__, scope, store_tile.__name__))
-    body = types.FunctionType(product_body.__code__, scope, product_body.__name__)
-    body.__qualname__, body.__module__ = product_body.__qualname__, product_body.__module__
+        jit.rebound(store_tile, scope))
     signature = (jit.array_type(dtype, 2, "C", readonly=True),
                  jit.array_type(dtype, 3, "C", readonly=True),
                  jit.array_type(dtype, 2, "C"), jit.array_type(dtype, 2, "C"))
-    return body, signature
+    return jit.rebound(product_body, scope), signature
 
 
 def _tile_intrinsic(rows: int) -> Any:
@@ -206,8 +202,8 @@ def _tile_intrinsic(rows: int) -> Any:
             return builder.bitcast(moved, sptr)
 
         name = f"llvm.fma.v{width}f{8 * align}"
-        fma = builder.module.globals.get(name) or ir.Function(
-            builder.module, ir.FunctionType(vec, [vec, vec, vec]), name)
+        fma = cgutils.get_or_insert_function(builder.module,
+                                             ir.FunctionType(vec, [vec, vec, vec]), name)
         zero = ir.Constant(vec, None)
         splat_mask = ir.Constant(ir.VectorType(ir.IntType(32), width), [0] * width)
         a_rows = [row(pa, a_step, r) for r in range(rows)]
