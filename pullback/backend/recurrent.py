@@ -1,9 +1,12 @@
 """`RecurrentOps`: a whole LSTM or GRU sequence as one forward op and one backward op.
 
 The input projection of every step is the caller's (one matmul up front); these run
-the recurrence over T steps and return the sequence's state array `y` (see
-pullback.kernels.recurrent for its layout: h, c and the gates per step, so that the
-backward needs no recomputation). Defaults are written in forward ops on `self`
+the recurrence over T steps and return its states: an LSTM's h and c per step (2, T,
+N, H), a GRU's h (T, N, H). `CpuRecurrentOps` computes them within the sequence's
+whole state array (pullback.kernels.recurrent: the gates per step beside them) and
+returns a view of it, so that its backward finds the gates there (`_saved`) and
+recomputes nothing; given states that are not such a view (a copy), it runs the
+forward again for them, bit for bit the same. Defaults are written in forward ops on `self`
 (forward) or derived from the primitives' rules (backward: `derive_default`);
 `CpuRecurrentOps` runs each step as one product with the recurrent weight, packed once
 for all steps (pullback.kernels.tiles), and one Numba kernel; a batch large enough
@@ -28,7 +31,10 @@ from pullback.kernels import recurrent as kernels
 from pullback.kernels import tiles
 
 LSTM_GATES, GRU_GATES = 4, 3
-LSTM_STATES, GRU_STATES = 6, 5  # the leading axis of y: h, c, i, f, g, o / h, r, z, n, hn
+# The whole state array's leading axis (h, c, i, f, g, o / h, r, z, n, hn); an LSTM's
+# result is its first LSTM_OUTPUTS slots (h, c), a GRU's its first slot (h).
+LSTM_STATES, GRU_STATES = 6, 5
+LSTM_OUTPUTS = 2
 # Up to this many multiply-adds in a step's recurrent product (N x gates H x H), the
 # whole sequence runs in one Numba kernel, its products as loops: calling a product and
 # the step kernel from Python per step costs more there. Forward + backward, T=16, H=32,
@@ -94,19 +100,20 @@ def check_gru(op: str, xp: Array, h0: Array, w_hh: Array, b_hh: Array) -> tuple[
 def _check_upstream(op: str, upstream: Any, y: Any) -> None:
     if _shape(upstream) != _shape(y):
         raise KernelError(op, (upstream, y), "upstream must have the shape of the sequence's "
-                          "state array")
+                          "states")
 
 
 class RecurrentOps(Mixin):
     """Whole-sequence LSTM and GRU, forward and backward; defaults in forward ops."""
 
     def lstm_sequence(self, xp: Array, h0: Array, c0: Array, w_hh: Array) -> Array:
-        """y (6, T, N, H): h, c, i, f, g, o per step, from the projected input xp
-        (T, N, 4H: x W_ih^T + b_ih + b_hh), the initial states h0, c0 (N, H) and the
-        recurrent weight w_hh (4H, H), PyTorch's gate order i f g o."""
+        """y (2, T, N, H): h and c per step, from the projected input xp (T, N, 4H:
+        x W_ih^T + b_ih + b_hh), the initial states h0, c0 (N, H) and the recurrent
+        weight w_hh (4H, H), PyTorch's gate order i f g o."""
         steps, n, h = check_lstm("lstm_sequence", xp, h0, c0, w_hh)
         wt = self.transpose(w_hh, (1, 0))
-        rows: list[list[Array]] = [[] for _ in range(LSTM_STATES)]
+        hidden: list[Array] = []
+        cells: list[Array] = []
         hs, cs = h0, c0
         for t in range(steps):
             a = self.add(self.getitem(xp, t), self.matmul(hs, wt))
@@ -115,27 +122,27 @@ class RecurrentOps(Mixin):
             i, f, g, o = self.sigmoid(i), self.sigmoid(f), self.tanh(g), self.sigmoid(o)
             cs = self.add(self.mul(f, cs), self.mul(i, g))
             hs = self.mul(o, self.tanh(cs))
-            for row, value in zip(rows, (hs, cs, i, f, g, o)):
-                row.append(value)
-        return self._states(rows, (LSTM_STATES, steps, n, h), xp.dtype)
+            hidden.append(hs)
+            cells.append(cs)
+        return self._stacked(hidden + cells, (LSTM_OUTPUTS, steps, n, h), xp.dtype)
 
     def lstm_sequence_backward(self, upstream: Array, xp: Array, h0: Array, c0: Array,
                                w_hh: Array, y: Array, needed: tuple[bool, ...] | None = None
                                ) -> tuple[Array | None, ...]:
-        """The cotangents of (xp, h0, c0, w_hh) from upstream, the cotangent of y; None
-        for an operand not `needed`."""
+        """The cotangents of (xp, h0, c0, w_hh) from upstream, the cotangent of the
+        states y; None for an operand not `needed`."""
         check_lstm("lstm_sequence_backward", xp, h0, c0, w_hh)
         _check_upstream("lstm_sequence_backward", upstream, y)
         return from_rule(self, "lstm_sequence_backward", upstream, (xp, h0, c0, w_hh), y,
                          tuple(_shape(v) for v in (xp, h0, c0, w_hh)), needed)
 
     def gru_sequence(self, xp: Array, h0: Array, w_hh: Array, b_hh: Array) -> Array:
-        """y (5, T, N, H): h, r, z, n, hn per step, from the projected input xp (T, N,
-        3H: x W_ih^T + b_ih), h0 (N, H), w_hh (3H, H) and b_hh (3H,), PyTorch's gate
-        order r z n and its n = tanh(x_n + r (W_hn h + b_hn))."""
+        """y (T, N, H): h per step, from the projected input xp (T, N, 3H: x W_ih^T +
+        b_ih), h0 (N, H), w_hh (3H, H) and b_hh (3H,), PyTorch's gate order r z n and
+        its n = tanh(x_n + r (W_hn h + b_hn))."""
         steps, n, h = check_gru("gru_sequence", xp, h0, w_hh, b_hh)
         wt = self.transpose(w_hh, (1, 0))
-        rows: list[list[Array]] = [[] for _ in range(GRU_STATES)]
+        states: list[Array] = []
         hs = h0
         for t in range(steps):
             a = self.getitem(xp, t)
@@ -146,28 +153,27 @@ class RecurrentOps(Mixin):
             r, z = self.sigmoid(self.add(ar, hr)), self.sigmoid(self.add(az, hz))
             g = self.tanh(self.add(an, self.mul(r, hn)))
             hs = self.add(g, self.mul(z, self.sub(hs, g)))
-            for row, value in zip(rows, (hs, r, z, g, hn)):
-                row.append(value)
-        return self._states(rows, (GRU_STATES, steps, n, h), xp.dtype)
+            states.append(hs)
+        return self._stacked(states, (steps, n, h), xp.dtype)
 
     def gru_sequence_backward(self, upstream: Array, xp: Array, h0: Array, w_hh: Array,
                               b_hh: Array, y: Array, needed: tuple[bool, ...] | None = None
                               ) -> tuple[Array | None, ...]:
-        """The cotangents of (xp, h0, w_hh, b_hh) from upstream, the cotangent of y; None
-        for an operand not `needed`."""
+        """The cotangents of (xp, h0, w_hh, b_hh) from upstream, the cotangent of the
+        states y; None for an operand not `needed`."""
         check_gru("gru_sequence_backward", xp, h0, w_hh, b_hh)
         _check_upstream("gru_sequence_backward", upstream, y)
         return from_rule(self, "gru_sequence_backward", upstream, (xp, h0, w_hh, b_hh), y,
                          tuple(_shape(v) for v in (xp, h0, w_hh, b_hh)), needed)
 
-    def _states(self, rows: list[list[Array]], shape: tuple[int, ...], dtype: DTypeLike
-                ) -> Array:
-        # Per state, its T steps (N, H) stacked into the (K, T, N, H) state array.
-        if not shape[1]:
+    def _stacked(self, values: list[Array], shape: tuple[int, ...], dtype: DTypeLike
+                 ) -> Array:
+        # The (N, H) values, in order, stacked into `shape`.
+        if not values:
             return self.zeros(shape, dtype)
-        one = (1, *shape[2:])
-        return self.reshape(self.concatenate(
-            [self.reshape(v, one) for row in rows for v in row], 0), shape)
+        one = (1, *shape[-2:])
+        return self.reshape(self.concatenate([self.reshape(v, one) for v in values], 0),
+                            shape)
 
 
 class CpuRecurrentOps(RecurrentOps):
@@ -176,6 +182,11 @@ class CpuRecurrentOps(RecurrentOps):
 
     def lstm_sequence(self, xp: np.ndarray, h0: np.ndarray, c0: np.ndarray,
                       w_hh: np.ndarray) -> np.ndarray:
+        return self._lstm_states(xp, h0, c0, w_hh)[:LSTM_OUTPUTS]
+
+    def _lstm_states(self, xp: np.ndarray, h0: np.ndarray, c0: np.ndarray,
+                     w_hh: np.ndarray) -> np.ndarray:
+        """The whole state array (6, T, N, H): h, c and the gates per step."""
         steps, n, h = check_lstm("lstm_sequence", xp, h0, c0, w_hh)
         dtype = kernels.check_dtype("lstm_sequence", [xp, h0, c0, w_hh])
         xp = np.ascontiguousarray(xp)
@@ -205,29 +216,36 @@ class CpuRecurrentOps(RecurrentOps):
         steps, n, h = check_lstm("lstm_sequence_backward", xp, h0, c0, w_hh)
         _check_upstream("lstm_sequence_backward", upstream, y)
         dtype = kernels.check_dtype("lstm_sequence_backward", [upstream, xp, h0, c0, w_hh, y])
-        upstream, y = np.ascontiguousarray(upstream), np.ascontiguousarray(y)
-        c0 = np.ascontiguousarray(c0)
+        upstream, c0 = np.ascontiguousarray(upstream), np.ascontiguousarray(c0)
+        states = _saved(y, LSTM_STATES)
+        if states is None:
+            states = self._lstm_states(xp, h0, c0, w_hh)
         da = np.empty((steps, n, LSTM_GATES * h), dtype)
         carry, dc = np.zeros((n, h), dtype), np.zeros((n, h), dtype)
         if n * LSTM_GATES * h * h <= SMALL_PRODUCT:
             kernels.compiled(kernels.lstm_sequence_backward, dtype)(
-                upstream, y, c0, np.ascontiguousarray(w_hh), carry, dc, da)
+                upstream, states, c0, np.ascontiguousarray(w_hh), carry, dc, da)
         else:
             step = kernels.compiled(kernels.lstm_step_backward, dtype)
             times_w = _times(w_hh)
 
             def rows(first: int, stop: int) -> None:
                 for t in range(steps - 1, -1, -1):
-                    step(upstream, y, c0 if t == 0 else y[1, t - 1], carry, dc, da, t,
-                         first, stop)
+                    c_prev = c0 if t == 0 else states[1, t - 1]
+                    step(upstream, states, c_prev, carry, dc, da, t, first, stop)
                     times_w(da[t, first:stop], carry[first:stop])
 
             _over_rows(n, LSTM_GATES * h * h, rows)
-        grads = (da, carry, dc, self._weight_grad(da, h0, y, _wants(needed, 3)))
+        grads = (da, carry, dc, self._weight_grad(da, h0, states, _wants(needed, 3)))
         return _only_needed(grads, needed)
 
     def gru_sequence(self, xp: np.ndarray, h0: np.ndarray, w_hh: np.ndarray,
                      b_hh: np.ndarray) -> np.ndarray:
+        return self._gru_states(xp, h0, w_hh, b_hh)[0]
+
+    def _gru_states(self, xp: np.ndarray, h0: np.ndarray, w_hh: np.ndarray,
+                    b_hh: np.ndarray) -> np.ndarray:
+        """The whole state array (5, T, N, H): h and the gates per step."""
         steps, n, h = check_gru("gru_sequence", xp, h0, w_hh, b_hh)
         dtype = kernels.check_dtype("gru_sequence", [xp, h0, w_hh, b_hh])
         xp, b_hh = np.ascontiguousarray(xp), np.ascontiguousarray(b_hh)
@@ -257,27 +275,29 @@ class CpuRecurrentOps(RecurrentOps):
         steps, n, h = check_gru("gru_sequence_backward", xp, h0, w_hh, b_hh)
         _check_upstream("gru_sequence_backward", upstream, y)
         dtype = kernels.check_dtype("gru_sequence_backward", [upstream, xp, h0, w_hh, b_hh, y])
-        upstream, y = np.ascontiguousarray(upstream), np.ascontiguousarray(y)
-        h0 = np.ascontiguousarray(h0)
+        upstream, h0 = np.ascontiguousarray(upstream), np.ascontiguousarray(h0)
+        states = _saved(y, GRU_STATES)
+        if states is None:
+            states = self._gru_states(xp, h0, w_hh, b_hh)
         dxp = np.empty((steps, n, GRU_GATES * h), dtype)
         dhw = np.empty((steps, n, GRU_GATES * h), dtype)
         carry, through_w = np.zeros((n, h), dtype), np.empty((n, h), dtype)
         if n * GRU_GATES * h * h <= SMALL_PRODUCT:
             kernels.compiled(kernels.gru_sequence_backward, dtype)(
-                upstream, y, h0, np.ascontiguousarray(w_hh), carry, through_w, dxp, dhw)
+                upstream, states, h0, np.ascontiguousarray(w_hh), carry, through_w, dxp, dhw)
         else:
             step = kernels.compiled(kernels.gru_step_backward, dtype)
             times_w = _times(w_hh)
 
             def rows(first: int, stop: int) -> None:
                 for t in range(steps - 1, -1, -1):
-                    step(upstream, y, h0 if t == 0 else y[0, t - 1], carry, dxp, dhw, t,
-                         first, stop)
+                    h_prev = h0 if t == 0 else states[0, t - 1]
+                    step(upstream, states, h_prev, carry, dxp, dhw, t, first, stop)
                     times_w(dhw[t, first:stop], through_w[first:stop])
                     carry[first:stop] += through_w[first:stop]
 
             _over_rows(n, GRU_GATES * h * h, rows)
-        grads = (dxp, carry, self._weight_grad(dhw, h0, y, _wants(needed, 2)),
+        grads = (dxp, carry, self._weight_grad(dhw, h0, states, _wants(needed, 2)),
                  dhw.reshape(steps * n, GRU_GATES * h).sum(axis=0))
         return _only_needed(grads, needed)
 
@@ -292,6 +312,19 @@ class CpuRecurrentOps(RecurrentOps):
         h_prev = np.concatenate([h0[None], y[0, :steps - 1]]) if steps else y[0]
         return gemm.c_product(da.reshape(steps * n, width).T,
                               h_prev.reshape(steps * n, y.shape[-1]))
+
+
+def _saved(states: np.ndarray, count: int) -> np.ndarray | None:
+    """The whole state array (count, T, N, H) whose leading slots `states` are (the view
+    CpuRecurrentOps' forward returns), or None where `states` is not such a view (a
+    copy, or another backend's result)."""
+    whole = states.base
+    if (not isinstance(whole, np.ndarray) or whole.ndim != 4 or whole.shape[0] != count
+            or whole.shape[1:] != states.shape[-3:] or whole.dtype != states.dtype
+            or not whole.flags.c_contiguous or states.strides[-3:] != whole.strides[1:]):
+        return None
+    first = states.__array_interface__["data"][0]
+    return whole if first == whole.__array_interface__["data"][0] else None
 
 
 def _times(w: np.ndarray) -> Callable[[np.ndarray, np.ndarray], None]:

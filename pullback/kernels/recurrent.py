@@ -12,6 +12,11 @@ activations) in the sequence's state array `y`:
 - GRU, gate order r z n: `y` is (5, T, N, H) holding h, r, z, n and hn = W_hn h + b_hn
   (PyTorch's n = tanh(x_n + r * hn)).
 
+Only h and c (GRU: h) are the sequence op's result, so the backward kernels take the
+cotangent of those alone, `upstream`: (2, T, N, H) for an LSTM, (T, N, H) for a GRU.
+The gates' slots would only ever receive zeros, which cost a pass over memory to write
+and another to read.
+
 A small recurrence (see pullback.backend.recurrent.SMALL_PRODUCT) runs whole: one
 kernel per direction loops over the steps, computing each step's recurrent product as
 a loop (`product`) and calling the step kernels above, compiled into it, so that no
@@ -56,10 +61,10 @@ def lstm_step(xp, hw, c_prev, y, t, first, stop):
 
 
 def lstm_step_backward(upstream, y, c_prev, dh_carry, dc, da, t, first, stop):
-    """Step t backwards for the batch rows first..stop: from the cotangents of y[:, t],
-    dh_carry (what step t + 1 sends h_t through the recurrent product) and dc (what it
-    sends c_t), write the gates' pre-activation cotangents da[t] and, in place, dc for
-    c_{t-1}."""
+    """Step t backwards for the batch rows first..stop: from upstream[:, t] (the
+    cotangents of h_t and c_t), dh_carry (what step t + 1 sends h_t through the
+    recurrent product) and dc (what it sends c_t), write the gates' pre-activation
+    cotangents da[t] and, in place, dc for c_{t-1}."""
     h_ = c_prev.shape[1]
     tc = np.empty(h_, y.dtype)
     for n in range(first, stop):
@@ -73,10 +78,10 @@ def lstm_step_backward(upstream, y, c_prev, dh_carry, dc, da, t, first, stop):
             o = y[5, t, n, j]
             dh = upstream[0, t, n, j] + dh_carry[n, j]
             dcv = upstream[1, t, n, j] + dc[n, j] + dh * o * (1.0 - tc[j] * tc[j])
-            di = upstream[2, t, n, j] + dcv * g
-            df = upstream[3, t, n, j] + dcv * c_prev[n, j]
-            dg = upstream[4, t, n, j] + dcv * i
-            do = upstream[5, t, n, j] + dh * tc[j]
+            di = dcv * g
+            df = dcv * c_prev[n, j]
+            dg = dcv * i
+            do = dh * tc[j]
             dc[n, j] = dcv * f
             da[t, n, j] = di * i * (1.0 - i)
             da[t, n, h_ + j] = df * f * (1.0 - f)
@@ -103,10 +108,10 @@ def gru_step(xp, hw, b_hh, h_prev, y, t, first, stop):
 
 
 def gru_step_backward(upstream, y, h_prev, carry, dxp, dhw, t, first, stop):
-    """Step t backwards for the batch rows first..stop: `carry` holds what step t + 1
-    sends h_t; write the cotangents of xp[t] (dxp[t]) and of the recurrent
-    pre-activations hw + b_hh (dhw[t]), and replace carry by the direct part of
-    h_{t-1}'s cotangent, z dh (the caller adds dhw[t] @ W_hh)."""
+    """Step t backwards for the batch rows first..stop: from upstream[t] (the cotangent
+    of h_t) and `carry` (what step t + 1 sends h_t), write the cotangents of xp[t]
+    (dxp[t]) and of the recurrent pre-activations hw + b_hh (dhw[t]), and replace carry
+    by the direct part of h_{t-1}'s cotangent, z dh (the caller adds dhw[t] @ W_hh)."""
     h_ = h_prev.shape[1]
     for n in range(first, stop):
         for j in range(h_):
@@ -114,11 +119,11 @@ def gru_step_backward(upstream, y, h_prev, carry, dxp, dhw, t, first, stop):
             z = y[2, t, n, j]
             g = y[3, t, n, j]
             hn = y[4, t, n, j]
-            dh = upstream[0, t, n, j] + carry[n, j]
-            dn = upstream[3, t, n, j] + dh * (1.0 - z)
-            dz = upstream[2, t, n, j] + dh * (h_prev[n, j] - g)
+            dh = upstream[t, n, j] + carry[n, j]
+            dn = dh * (1.0 - z)
+            dz = dh * (h_prev[n, j] - g)
             dan = dn * (1.0 - g * g)
-            dr = upstream[1, t, n, j] + dan * hn
+            dr = dan * hn
             dar = dr * r * (1.0 - r)
             daz = dz * z * (1.0 - z)
             dxp[t, n, j] = dar
@@ -126,7 +131,7 @@ def gru_step_backward(upstream, y, h_prev, carry, dxp, dhw, t, first, stop):
             dxp[t, n, 2 * h_ + j] = dan
             dhw[t, n, j] = dar
             dhw[t, n, h_ + j] = daz
-            dhw[t, n, 2 * h_ + j] = upstream[4, t, n, j] + dan * r
+            dhw[t, n, 2 * h_ + j] = dan * r
             carry[n, j] = dh * z
 
 
@@ -200,11 +205,11 @@ _KINDS: dict[Callable, tuple[str, ...]] = {
     lstm_step: ("in3", "in2", "in2", "out4", "t", "t", "t"),
     lstm_step_backward: ("in4", "in4", "in2", "in2", "out2", "out3", "t", "t", "t"),
     gru_step: ("in3", "in2", "in1", "in2", "out4", "t", "t", "t"),
-    gru_step_backward: ("in4", "in4", "in2", "out2", "out3", "out3", "t", "t", "t"),
+    gru_step_backward: ("in3", "in4", "in2", "out2", "out3", "out3", "t", "t", "t"),
     lstm_sequence: ("in3", "in2", "in2", "in2", "out2", "out4"),
     lstm_sequence_backward: ("in4", "in4", "in2", "in2", "out2", "out2", "out3"),
     gru_sequence: ("in3", "in2", "in2", "in1", "out2", "out4"),
-    gru_sequence_backward: ("in4", "in4", "in2", "in2", "out2", "out2", "out3", "out3"),
+    gru_sequence_backward: ("in3", "in4", "in2", "in2", "out2", "out2", "out3", "out3"),
 }
 # The bodies a whole-sequence body calls, compiled into it (inlined) in its dtype.
 _CALLS: dict[Callable, tuple[Callable, ...]] = {

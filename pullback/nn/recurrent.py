@@ -1,8 +1,8 @@
 """Recurrent layers: LSTM and GRU, PyTorch's gate orders, parameter names and init.
 
 Per layer, the input of every step is projected by one matmul up front; the time
-loop is one primitive (`ops.lstm_sequence` / `ops.gru_sequence`), whose state array
-holds the hidden states the layer returns. Differences from PyTorch: `batch_first`
+loop is one primitive (`ops.lstm_sequence` / `ops.gru_sequence`), whose result holds
+every step's states. Differences from PyTorch: `batch_first`
 defaults to True (pullback's API), and there is no dropout, bidirectional or
 proj_size.
 """
@@ -164,7 +164,7 @@ class GRU(_Recurrent):
             # The recurrent bias sits inside r * (...): without biases, zeros stand in.
             recurrent_bias: TensorLike = b_hh if b_hh is not None else np.zeros(
                 (self.gates * self.hidden_size,), w_hh.dtype)
-            y = ops.gru_sequence(self._project(x, w_ih, b_ih), h0s[layer], w_hh, recurrent_bias)
-            x = out = ops.getitem(y, 0)  # the next layer's input; the last one's is the output
-            hs.append(ops.getitem(y, (0, -1)))
+            x = out = ops.gru_sequence(self._project(x, w_ih, b_ih), h0s[layer], w_hh,
+                                       recurrent_bias)  # the next layer's input
+            hs.append(ops.getitem(out, -1))
         return self._output(out, unbatched), self._final(hs, unbatched)

@@ -5,9 +5,9 @@ export on their own), so the node's X is xp and its W the gate permutation: PyTo
 gate order (LSTM i f g o, GRU r z n) to ONNX's (i o f c, z r h); R is the recurrent
 weight in ONNX's order, GRU's recurrent bias goes in Rb with linear_before_reset=1
 (PyTorch's n = tanh(x_n + r (W_hn h + b_hn))). ONNX returns the hidden states and the
-final cell only, so of the state array the exported graph holds the hidden states of
-every step and the LSTM's last cell; the rest (earlier cells, gate activations, which
-only a backward reads) are NaN, never silently plausible numbers.
+final cell only, so of an LSTM's states the exported graph holds the hidden states of
+every step and the last cell; the earlier cells are NaN, never silently plausible
+numbers.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ def _nan(c: Context, shape: tuple) -> str:
 
 def _recurrent(c: Context, op_type: str, blocks: tuple, rb: str | None) -> tuple[str, ...]:
     """The ONNX node on c's operands: returns the names of its outputs (Y, Y_h[, Y_c])."""
-    emit, (_, _, n, h) = c.emit, c.out.shape
+    emit, (n, h) = c.emit, c.out.shape[-2:]
     xp, w_hh = c.args[0], c.args[-2 if rb else -1]
     rows = _rows(blocks, h)
     dtype = np.dtype(c.out.dtype)
@@ -71,14 +71,12 @@ def _lstm(c: Context) -> str:
     last_c = c.emit.node("Reshape", [y_c, c.emit.ints((1, 1, n, h), "shape")])
     cells = last_c if steps == 1 else c.emit.node(
         "Concat", [_nan(c, (1, steps - 1, n, h)), last_c], axis=1)
-    return c.node("Concat", [hs, cells, _nan(c, (4, steps, n, h))], axis=0)
+    return c.node("Concat", [hs, cells], axis=0)
 
 
 def _gru(c: Context) -> str:
-    _, steps, n, h = c.out.shape
     y, _ = _recurrent(c, "GRU", GRU_BLOCKS, c.args[3])
-    hs = c.emit.node("Reshape", [y, c.emit.ints((1, steps, n, h), "shape")])
-    return c.node("Concat", [hs, _nan(c, (4, steps, n, h))], axis=0)
+    return c.node("Reshape", [y, c.emit.ints(c.out.shape, "shape")])
 
 
 _register((lstm_sequence_p,), _lstm)

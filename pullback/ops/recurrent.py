@@ -2,15 +2,17 @@
 
 The layers (pullback.nn.recurrent) project every step's input with one matmul up
 front and hand the recurrence to these: one node in a recorded graph or a plan, not
-a dozen per step. Each returns the sequence's state array y, (K, T, N, H): the
-hidden states, the LSTM's cells, and the gate activations the backward reads (layout
-in pullback.kernels.recurrent); the layers slice what they return out of it.
+a dozen per step. lstm_sequence returns the hidden and cell states of every step, y
+(2, T, N, H); gru_sequence the hidden states, y (T, N, H); the layers slice what they
+return out of it.
 
-Forward and backward run as the backend's `RecurrentOps` (CPU: a BLAS product and a
-Numba kernel per step). The JVP rules are written here in primitives, step by step
-from the saved gates, so forward mode, rule-derived gradients and second derivatives
-work as for every other op; the backward kernels' defaults are those rules
-transposed, and the CPU kernels are tested against them.
+Forward and backward run as the backend's `RecurrentOps` (CPU: a packed product and
+a Numba kernel per step; the gates its backward reads are kept beside y, see
+pullback.backend.recurrent). The JVP rules are written here in primitives, step by
+step, the gates computed again from the states before them, so forward mode,
+rule-derived gradients and second derivatives work as for every other op; the
+backward kernels' defaults are those rules transposed, and the CPU kernels are tested
+against them.
 """
 
 from __future__ import annotations
@@ -22,9 +24,8 @@ from ..ad import Zero, defjvp_full, defvjp
 from ..backend.backward_ops import BackwardOps, derive_default
 from ..backend.recurrent import (
     GRU_GATES,
-    GRU_STATES,
     LSTM_GATES,
-    LSTM_STATES,
+    LSTM_OUTPUTS,
     RecurrentOps,
     check_gru,
     check_lstm,
@@ -32,7 +33,7 @@ from ..backend.recurrent import (
 )
 from .backward_defaults import rule_vjp
 from .checks import declare_check, inputs, normal
-from .elementwise import add, mul, sub, tanh
+from .elementwise import add, mul, sigmoid, sub, tanh
 from .hints import TensorLike
 from .linalg import matmul
 from .registry import declare, dtype_of
@@ -47,12 +48,12 @@ __all__: list[str] = []
 
 def _lstm_shape(xp: Any, h0: Any, c0: Any, w_hh: Any) -> tuple[Any, ...]:
     steps, n, h = check_lstm("lstm_sequence", xp, h0, c0, w_hh)
-    return (LSTM_STATES, steps, n, h), dtype_of(xp)
+    return (LSTM_OUTPUTS, steps, n, h), dtype_of(xp)
 
 
 def _gru_shape(xp: Any, h0: Any, w_hh: Any, b_hh: Any) -> tuple[Any, ...]:
     steps, n, h = check_gru("gru_sequence", xp, h0, w_hh, b_hh)
-    return (GRU_STATES, steps, n, h), dtype_of(xp)
+    return (steps, n, h), dtype_of(xp)
 
 
 lstm_sequence_p = declare(
@@ -91,8 +92,10 @@ def _gates(a: Any, h: int, count: int) -> tuple[Any, ...]:
 
 
 def _assemble(rows: list[list[Any]], shape: tuple[Any, ...]) -> Any:
-    """The (K, T, N, H) tangent from rows[k][t], each (N, H) or None (a zero): runs of
-    steps stacked, placed into the state array's shape where some are zero."""
+    """The tangent of the states (K, T, N, H), or (T, N, H) for one row, from rows[k][t],
+    each (N, H) or None (a zero): runs of steps stacked, placed into the states' shape
+    where some are zero."""
+    single = len(shape) == 3
     runs = []
     for k, row in enumerate(rows):
         t = 0
@@ -103,28 +106,45 @@ def _assemble(rows: list[list[Any]], shape: tuple[Any, ...]) -> Any:
             stop = t
             while stop < len(row) and row[stop] is not None:
                 stop += 1
-            runs.append((k, t, stop, stack(row[t:stop], 0)))
+            index = slice(t, stop) if single else (k, slice(t, stop))
+            runs.append((t, stop, index, stack(row[t:stop], 0)))
             t = stop
-    if len(runs) == shape[0] and all(r[1] == 0 and r[2] == shape[1] for r in runs):
-        return stack([r[3] for r in runs], 0)
-    return _total(*(scatter_add(block, (k, slice(start, stop)), shape)
-                    for k, start, stop, block in runs))
+    if len(runs) == len(rows) and all(r[0] == 0 and r[1] == len(rows[0]) for r in runs):
+        return runs[0][3] if single else stack([r[3] for r in runs], 0)
+    return _total(*(scatter_add(block, index, shape) for _, _, index, block in runs))
 
 
 def _active(tangents: tuple[Any, ...]) -> list[Any]:
     return [None if type(t) is Zero else t for t in tangents]
 
 
+def _lstm_gates(x: Any, h_prev: Any, wt: Any, h: int) -> tuple[Any, ...]:
+    """The gate activations i, f, g, o of a step from its projected input x (N, 4H),
+    the state before it and the recurrent weight transposed."""
+    i, f, g, o = _gates(add(x, matmul(h_prev, wt)), h, LSTM_GATES)
+    return sigmoid(i), sigmoid(f), tanh(g), sigmoid(o)
+
+
+def _gru_gates(x: Any, h_prev: Any, wt: Any, b_hh: Any, h: int) -> tuple[Any, ...]:
+    """The gate activations r, z, n and hn = W_hn h + b_hn of a step from its projected
+    input x (N, 3H), the state before it, the recurrent weight transposed and bias."""
+    (xr, xz, xn), (hr, hz, hn) = _gates(x, h, GRU_GATES), _gates(
+        add(matmul(h_prev, wt), b_hh), h, GRU_GATES)
+    r = sigmoid(add(xr, hr))
+    return r, sigmoid(add(xz, hz)), tanh(add(xn, mul(r, hn))), hn
+
+
 def _lstm_jvp(tangents: tuple[Any, ...], y: Any, operands: tuple[Any, ...]) -> Any:
     dxp, dh, dc, dw = _active(tangents)
-    _, h0, c0, w_hh = operands
+    xp, h0, c0, w_hh = operands
     _, steps, _, h = y.shape
     wt, dwt = swap_last(w_hh), None if dw is None else swap_last(dw)
-    rows: list[list[Any]] = [[] for _ in range(LSTM_STATES)]
+    rows: list[list[Any]] = [[] for _ in range(LSTM_OUTPUTS)]
     for t in range(steps):
         h_prev = h0 if t == 0 else getitem(y, (0, t - 1))
         c_prev = c0 if t == 0 else getitem(y, (1, t - 1))
-        c, i, f, g, o = (getitem(y, (k, t)) for k in range(1, LSTM_STATES))
+        c = getitem(y, (1, t))
+        i, f, g, o = _lstm_gates(getitem(xp, t), h_prev, wt, h)
         da = _total(None if dxp is None else getitem(dxp, t),
                     None if dh is None else matmul(dh, wt),
                     None if dwt is None else matmul(h_prev, dwt))
@@ -136,20 +156,20 @@ def _lstm_jvp(tangents: tuple[Any, ...], y: Any, operands: tuple[Any, ...]) -> A
         dc = _total(_times(df, c_prev), _times(dc, f), _times(di, g), _times(dg, i))
         tc = tanh(c)
         dh = _total(_times(do, tc), _times(dc, mul(o, sub(1.0, mul(tc, tc)))))
-        for row, value in zip(rows, (dh, dc, di, df, dg, do)):
-            row.append(value)
+        rows[0].append(dh)
+        rows[1].append(dc)
     return _assemble(rows, tuple(y.shape))
 
 
 def _gru_jvp(tangents: tuple[Any, ...], y: Any, operands: tuple[Any, ...]) -> Any:
     dxp, dh, dw, db = _active(tangents)
-    _, h0, w_hh, _ = operands
-    _, steps, n, h = y.shape
+    xp, h0, w_hh, b_hh = operands
+    steps, n, h = y.shape
     wt, dwt = swap_last(w_hh), None if dw is None else swap_last(dw)
-    rows: list[list[Any]] = [[] for _ in range(GRU_STATES)]
+    row: list[Any] = []
     for t in range(steps):
-        h_prev = h0 if t == 0 else getitem(y, (0, t - 1))
-        r, z, g, hn = (getitem(y, (k, t)) for k in range(1, GRU_STATES))
+        h_prev = h0 if t == 0 else getitem(y, t - 1)
+        r, z, g, hn = _gru_gates(getitem(xp, t), h_prev, wt, b_hh, h)
         dhw = _total(None if dh is None else matmul(dh, wt),
                      None if dwt is None else matmul(h_prev, dwt),
                      None if db is None else broadcast_to(db, (n, GRU_GATES * h)))
@@ -160,9 +180,8 @@ def _gru_jvp(tangents: tuple[Any, ...], y: Any, operands: tuple[Any, ...]) -> An
         dg = _times(_total(dan, _times(dr, hn), _times(dhn, r)), sub(1.0, mul(g, g)))
         # h = g + z (h_prev - g)
         dh = _total(_times(dz, sub(h_prev, g)), _times(dg, sub(1.0, z)), _times(dh, z))
-        for row, value in zip(rows, (dh, dr, dz, dg, dhn)):
-            row.append(value)
-    return _assemble(rows, tuple(y.shape))
+        row.append(dh)
+    return _assemble([row], tuple(y.shape))
 
 
 defjvp_full(lstm_sequence_p, _lstm_jvp)
@@ -195,16 +214,16 @@ derive_default("gru_sequence_backward", partial(rule_vjp, gru_sequence_p), owner
 
 
 def lstm_sequence(xp: TensorLike, h0: TensorLike, c0: TensorLike, w_hh: TensorLike) -> Tensor:
-    """The LSTM state array y (6, T, N, H) (h, c, i, f, g, o per step) from the
+    """The LSTM's hidden and cell states y (2, T, N, H) (h and c per step) from the
     projected input xp (T, N, 4H) = x W_ih^T + b_ih + b_hh, the initial states h0, c0
     (N, H) and the recurrent weight w_hh (4H, H), PyTorch's gate order i f g o."""
     return lstm_sequence_p.bind(xp, h0, c0, w_hh)
 
 
 def gru_sequence(xp: TensorLike, h0: TensorLike, w_hh: TensorLike, b_hh: TensorLike) -> Tensor:
-    """The GRU state array y (5, T, N, H) (h, r, z, n, W_hn h + b_hn per step) from the
-    projected input xp (T, N, 3H) = x W_ih^T + b_ih, h0 (N, H), w_hh (3H, H) and b_hh
-    (3H,), PyTorch's gate order r z n."""
+    """The GRU's hidden states y (T, N, H) (h per step) from the projected input xp
+    (T, N, 3H) = x W_ih^T + b_ih, h0 (N, H), w_hh (3H, H) and b_hh (3H,), PyTorch's
+    gate order r z n."""
     return gru_sequence_p.bind(xp, h0, w_hh, b_hh)
 
 

@@ -115,3 +115,31 @@ def test_a_batch_split_over_the_cores_matches_it_run_whole(kind, dtype, cpu, rng
     np.testing.assert_array_equal(getattr(cpu, forward)(*xs), y)
     for got, want in zip(getattr(cpu, backward)(u, *xs, y), grads, strict=True):
         np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("small", [True, False])
+@pytest.mark.parametrize("kind", ["lstm", "gru"])
+def test_a_backward_given_copied_states_computes_the_gates_again(kind, small, cpu, rng,
+                                                                 monkeypatch):
+    # The forward's result is a view of its whole state array, whose gates the backward
+    # reads; states that are a copy hold no gates, and the backward runs the forward
+    # again for them: the same bits.
+    from pullback.backend import recurrent
+
+    if not small:
+        monkeypatch.setattr(recurrent, "SMALL_PRODUCT", 0)
+    xs = _operands(kind, np.float32, rng)
+    forward, backward = f"{kind}_sequence", f"{kind}_sequence_backward"
+    y = getattr(cpu, forward)(*xs)
+    assert y.shape == (2, 3, 2, 2) if kind == "lstm" else y.shape == (3, 2, 3)
+    u = rng.standard_normal(y.shape).astype(np.float32)
+    ran = []
+    again = getattr(recurrent.CpuRecurrentOps, f"_{kind}_states")
+    monkeypatch.setattr(recurrent.CpuRecurrentOps, f"_{kind}_states",
+                        lambda self, *a: ran.append(1) or again(self, *a))
+    grads = getattr(cpu, backward)(u, *xs, y)
+    assert not ran
+    copied = getattr(cpu, backward)(u, *xs, y.copy())
+    assert ran
+    for got, want in zip(copied, grads, strict=True):
+        np.testing.assert_array_equal(got, want)

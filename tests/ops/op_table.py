@@ -559,20 +559,20 @@ TENSOR_API_ROWS = [
 
 def _torch_lstm_sequence(xp: torch.Tensor, h: torch.Tensor, c: torch.Tensor,
                          w: torch.Tensor) -> torch.Tensor:
-    """pb.ops.lstm_sequence's state array (h, c, i, f, g, o per step), step by step."""
+    """pb.ops.lstm_sequence's states (h and c per step), step by step."""
     steps = []
     for t in range(xp.shape[0]):
         i, f, g, o = (xp[t] + h @ w.T).chunk(4, -1)
         i, f, g, o = i.sigmoid(), f.sigmoid(), g.tanh(), o.sigmoid()
         c = f * c + i * g
         h = o * c.tanh()
-        steps.append(torch.stack([h, c, i, f, g, o]))
+        steps.append(torch.stack([h, c]))
     return torch.stack(steps, 1)
 
 
 def _torch_gru_sequence(xp: torch.Tensor, h: torch.Tensor, w: torch.Tensor,
                         b: torch.Tensor) -> torch.Tensor:
-    """pb.ops.gru_sequence's state array (h, r, z, n, W_hn h + b_hn per step)."""
+    """pb.ops.gru_sequence's states (h per step)."""
     steps = []
     for t in range(xp.shape[0]):
         ar, az, an = xp[t].chunk(3, -1)
@@ -580,8 +580,8 @@ def _torch_gru_sequence(xp: torch.Tensor, h: torch.Tensor, w: torch.Tensor,
         r, z = (ar + hr).sigmoid(), (az + hz).sigmoid()
         n = (an + r * hn).tanh()
         h = (1 - z) * n + z * h
-        steps.append(torch.stack([h, r, z, n, hn]))
-    return torch.stack(steps, 1)
+        steps.append(h)
+    return torch.stack(steps)
 
 
 RECURRENT_ROWS = [

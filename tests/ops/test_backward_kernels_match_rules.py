@@ -104,7 +104,7 @@ def _cases() -> list[Case]:
             lambda be, u, xs, y, w=window: (
                 be.avg_pool2d_backward(u, xs[0].shape, *w.values()),),
             window))
-    # Every state's cotangent (h, c and the saved gates), a 4-step sequence.
+    # The states' cotangents (h and c; a GRU's h), a 4-step sequence.
     cases.append(Case("lstm_sequence", recurrent.lstm_sequence_p,
                       ((4, 3, 8), (3, 2), (3, 2), (8, 2)),
                       lambda be, u, xs, y: be.lstm_sequence_backward(u, *xs, y), {}))
