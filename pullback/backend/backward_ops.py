@@ -103,6 +103,16 @@ class BackwardOps(Mixin):
         # relu's rule reads its output, which is > 0 exactly where its input is.
         return self._one_from_rule("relu_backward", upstream, output=forward_input)
 
+    def relu_bias_backward(self, upstream: Array, relu_output: Array, bias_shape: Shape,
+                           out: Array | None = None) -> tuple[Array, Array]:
+        """relu's backward (into `out` when given) and the gradient of the operand of
+        `bias_shape` (a bias per channel, (1, C, 1, 1)) that was added to relu's input:
+        that gradient summed to its shape. What a training plan runs for a relu after a
+        convolution's bias, in one step."""
+        grad = (self.relu_backward(upstream, relu_output) if out is None
+                else self.relu_backward(upstream, relu_output, out=out))
+        return grad, self.sum_to_shape(grad, bias_shape)
+
     def sigmoid_backward(self, upstream: Array, forward_output: Array) -> Array:
         """upstream * y * (1 - y)."""
         return self._one_from_rule("sigmoid_backward", upstream, output=forward_output)

@@ -924,6 +924,22 @@ class CpuBackend(BackwardOps, FusedOps, CpuRecurrentOps, CpuGatherOps, CpuAttent
             return relu_backward_kernel(upstream, forward_input)
         return relu_backward_kernel(upstream, forward_input, out=out)
 
+    def relu_bias_backward(self, upstream: np.ndarray, relu_output: np.ndarray,
+                           bias_shape: Shape, out: np.ndarray | None = None
+                           ) -> tuple[np.ndarray, np.ndarray]:
+        """BackwardOps.relu_bias_backward; for (N, C, H, W) maps and a (1, C, 1, 1) bias,
+        one pass per channel (pullback.kernels.planes) where relu's backward and the
+        bias's sums were two."""
+        y = relu_output
+        if not (y.ndim == 4 and tuple(bias_shape) == (1, y.shape[1], 1, 1) and y.size
+                and y.dtype in SUPPORTED_DTYPES and upstream.shape == y.shape
+                and upstream.dtype is y.dtype and (out is None or out.flags.c_contiguous)):
+            return super().relu_bias_backward(upstream, y, bias_shape, out)
+        grad, sums = compiled_planes.relu_bias_backward(
+            self._planes(upstream), self._planes(y),
+            None if out is None else out.reshape(y.shape[0], y.shape[1], -1))
+        return (grad.reshape(y.shape) if out is None else out), sums.reshape(bias_shape)
+
     def sigmoid_backward(self, upstream: np.ndarray, forward_output: np.ndarray) -> np.ndarray:
         return sigmoid_backward_kernel(upstream, forward_output)
 

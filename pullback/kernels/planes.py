@@ -1,15 +1,17 @@
-"""Batch norm over (N, C, S) arrays as they are (S the spatial axes flattened), compiled
-with Numba per dtype: a channel's values are its N planes of S contiguous values, so
-no copy moves the channels outermost first (CpuBackend takes these for inputs with
-spatial axes; pullback.kernels.channels' row kernels, which need that copy, for (N, C)).
+"""Batch norm, and relu's backward with a per-channel bias's gradient, over (N, C, S)
+arrays as they are (S the spatial axes flattened), compiled with Numba per dtype: a
+channel's values are its N planes of S contiguous values, so no copy moves the
+channels outermost first (CpuBackend takes these for inputs with spatial axes;
+pullback.kernels.channels' row kernels, which need that copy, for (N, C)).
 
 Per channel, in passes over its planes: the forward sums x, then (x - mean)^2, then
 writes y; the statistics alone (what the running statistics are updated with) are the
 forward's first two passes; the backward sums x and the upstream u, then (x - mean)^2
 and u (x - mean), then writes the input gradient. The statistics are recomputed from x
 rather than saved (the primitive keeps one output). Each channel is independent, so the
-parallel twin (channels over `prange`) gives the serial loop's results bit for bit. Sums may be
-reassociated (vectorized partial sums), as the row kernels' are.
+parallel twin (channels over `prange`) gives the serial loop's results bit for bit.
+Sums may be reassociated (vectorized partial sums), as the row kernels' are. Relu's
+backward with the bias's gradient is one pass per channel: the mask, and its sum.
 
 One file on purpose: Numba's disk cache notices an edit to a kernel's own file only.
 """
@@ -99,6 +101,27 @@ def _backward_channel(upstream, x, weight, eps, grad_x, grad_weight, grad_bias, 
     grad_bias[c] = total_u
 
 
+def relu_bias_backward_serial(upstream, y, grad, bias_grad):
+    """grad = upstream where relu's output y > 0, else 0, as relu's backward multiplies
+    by the mask (so a NaN or infinite upstream times 0 stays NaN); bias_grad[c] = the sum
+    of channel c's grad: the gradient of a bias added per channel before the relu."""
+    n_, c_, s_ = y.shape
+    zero = y.dtype.type(0)
+    one = y.dtype.type(1)
+    for c in range(c_):
+        bias_grad[c] = zero
+    # In memory order (a channel's planes lie a sample apart): each plane's sum, then
+    # the channel's sum of its planes' sums.
+    for n in range(n_):
+        for c in range(c_):
+            total = zero
+            for t in range(s_):
+                value = upstream[n, c, t] * (one if y[n, c, t] > zero else zero)
+                grad[n, c, t] = value
+                total += value
+            bias_grad[c] += total
+
+
 # Numba reads a function's globals when it compiles it: `_compiled` puts numba.prange
 # here first (importing Numba only then, as every kernel module does).
 prange = range
@@ -148,7 +171,8 @@ def _kinds_signature(dtype: np.dtype, kinds: str) -> tuple:
 
 _KINDS = {forward_serial: "i3 i1 i1 s b o3 o1 o1", forward_parallel: "i3 i1 i1 s b o3 o1 o1",
           backward_serial: "i3 i3 i1 s o3 o1 o1", backward_parallel: "i3 i3 i1 s o3 o1 o1",
-          statistics_serial: "i3 o1 o1", statistics_parallel: "i3 o1 o1"}
+          statistics_serial: "i3 o1 o1", statistics_parallel: "i3 o1 o1",
+          relu_bias_backward_serial: "i3 i3 o3 o1"}
 _registered = False
 
 
@@ -212,3 +236,15 @@ def batch_norm_backward(upstream: np.ndarray, x: np.ndarray, weight: np.ndarray,
     _compiled(driver, dtype)(upstream, x, np.ascontiguousarray(weight), dtype.type(eps), grad_x,
                              grad_weight, grad_bias)
     return grad_x, grad_weight, grad_bias
+
+
+def relu_bias_backward(upstream: np.ndarray, y: np.ndarray, out: np.ndarray | None = None
+                       ) -> tuple[np.ndarray, np.ndarray]:
+    """(grad, bias_grad) of relu's backward for the C-contiguous upstream and relu output
+    y (N, C, S) of one dtype, grad written into `out` (C-contiguous, y's shape) when
+    given, bias_grad (C,) its per-channel sums."""
+    dtype = check_dtype("relu_bias_backward", [upstream, y])
+    grad = np.empty_like(y) if out is None else out
+    bias_grad = np.empty(y.shape[1], dtype)
+    _compiled(relu_bias_backward_serial, dtype)(upstream, y, grad, bias_grad)
+    return grad, bias_grad

@@ -51,19 +51,20 @@ def _writable(eqn: Any, parent: Var | None, fortran: set[int]) -> Buffer | None:
     return None if order is None else Buffer(parent.shape, parent.dtype, order)
 
 
-def assign(backward: list[tuple], folded: dict[int, Var], skipped: set[int],
+def assign(backward: list[tuple], folded: dict[int, list[Var]], skipped: set[int],
            fortran: set[int]) -> tuple[list[int], list[Buffer]]:
     """Per backward step, the buffer its first-operand cotangent is written into (-1:
     none), and the buffers. `backward` holds the plan's backward steps (eqn first),
-    `folded` the pool steps whose relu was folded in (pool output -> relu input),
-    `skipped` those relus' outputs (their steps receive no cotangent: the pool's step
-    hands its own straight to the relu's input), and
+    `folded` the steps that took in the step before them in the forward, by output (a
+    pool's, whose relu was folded in: the relu's input; a relu's, whose bias add was:
+    the add's operands), `skipped` the outputs of the steps taken in (they receive no
+    cotangent: the step after them hands its own straight to their operands), and
     `fortran` the forward values laid out by columns."""
     parents_of = []
     for eqn, node, *_ in backward:
         parents = list(node.parents)  # the differentiated operands (None for others)
         if eqn.out.index in folded:
-            parents = [folded[eqn.out.index]]
+            parents = list(folded[eqn.out.index])
         elif eqn.out.index in skipped:
             parents = []
         parents_of.append(parents)

@@ -23,6 +23,7 @@ import numpy as np
 from ..ad import BackwardSchedule, DerivativeError, Leaf, Node, run_schedule
 from ..backend.backward_ops import BackwardOps
 from ..backend.current import get_backend
+from ..ops.elementwise import add_p, relu_p
 from ..tensor import hooks
 from ..tensor.backward import EagerExecutor, accumulate_grad
 from ..tensor.eager import saved_as_float, wrap
@@ -344,8 +345,10 @@ class TrainingPlan(Plan[_R]):
                                 f"{[_describe(v) for v in graph.outputs]}")
         super().__init__(graph, single)
         # Buffers for the large cotangents, once the forward's layouts are known.
+        folded = {out: [relu_input] for out, relu_input in self._pool_relu.items()}
+        folded.update({out: list(add.args) for out, add in self._relu_bias.items()})
         self._ct_owner, self._ct_buffers = cotangents.assign(
-            self._backward, self._pool_relu, self._folded_relus, self._fortran)
+            self._backward, folded, self._folded_relus | self._folded_adds, self._fortran)
         self._ct_writers = [None if b < 0 else cotangents.writer(eqn.primitive)
                             for (eqn, *_), b in zip(self._backward, self._ct_owner)]
         # Per backward step, whether its parameters hold values computed from the
@@ -362,6 +365,8 @@ class TrainingPlan(Plan[_R]):
         # The relus those pools fold in: their own backward steps receive no cotangent.
         self._folded_relus = {eqn.args[0].index for eqn, *_ in self._backward
                               if eqn.out.index in self._pool_relu}
+        self._relu_bias = self._bias_into_relu()
+        self._folded_adds = {add.out.index for add in self._relu_bias.values()}
         # Per call, by whether the backend's fused kernels run (only they fold).
         self._schedules = {False: self._schedule_plain, True: self._folded_schedule()}
         return {s for step in self._backward for s in step[2]}
@@ -387,6 +392,36 @@ class TrainingPlan(Plan[_R]):
                     and y.index not in results and y.index in self._active
                     and isinstance(relu.args[0], Var) and relu.args[0].index in self._active):
                 folded[eqn.out.index] = relu.args[0]
+        return folded
+
+    def _bias_into_relu(self) -> dict[int, Eqn]:
+        """Relu steps whose input is a per-channel bias add on (N, C, H, W) maps (a
+        convolution's bias) read by nothing else, and not folded into a pool: per relu
+        output, the add. Their backward becomes one step, the backend's
+        `relu_bias_backward`: relu's backward hands its cotangent straight to the add's
+        first operand and sums it per channel for the bias in the same pass (one pass
+        over the maps saved, and a step)."""
+        readers: dict[int, int] = {}
+        for eqn in self.graph.eqns:
+            for a in eqn.args + eqn.param_vars:
+                if isinstance(a, Var):
+                    readers[a.index] = readers.get(a.index, 0) + 1
+        results = {v.index for v in self.graph.outputs} | self._state
+        folded: dict[int, Eqn] = {}
+        for eqn in self.graph.eqns:
+            x = eqn.args[0] if eqn.args else None
+            add = getattr(x, "producer", None)
+            if (eqn.primitive is not relu_p or not isinstance(x, Var) or add is None
+                    or add.primitive is not add_p or eqn.out.index in self._folded_relus
+                    or readers.get(x.index) != 1 or x.index in results
+                    or x.index not in self._active or len(x.shape) != 4):
+                continue
+            maps, bias = add.args
+            if (isinstance(maps, Var) and isinstance(bias, Var) and maps.shape == x.shape
+                    and maps.dtype == bias.dtype == x.dtype
+                    and bias.shape == (1, x.shape[1], 1, 1)
+                    and maps.index in self._active and bias.index in self._active):
+                folded[eqn.out.index] = add
         return folded
 
     def _find_active(self) -> set[int]:
@@ -485,13 +520,18 @@ class TrainingPlan(Plan[_R]):
     def _folded_schedule(self) -> BackwardSchedule:
         """The schedule with each relu folded into the max-pool after it: the pool's
         step hands its cotangent straight to the relu's input, so the relu's step
-        receives none."""
+        receives none; and each per-channel bias add folded into the relu after it: the
+        relu's step hands its cotangents straight to the add's operands."""
         plain = self._schedule_plain
         folded = copy.copy(plain)
         folded.parents = list(plain.parents)
         for out, relu_input in self._pool_relu.items():
             i = plain.index[id(self._node_of[out])]
             folded.parents[i] = (plain.index.get(id(self._node_of[relu_input.index])),)
+        for out, add in self._relu_bias.items():
+            i = plain.index[id(self._node_of[out])]
+            folded.parents[i] = tuple(plain.index.get(id(self._node_of[a.index]))
+                                      for a in add.args)
         return folded
 
     @staticmethod
@@ -582,6 +622,12 @@ class TrainingPlan(Plan[_R]):
                 "transpose" if eqn.primitive.transpose is not None else "linearize+transpose")
             if eqn.out.index in self._folded_relus:
                 kind = "folded into the max-pool after it: no work of its own"
+            if eqn.out.index in self._folded_adds:
+                kind = "folded into the relu after it: no work of its own"
+            if eqn.out.index in self._relu_bias:
+                maps, bias = self._relu_bias[eqn.out.index].args
+                kind += (f", the bias add before it folded in: straight to {maps!r}, "
+                         f"{bias!r} summed per channel")
             if eqn.out.index in self._pool_relu:
                 target = self._pool_relu[eqn.out.index]
                 kind += f", the relu before it folded in: straight to {target!r}"
@@ -653,6 +699,16 @@ class _PlanExecutor(EagerExecutor):
         plan._load(node, reads, env, eqn.out)
         writer = plan._ct_writers[k]
         try:
+            if fused and eqn.out.index in plan._relu_bias:  # the bias add before it folded in
+                assert isinstance(backend, BackwardOps)  # as `fused` says
+                owner = plan._ct_owner[k]
+                buffer = self.arena[owner] if owner >= 0 and backend.runs_plan_kernels() \
+                    else None
+                grads = backend.relu_bias_backward(
+                    ct, node.output, plan._relu_bias[eqn.out.index].args[1].shape, out=buffer)
+                if buffer is not None and grads[0] is buffer:
+                    self.summing.add(id(buffer))
+                return grads
             if writer is not None and fused and backend.runs_plan_kernels():
                 # The same kernel, its first operand's gradient into a buffer.
                 buffer = self.arena[plan._ct_owner[k]]

@@ -113,6 +113,13 @@ def _cases():
         lambda b, bias: b.mul(b.reshape(bias, (1, 3, 1, 1)), np.ones((2, 3, 4, 5), bias.dtype)),
         lambda b, u, bias, y: (b.conv2d_bias_backward(u),),
     ))
+    # relu after a per-channel bias: relu's backward and the bias's gradient together
+    cases.append(Case(
+        "relu_bias_backward", ((2, 3, 4, 5), (3,)),
+        lambda b, x, bias: b.relu(b.add(x, b.reshape(bias, (1, 3, 1, 1)))),
+        lambda b, u, x, bias, y: (lambda g: (g[0], b.reshape(g[1], (3,))))(
+            b.relu_bias_backward(u, y, (1, 3, 1, 1))),
+    ))
     for kernel, stride, padding in [((2, 2), (2, 2), (0, 0)), ((3, 3), (2, 1), (1, 1))]:
         cases.append(Case(
             f"max_pool2d_backward{kernel}{stride}{padding}", ((2, 2, 7, 6),),
@@ -232,3 +239,25 @@ def test_matmul_backward_reduces_broadcast_batch(cpu, rng):
     assert grad_x.shape == (1, 3, 4) and grad_w.shape == (5, 4, 2)
     expected = sum(upstream[i] @ w[i].T for i in range(5))
     np.testing.assert_allclose(grad_x[0], expected)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_relu_bias_backward_keeps_relus_mask_rule_and_writes_into_out(cpu, forward_only, rng,
+                                                                    dtype):
+    # relu's backward multiplies by its mask: a NaN or infinite upstream where relu's
+    # output is not positive gives NaN, as relu_backward does; the bias's gradient sums
+    # the result per channel.
+    y = np.maximum(rng.standard_normal((3, 4, 2, 5)), 0).astype(dtype)
+    upstream = rng.standard_normal(y.shape).astype(dtype)
+    upstream[0, 1, 0, :3] = [np.nan, np.inf, -np.inf]
+    y[0, 1, 0, :2] = 0.0
+    y[1, 2, 1, 1] = np.nan
+    out = np.full_like(y, 7.0)
+    grad, bias = cpu.relu_bias_backward(upstream, y, (1, 4, 1, 1), out=out)
+    assert grad is out and bias.shape == (1, 4, 1, 1) and bias.dtype == dtype
+    with np.errstate(invalid="ignore"):
+        want, want_bias = forward_only.relu_bias_backward(upstream, y, (1, 4, 1, 1))
+        np.testing.assert_array_equal(grad, cpu.relu_backward(upstream, y))
+    np.testing.assert_array_equal(np.isnan(grad), np.isnan(want))
+    np.testing.assert_allclose(bias, want_bias, rtol=1e-5 if dtype == np.float32 else 1e-12)
+    assert np.isnan(bias[0, 1, 0, 0]) and not np.isnan(bias[0, [0, 2, 3], 0, 0]).any()

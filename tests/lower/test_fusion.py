@@ -255,6 +255,40 @@ def test_relu_before_max_pool_folds_into_the_pool_backward(dtype) -> None:
         np.testing.assert_allclose(g, p.grad.numpy(), **tol)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_a_bias_add_before_a_relu_folds_into_the_relu_backward(dtype) -> None:
+    # The digits CNN's shape of layer: conv2d with a bias, relu, no pool. The relu's
+    # step hands its cotangent to the convolution and sums it per channel for the bias;
+    # where the bias add's result has another reader (the second conv's, below), its
+    # step stays.
+    pb.manual_seed(0)
+    first = nn.Conv2d(2, 4, 3, dtype=dtype)
+    second = nn.Conv2d(4, 3, 3, dtype=dtype)
+    head = nn.Dense(3 * 2 * 2, 3, dtype=dtype)
+
+    def loss_fn(x, y):
+        h = pb.relu(first(x))
+        pre = second(h)
+        out = pb.relu(pre) + 0.5 * pre  # the add's result read twice: not folded
+        return nn.cross_entropy(head(pb.reshape(out, (x.shape[0], -1))), y)
+
+    x = _rng().standard_normal((5, 2, 6, 6)).astype(dtype)
+    y = np.arange(5) % 3
+    plan = pb.compile(loss_fn, x, y, mode=TRAINING)
+    assert len(plan._relu_bias) == 1 and "the bias add before it folded in" in plan.explain()
+    model = nn.Sequential(first, second, head)
+    got = plan(x, y).item()
+    planned = [p.grad.numpy().copy() for p in model.parameters()]
+    for p in model.parameters():
+        p.grad = None
+    eager = loss_fn(pb.tensor(x), y)
+    eager.backward()
+    assert got == pytest.approx(eager.item(), rel=1e-6)
+    tol = {"rtol": 1e-4, "atol": 1e-6} if dtype == np.float32 else {"rtol": 1e-10, "atol": 0}
+    for g, p in zip(planned, model.parameters()):
+        np.testing.assert_allclose(g, p.grad.numpy(), **tol)
+
+
 def test_a_subclass_that_overrides_an_op_is_not_bypassed() -> None:
     class LeakyCpu(CpuBackend):
         def relu(self, x):
