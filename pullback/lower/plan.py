@@ -346,7 +346,8 @@ class TrainingPlan(Plan[_R]):
         super().__init__(graph, single)
         # Buffers for the large cotangents, once the forward's layouts are known.
         folded = {out: [relu_input] for out, relu_input in self._pool_relu.items()}
-        folded.update({out: list(add.args) for out, add in self._relu_bias.items()})
+        folded.update({out: list(add.args) for out, add in (*self._relu_bias.items(),
+                                                            *self._pool_bias.items())})
         self._ct_owner, self._ct_buffers = cotangents.assign(
             self._backward, folded, self._folded_relus | self._folded_adds, self._fortran)
         self._ct_writers = [None if b < 0 else cotangents.writer(eqn.primitive)
@@ -365,8 +366,9 @@ class TrainingPlan(Plan[_R]):
         # The relus those pools fold in: their own backward steps receive no cotangent.
         self._folded_relus = {eqn.args[0].index for eqn, *_ in self._backward
                               if eqn.out.index in self._pool_relu}
-        self._relu_bias = self._bias_into_relu()
-        self._folded_adds = {add.out.index for add in self._relu_bias.values()}
+        self._relu_bias, self._pool_bias = self._bias_folds()
+        self._folded_adds = {add.out.index for add in (*self._relu_bias.values(),
+                                                        *self._pool_bias.values())}
         # Per call, by whether the backend's fused kernels run (only they fold).
         self._schedules = {False: self._schedule_plain, True: self._folded_schedule()}
         return {s for step in self._backward for s in step[2]}
@@ -394,35 +396,46 @@ class TrainingPlan(Plan[_R]):
                 folded[eqn.out.index] = relu.args[0]
         return folded
 
-    def _bias_into_relu(self) -> dict[int, Eqn]:
-        """Relu steps whose input is a per-channel bias add on (N, C, H, W) maps (a
-        convolution's bias) read by nothing else, and not folded into a pool: per relu
-        output, the add. Their backward becomes one step, the backend's
-        `relu_bias_backward`: relu's backward hands its cotangent straight to the add's
-        first operand and sums it per channel for the bias in the same pass (one pass
-        over the maps saved, and a step)."""
+    def _bias_folds(self) -> tuple[dict[int, Eqn], dict[int, Eqn]]:
+        """The per-channel bias adds on (N, C, H, W) maps (a convolution's bias) that a
+        relu alone reads, folded into a backward step after them: per relu output, the
+        add before it (the relu's step becomes the backend's `relu_bias_backward`: one
+        pass writes relu's gradient for the add's first operand and sums it per channel
+        for the bias); and per max-pool output whose relu is folded in (`_pool_relu`),
+        the add before that relu (the pool's step sums its masked upstream per channel,
+        a quarter of the maps' size for 2 x 2 windows, each value of which its backward
+        routes to one position of the maps: the same sums, but for a window of NaNs,
+        which routes its value nowhere, when that value is NaN or infinite). Either way
+        the add's step does nothing."""
         readers: dict[int, int] = {}
         for eqn in self.graph.eqns:
             for a in eqn.args + eqn.param_vars:
                 if isinstance(a, Var):
                     readers[a.index] = readers.get(a.index, 0) + 1
         results = {v.index for v in self.graph.outputs} | self._state
-        folded: dict[int, Eqn] = {}
-        for eqn in self.graph.eqns:
-            x = eqn.args[0] if eqn.args else None
+
+        def bias_add(x: Any) -> Eqn | None:
             add = getattr(x, "producer", None)
-            if (eqn.primitive is not relu_p or not isinstance(x, Var) or add is None
-                    or add.primitive is not add_p or eqn.out.index in self._folded_relus
+            if (not isinstance(x, Var) or add is None or add.primitive is not add_p
                     or readers.get(x.index) != 1 or x.index in results
                     or x.index not in self._active or len(x.shape) != 4):
-                continue
+                return None
             maps, bias = add.args
-            if (isinstance(maps, Var) and isinstance(bias, Var) and maps.shape == x.shape
+            fits = (isinstance(maps, Var) and isinstance(bias, Var) and maps.shape == x.shape
                     and maps.dtype == bias.dtype == x.dtype
                     and bias.shape == (1, x.shape[1], 1, 1)
-                    and maps.index in self._active and bias.index in self._active):
-                folded[eqn.out.index] = add
-        return folded
+                    and maps.index in self._active and bias.index in self._active)
+            return add if fits else None
+
+        relu_bias: dict[int, Eqn] = {}
+        for eqn in self.graph.eqns:
+            if eqn.primitive is relu_p and eqn.out.index not in self._folded_relus:
+                add = bias_add(eqn.args[0] if eqn.args else None)
+                if add is not None:
+                    relu_bias[eqn.out.index] = add
+        pool_bias = {out: add for out, relu_input in self._pool_relu.items()
+                     if (add := bias_add(relu_input)) is not None}
+        return relu_bias, pool_bias
 
     def _find_active(self) -> set[int]:
         active = {v.index for v, _ in self.graph.params}
@@ -528,7 +541,7 @@ class TrainingPlan(Plan[_R]):
         for out, relu_input in self._pool_relu.items():
             i = plain.index[id(self._node_of[out])]
             folded.parents[i] = (plain.index.get(id(self._node_of[relu_input.index])),)
-        for out, add in self._relu_bias.items():
+        for out, add in (*self._relu_bias.items(), *self._pool_bias.items()):
             i = plain.index[id(self._node_of[out])]
             folded.parents[i] = tuple(plain.index.get(id(self._node_of[a.index]))
                                       for a in add.args)
@@ -623,12 +636,18 @@ class TrainingPlan(Plan[_R]):
             if eqn.out.index in self._folded_relus:
                 kind = "folded into the max-pool after it: no work of its own"
             if eqn.out.index in self._folded_adds:
-                kind = "folded into the relu after it: no work of its own"
+                into = "the relu" if any(add is eqn for add in self._relu_bias.values()) \
+                    else "the max-pool after the relu"
+                kind = f"folded into {into} after it: no work of its own"
             if eqn.out.index in self._relu_bias:
                 maps, bias = self._relu_bias[eqn.out.index].args
                 kind += (f", the bias add before it folded in: straight to {maps!r}, "
                          f"{bias!r} summed per channel")
-            if eqn.out.index in self._pool_relu:
+            if eqn.out.index in self._pool_bias:
+                maps, bias = self._pool_bias[eqn.out.index].args
+                kind += (f", the relu and the bias add before it folded in: straight to "
+                         f"{maps!r}, {bias!r} summed per channel")
+            elif eqn.out.index in self._pool_relu:
                 target = self._pool_relu[eqn.out.index]
                 kind += f", the relu before it folded in: straight to {target!r}"
             if b >= 0:
@@ -692,10 +711,15 @@ class _PlanExecutor(EagerExecutor):
         eqn, node, _, reads, _ = plan._backward[k]
         if plan._traced_params[k]:  # parameters computed from this call's inputs
             node.params = resolve_params(eqn.params, env)
+        bias_grad = None
         if fused and eqn.out.index in plan._pool_relu:  # relu's backward folded in:
             # relu's own backward on the pooled maxima, one pass, its NaN rule.
             assert isinstance(backend, BackwardOps)  # as `fused` says
             ct = backend.relu_backward(ct, env[eqn.out.index])
+            add = plan._pool_bias.get(eqn.out.index)
+            if add is not None:  # and the bias add before the relu: the pool routes each
+                # masked value to one position of the maps, so their sums are its sums
+                bias_grad = backend.sum_to_shape(ct, add.args[1].shape)
         plan._load(node, reads, env, eqn.out)
         writer = plan._ct_writers[k]
         try:
@@ -715,11 +739,12 @@ class _PlanExecutor(EagerExecutor):
                 grads = writer(backend, ct, node, buffer)
                 if sum(g is buffer for g in grads) == 1:
                     self.summing.add(id(buffer))
-                return grads
-            if fused and eqn.primitive.vjp is not None:
+            elif fused and eqn.primitive.vjp is not None:
                 # The backend's kernel, straight from the cache: no linearization.
-                return eqn.primitive.vjp(backend, ct, node)
-            return super().run_transposed_linear(super().linearize_recorded_graph(node), ct)
+                grads = eqn.primitive.vjp(backend, ct, node)
+            else:
+                grads = super().run_transposed_linear(super().linearize_recorded_graph(node), ct)
+            return grads if bias_grad is None else (grads[0], bias_grad)
         except DerivativeError as err:
             raise PlanDerivativeError(f"plan: {err}") from None
         finally:

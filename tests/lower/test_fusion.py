@@ -227,10 +227,13 @@ def test_long_chains_are_split_into_kernels_of_bounded_size() -> None:
                                **TOL[np.float64])
 
 
+@pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_relu_before_max_pool_folds_into_the_pool_backward(dtype) -> None:
+def test_relu_before_max_pool_folds_into_the_pool_backward(dtype, bias) -> None:
+    # With the convolution's bias, the add before the relu folds in too: the pool's
+    # step sums its masked upstream per channel for the bias.
     pb.manual_seed(0)
-    conv = nn.Conv2d(2, 4, 3, padding=1, dtype=dtype)
+    conv = nn.Conv2d(2, 4, 3, padding=1, bias=bias, dtype=dtype)
     head = nn.Dense(4 * 4 * 4, 3, dtype=dtype)
 
     def loss_fn(x, y):
@@ -241,7 +244,10 @@ def test_relu_before_max_pool_folds_into_the_pool_backward(dtype) -> None:
     x[:, :, :4, :4] = -50.0  # windows whose maximum relu clips to 0: the mask matters
     y = np.arange(5) % 3
     plan = pb.compile(loss_fn, x, y, mode=TRAINING)
-    assert len(plan._pool_relu) == 1 and "relu before it folded in" in plan.explain()
+    text = plan.explain()
+    assert len(plan._pool_relu) == 1 and len(plan._pool_bias) == int(bias)
+    assert ("the relu and the bias add before it folded in" in text) == bias
+    assert ("the relu before it folded in" in text) == (not bias)
     model = nn.Sequential(conv, head)
     got = plan(x, y).item()
     planned = [p.grad.numpy().copy() for p in model.parameters()]
