@@ -1,12 +1,15 @@
-"""Convolutions with their epilogue: in an inference plan, a conv2d followed by an add, a
-multiply and an add per channel (a bias, a batch norm's scale and shift), a residual add
-and a relu (each optional, in that order) runs as one step, the backend's fused
-`conv2d_epilogue`, which applies them to each chunk of the output while it is in cache
-instead of a pass over memory per op afterwards.
+"""Convolutions with their epilogue: a conv2d followed by an add, a multiply and an add
+per channel (a bias, an inference plan's folded batch norm's scale and shift), a
+residual add and a relu (each optional, in that order) runs as one step, the backend's
+fused `conv2d_epilogue`, which applies them to each chunk of the output while it is in
+cache instead of a pass over memory per op afterwards.
 
 A member joins only through a value with no other reader that is not a result of the
-plan (nor state), so no intermediate is ever needed; the step runs where its last
-member was, when every operand exists. Results are bit for bit the ops one by one.
+plan (nor state, nor saved for a training plan's backward: `pinned`), so no
+intermediate is ever needed; the step runs where its last member was, when every
+operand exists. Results are bit for bit the ops one by one. In a training plan a
+convolution, its bias and the relu after it are such a step (relu's backward reads its
+own output, the bias add's nothing); a training batch norm is no member.
 """
 
 from __future__ import annotations

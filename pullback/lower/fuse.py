@@ -60,18 +60,17 @@ class Step:
         return self.eqns[0].primitive.name
 
 
-def schedule(graph: StaticGraph, keep: set[int], epilogues: bool = False) -> list[Step]:
-    """The graph's equations as forward steps, elementwise chains fused, and with
-    `epilogues` (inference plans) each convolution with the per-channel ops, residual
-    add and relu after it (epilogue.py); `keep` holds the values something besides the
-    next op needs (saved for backward)."""
+def schedule(graph: StaticGraph, keep: set[int]) -> list[Step]:
+    """The graph's equations as forward steps: elementwise chains fused, each
+    convolution with the per-channel ops, residual add and relu after it (epilogue.py);
+    `keep` holds the values something besides the next op needs (saved for backward)."""
     readers: dict[int, int] = {}
     for eqn in graph.eqns:
         for a in eqn.args + eqn.param_vars:
             if isinstance(a, Var):
                 readers[a.index] = readers.get(a.index, 0) + 1
     pinned = set(keep) | {v.index for v in graph.outputs}
-    groups = conv_epilogues(graph, pinned) if epilogues else {}
+    groups = conv_epilogues(graph, pinned)
     grouped = {id(eqn) for members in groups.values() for eqn, _, _ in members}
     relu_after = _relus_after_norms(graph, pinned, readers)
     grouped |= {id(relu) for relu in relu_after.values()}  # in their batch norm's step

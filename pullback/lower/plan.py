@@ -3,8 +3,9 @@
 A plan runs each primitive's forward on the current backend with as little
 Python as possible per step, and drops every value right after its last use.
 An INFERENCE plan keeps nothing for backward; it folds eval-mode batch norms into
-the convolutions before them (fold.py) and runs each convolution with the per-channel
-ops, residual add and relu after it as one step (epilogue.py). A TRAINING plan keeps
+the convolutions before them (fold.py). Both kinds run each convolution with the
+per-channel ops, residual add and relu after it as one step (epilogue.py), where
+backward reads none of their partial results. A TRAINING plan keeps
 exactly the values each backward step reads (the activation cache), frees each one
 when the last backward step that reads it is done, and leaves every parameter's
 gradient in its `.grad`, accumulated as `loss.backward()` would.
@@ -139,7 +140,9 @@ class Plan(Generic[_R]):
         # Values written into buffers (state): results of the plan, written back per call.
         self._state = {new.index for _, _, new in graph.state}
         self._saved: set[int] = self._plan_backward()
-        self._schedule = schedule(graph, keep=self._saved | self._state, epilogues=inference)
+        # Convolutions with their epilogues in both modes: a member's partial result is
+        # never saved for backward (`keep`).
+        self._schedule = schedule(graph, keep=self._saved | self._state)
         self._frees = self._forward_frees(keep=self._saved | self._state)
         self._owner, self._buffers, self._fortran = buffers.assign(
             self._schedule, self._frees, self._saved,

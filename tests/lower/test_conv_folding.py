@@ -138,5 +138,36 @@ def test_training_plan_does_not_fold():
              if any(e.primitive.name == "batch_norm" for e in step.eqns)]
     assert len(norms) == 3 and all(step.eqns[0].primitive.name == "batch_norm"
                                    for step in norms)
-    assert not any(step.epilogue for step in plan._schedule)
+    # A convolution runs with its bias (an epilogue: no partial result is saved for
+    # backward), never with a batch norm's affine map.
+    epilogues = [[e.primitive.name for e in step.eqns] for step in plan._schedule
+                 if step.epilogue]
+    assert epilogues and all(names == ["conv2d", "add"] for names in epilogues)
     assert not np.allclose(model.bn1.running_mean.numpy(), before)  # the BN trained
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_a_training_plan_runs_a_convolution_its_bias_and_relu_as_one_step(dtype):
+    # Backward reads neither the convolution's result nor the bias add's (relu keeps
+    # its own output), so the forward never makes them; the gradients are eager's.
+    pb.manual_seed(0)
+    conv = nn.Conv2d(3, 4, 3, padding=1, dtype=dtype)
+    head = nn.Dense(4 * 5 * 5, 2, dtype=dtype)
+
+    def loss_fn(x):
+        h = pb.relu(conv(x))
+        return (head(pb.reshape(h, (x.shape[0], -1))) ** 2).sum()
+
+    x = np.random.default_rng(5).standard_normal((3, 3, 5, 5)).astype(dtype)
+    plan = pb.compile(loss_fn, x, mode=pb.LoweringMode.TRAINING)
+    steps = [[e.primitive.name for e in step.eqns] for step in plan._schedule if step.epilogue]
+    assert steps == [["conv2d", "add", "relu"]]
+    got = plan(x).item()
+    planned = [p.grad.numpy().copy() for p in (*conv.parameters(), *head.parameters())]
+    for p in (*conv.parameters(), *head.parameters()):
+        p.grad = None
+    eager = loss_fn(pb.tensor(x))
+    eager.backward()
+    assert got == pytest.approx(eager.item(), rel=1e-6)
+    for g, p in zip(planned, (*conv.parameters(), *head.parameters()), strict=True):
+        np.testing.assert_allclose(g, p.grad.numpy(), **TOL[dtype])
