@@ -874,6 +874,28 @@ class CpuBackend(BackwardOps, FusedOps, CpuRecurrentOps, CpuGatherOps, CpuAttent
             self._channel_rows(x), weight, float(eps))
         return _copied_into(out, np.ascontiguousarray(grad_x.T)), grad_weight, grad_bias
 
+    def matmul_epilogue(self, a: np.ndarray, b: np.ndarray, bias: np.ndarray, relu: bool,
+                        out: np.ndarray | None = None) -> np.ndarray:
+        """FusedOps.matmul_epilogue, into `out` when given: the bias (and relu) applied
+        to each split part's block of the product on its thread, right after it. As the
+        ops one by one otherwise (a subclass's own matmul, add or relu; operands the
+        product does not take as they are)."""
+        overridden = any(getattr(type(self), name) is not getattr(CpuBackend, name)
+                         for name in ("matmul", "add", "relu"))
+        if (overridden or b.ndim != 2 or a.ndim < 2 or a.shape[-1] != b.shape[0]
+                or bias.shape != (b.shape[1],) or not a.dtype == b.dtype == bias.dtype
+                or a.dtype not in SUPPORTED_DTYPES
+                or (out is not None and not (out.flags.c_contiguous
+                                             or out.flags.f_contiguous))):
+            return _copied_into(out, super().matmul_epilogue(a, b, bias, relu))
+
+        def epilogue(block: np.ndarray, columns: slice) -> None:
+            np.add(block, bias[columns], out=block)
+            if relu:
+                relu_kernel(block, out=block)
+
+        return gemm.matmul(a, b, out, epilogue)
+
     def conv2d_epilogue(
         self, x: np.ndarray, w: np.ndarray, bias: np.ndarray | None,
         scale: np.ndarray | None, shift: np.ndarray | None, residual: np.ndarray | None,

@@ -188,6 +188,16 @@ class FusedOps(Mixin):
                 self.reshape(grad_bias, channels))
 
 
+    # -- a matrix product with its epilogue ------------------------------------------------
+
+    def matmul_epilogue(self, a: Array, b: Array, bias: Array, relu: bool) -> Array:
+        """relu(a @ b + bias) (relu a flag), bias (N,) added to every row of the product
+        with a matrix b (K, N): a dense layer's forward, as a plan runs it in one step;
+        a backend applies them to each block of rows while it is in cache (CpuBackend),
+        these defaults op by op."""
+        y = self.add(self.matmul(a, b), bias)
+        return self.relu(y) if relu else y
+
     # -- convolution with its epilogue ---------------------------------------------------
 
     def conv2d_epilogue(self, x: Array, w: Array, bias: Array | None, scale: Array | None,

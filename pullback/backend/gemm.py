@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+from collections.abc import Callable
 from typing import Any, Literal
 
 import numpy as np
@@ -87,19 +88,26 @@ def result_order(rows: int, cols: int) -> Literal["C", "F"]:
     return "F" if rows < cols and rows * cols >= MIN_ELEMENTS else "C"
 
 
-def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None,
+           epilogue: Epilogue | None = None) -> np.ndarray:
     """np.matmul(a, b) (into `out` when given), a 2-D floating result laid out as
     `result_order` says, a stack of matrices times one matrix as one 2-D product, a
-    large 2-D product split over BLAS's threads (`product`)."""
+    large 2-D product split over BLAS's threads (`product`); `epilogue` then runs in
+    place on the result (a stack's as its 2-D matrix), each split part's block on its
+    own thread while it is in cache."""
     if a.ndim > 2 and b.ndim == 2 and a.shape[-1] == b.shape[0] and a.dtype == b.dtype:
-        return _stacked(a, b, out)
+        return _stacked(a, b, out, epilogue)
     if out is not None:
-        return product(a, b, out)
+        return product(a, b, out, epilogue)
     if (a.ndim == 2 and b.ndim == 2 and a.dtype == b.dtype and a.dtype.kind == "f"
             and a.shape[1] == b.shape[0]):
         order = result_order(a.shape[0], b.shape[1])
-        return product(a, b, np.empty((a.shape[0], b.shape[1]), a.dtype, order=order))
-    return _whole(a, b, ...)
+        return product(a, b, np.empty((a.shape[0], b.shape[1]), a.dtype, order=order),
+                       epilogue)
+    result = _whole(a, b, ...)
+    if epilogue is not None:
+        epilogue(result.reshape(-1, result.shape[-1]) if result.ndim > 2 else result, _ALL)
+    return result
 
 
 # A product of at least this many multiply-adds runs as one part per BLAS thread on
@@ -122,17 +130,25 @@ def blasable(x: np.ndarray) -> np.ndarray:
     return x
 
 
-def product(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> np.ndarray:
+# In-place work on a block of a product's result, given the block and which of the
+# result's columns it holds (pullback.backend.cpu's bias and relu after a dense layer's
+# product).
+Epilogue = Callable[[np.ndarray, slice], None]
+_ALL = slice(None)
+
+
+def product(a: np.ndarray, b: np.ndarray, out: np.ndarray,
+            epilogue: Epilogue | None = None) -> np.ndarray:
     """np.matmul(a, b, out=out); a 2-D float product of at least SPLIT_MACS
     multiply-adds is cut into one part per BLAS thread along the result's rows (a
     C-ordered `out`) or columns (a Fortran-ordered one), each part one BLAS call into
-    its block of `out`; unless another path has had BLAS thread its products in this
-    process (`blas.products_threaded`: their workers spin on the cores the parts
-    need), when BLAS threads it itself, or where `out` overlaps an operand; a product
-    not split runs on one BLAS thread where pullback splits others (`_whole`). The
-    parts round apart from one call (BLAS's kernels for a block's edges, and its own
-    threads, round apart too), within float error. A broadcast operand is copied first
-    (`blasable`)."""
+    its block of `out`, then `epilogue` on that block; unless another path has had BLAS
+    thread its products in this process (`blas.products_threaded`: their workers spin
+    on the cores the parts need), when BLAS threads it itself, or where `out` overlaps
+    an operand; a product not split runs on one BLAS thread where pullback splits
+    others (`_whole`). The parts round apart from one call (BLAS's kernels for a
+    block's edges, and its own threads, round apart too), within float error. A
+    broadcast operand is copied first (`blasable`)."""
     a, b = blasable(a), blasable(b)
     if (a.ndim != 2 or b.ndim != 2 or out.ndim != 2 or a.dtype.kind != "f"
             or not a.dtype == b.dtype == out.dtype or a.shape[1] != b.shape[0]
@@ -141,11 +157,25 @@ def product(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> np.ndarray:
             # A part would write what another still reads: NumPy copies an operand the
             # result overlaps, within one call only.
             or np.may_share_memory(out, a) or np.may_share_memory(out, b)):
-        return _whole(a, b, out)
+        _whole(a, b, out)
+        if epilogue is not None:
+            epilogue(out, _ALL)
+        return out
     if out.flags.f_contiguous and not out.flags.c_contiguous:
-        split.over_parts(b.shape[1], lambda i, j: np.matmul(a, b[:, i:j], out=out[:, i:j]))
-    else:
-        split.over_parts(a.shape[0], lambda i, j: np.matmul(a[i:j], b, out=out[i:j]))
+        def columns(i: int, j: int) -> None:
+            np.matmul(a, b[:, i:j], out=out[:, i:j])
+            if epilogue is not None:
+                epilogue(out[:, i:j], slice(i, j))
+
+        split.over_parts(b.shape[1], columns)
+        return out
+
+    def rows(i: int, j: int) -> None:
+        np.matmul(a[i:j], b, out=out[i:j])
+        if epilogue is not None:
+            epilogue(out[i:j], _ALL)
+
+    split.over_parts(a.shape[0], rows)
     return out
 
 
@@ -159,12 +189,13 @@ def _whole(a: np.ndarray, b: np.ndarray, out: Any) -> np.ndarray:
     return np.matmul(a, b, out=out)
 
 
-def c_product(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+def c_product(a: np.ndarray, b: np.ndarray, epilogue: Epilogue | None = None) -> np.ndarray:
     """a @ b (2-D) into a new C-ordered array, whatever its shape (`product`)."""
-    return product(a, b, np.empty((a.shape[0], b.shape[1]), np.result_type(a, b)))
+    return product(a, b, np.empty((a.shape[0], b.shape[1]), np.result_type(a, b)), epilogue)
 
 
-def _stacked(a: np.ndarray, b: np.ndarray, out: np.ndarray | None) -> np.ndarray:
+def _stacked(a: np.ndarray, b: np.ndarray, out: np.ndarray | None,
+             epilogue: Epilogue | None = None) -> np.ndarray:
     """(..., M, K) @ (K, N) as one (rows, K) @ (K, N) product. NumPy runs the stacked
     form as one BLAS call per matrix of the stack; on two OpenBLAS threads a
     transformer's (16, 128, 128) @ (128, 384) took 6-12x longer that way than as one
@@ -173,9 +204,9 @@ def _stacked(a: np.ndarray, b: np.ndarray, out: np.ndarray | None) -> np.ndarray
     shape = a.shape[:-1] + (b.shape[1],)
     flat = a.reshape(rows, a.shape[-1])  # a copy only where a's rows are not contiguous
     if out is None:
-        return c_product(flat, b).reshape(shape)
+        return c_product(flat, b, epilogue).reshape(shape)
     if out.flags.c_contiguous:
-        product(flat, b, out.reshape(rows, b.shape[1]))  # a view: writes into out
+        product(flat, b, out.reshape(rows, b.shape[1]), epilogue)  # a view: into out
         return out
-    out[...] = c_product(flat, b).reshape(shape)
+    out[...] = c_product(flat, b, epilogue).reshape(shape)
     return out

@@ -100,7 +100,7 @@ def _by_columns(step: Step, fortran: set[int]) -> bool:
     shape = step.out.shape
     if len(shape) != 2:
         return False
-    if step.fused:
+    if step.fused and not step.epilogue:
         whole = [a for a in step.args if isinstance(a, Var) and a.shape == shape]
         return bool(whole) and all(a.index in fortran for a in whole)
     eqn = step.eqns[0]

@@ -1,15 +1,20 @@
-"""Convolutions with their epilogue: a conv2d followed by an add, a multiply and an add
-per channel (a bias, an inference plan's folded batch norm's scale and shift), a
-residual add and a relu (each optional, in that order) runs as one step, the backend's
-fused `conv2d_epilogue`, which applies them to each chunk of the output while it is in
-cache instead of a pass over memory per op afterwards.
+"""Convolutions and matrix products with their epilogue, each run as one step.
+
+A conv2d followed by an add, a multiply and an add per channel (a bias, an inference
+plan's folded batch norm's scale and shift), a residual add and a relu (each optional,
+in that order) runs as the backend's fused `conv2d_epilogue`, which applies them to
+each chunk of the output while it is in cache instead of a pass over memory per op
+afterwards. A product by a matrix (a dense layer's) followed by the add of a bias over
+its last axis, and a relu (optional), runs as `matmul_epilogue`, which applies them to
+each part's block of the product on its own thread, right after it.
 
 A member joins only through a value with no other reader that is not a result of the
 plan (nor state, nor saved for a training plan's backward: `pinned`), so no
 intermediate is ever needed; the step runs where its last member was, when every
 operand exists. Results are bit for bit the ops one by one. In a training plan a
-convolution, its bias and the relu after it are such a step (relu's backward reads its
-own output, the bias add's nothing); a training batch norm is no member.
+convolution or dense layer, its bias and the relu after it are such a step (relu's
+backward reads its own output, the bias add's nothing, a product's its operands); a
+training batch norm is no member.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from ..backend.fused import fused_ops
 from ..kernels.core import SUPPORTED_DTYPES
 from ..ops.conv import conv2d_p
 from ..ops.elementwise import add_p, mul_p, relu_p
+from ..ops.linalg import matmul_p
 from .graph import Eqn, StaticGraph, Var
 
 # The members' roles, in the only order they join.
@@ -59,6 +65,45 @@ def conv_epilogues(graph: StaticGraph, pinned: set[int]) -> dict[int, list[tuple
     return groups
 
 
+def matmul_epilogues(graph: StaticGraph, pinned: set[int]) -> dict[int, list[tuple]]:
+    """Per matrix product by a matrix (a dense layer's) whose result an add of a bias
+    over its last axis alone reads, and maybe a relu after that: keyed by id() of the
+    last member, the members as `conv_epilogues` gives them (BIAS, then RELU)."""
+    readers: dict[int, list[Eqn]] = {}
+    for eqn in graph.eqns:
+        for a in eqn.args + eqn.param_vars:
+            if isinstance(a, Var):
+                readers.setdefault(a.index, []).append(eqn)
+
+    def only_reader(value: Var) -> Eqn | None:
+        found = readers.get(value.index, [])
+        return found[0] if value.index not in pinned and len(found) == 1 else None
+
+    groups: dict[int, list[tuple]] = {}
+    for eqn in graph.eqns:
+        a, b = (eqn.args + (None, None))[:2]
+        value = eqn.out
+        if (eqn.primitive is not matmul_p or value.dtype not in SUPPORTED_DTYPES
+                or not isinstance(a, Var) or not isinstance(b, Var) or len(b.shape) != 2
+                or len(a.shape) < 2):
+            continue
+        add = only_reader(value)
+        if (add is None or add.primitive is not add_p or len(add.args) != 2
+                or value not in add.args or add.out.shape != value.shape
+                or add.out.dtype != value.dtype):
+            continue
+        bias = add.args[1] if add.args[0] is value else add.args[0]
+        if not isinstance(bias, Var) or bias.shape != value.shape[-1:] \
+                or bias.dtype != value.dtype:
+            continue
+        members: list[tuple] = [(eqn, None, None), (add, BIAS, bias)]
+        relu = only_reader(add.out)
+        if relu is not None and relu.primitive is relu_p:
+            members.append((relu, RELU, None))
+        groups[id(members[-1][0])] = members
+    return groups
+
+
 def _role(eqn: Eqn, value: Var, earliest: int) -> int | None:
     """What `eqn`, the only reader of the convolution's (partial) result `value`, does
     in an epilogue, if anything it may still do after the roles before `earliest`."""
@@ -84,8 +129,11 @@ def _role(eqn: Eqn, value: Var, earliest: int) -> int | None:
 
 def lower_epilogue(members: list[tuple]) -> tuple[Any, tuple]:
     """The step's implementation (taking `out=`, a buffer) and its operands: the
-    convolution's input and weights, then the bias and the residual where present."""
+    convolution's input and weights, then the bias and the residual where present; or
+    a matrix product's operands and its bias (`matmul_epilogues`)."""
     conv = members[0][0]
+    if conv.primitive is matmul_p:
+        return _lower_matmul(members)
     roles = {role: other for _, role, other in members[1:]}
     vectors = [role for role in (BIAS, SCALE, SHIFT) if role in roles]
     args = (*conv.args, *(roles[role] for role in vectors))
@@ -109,3 +157,15 @@ def lower_epilogue(members: list[tuple]) -> tuple[Any, tuple]:
                                                   stride, padding, dilation, groups)
 
     return run, args
+
+
+def _lower_matmul(members: list[tuple]) -> tuple[Any, tuple]:
+    bias = members[1][2]
+    relu = len(members) > 2
+
+    def run(backend: Any, a: Any, b: Any, bias: Any, out: Any = None) -> Any:
+        if backend.runs_plan_kernels():
+            return backend.matmul_epilogue(a, b, bias, relu, out=out)
+        return fused_ops(backend).matmul_epilogue(a, b, bias, relu)
+
+    return run, (*members[0][0].args, bias)

@@ -26,7 +26,7 @@ import numpy as np
 
 from ..kernels.core import SUPPORTED_DTYPES, kernel
 from ..ops.elementwise import relu_p
-from .epilogue import conv_epilogues, lower_epilogue
+from .epilogue import conv_epilogues, lower_epilogue, matmul_epilogues
 from .graph import Eqn, StaticGraph, Var, resolve_params
 
 # A chain this small is not worth a kernel: NumPy's own loops are as fast there, and
@@ -62,7 +62,8 @@ class Step:
 
 def schedule(graph: StaticGraph, keep: set[int]) -> list[Step]:
     """The graph's equations as forward steps: elementwise chains fused, each
-    convolution with the per-channel ops, residual add and relu after it (epilogue.py);
+    convolution with the per-channel ops, residual add and relu after it, and each
+    dense layer's product with its bias and relu (epilogue.py);
     `keep` holds the values something besides the next op needs (saved for backward)."""
     readers: dict[int, int] = {}
     for eqn in graph.eqns:
@@ -70,7 +71,7 @@ def schedule(graph: StaticGraph, keep: set[int]) -> list[Step]:
             if isinstance(a, Var):
                 readers[a.index] = readers.get(a.index, 0) + 1
     pinned = set(keep) | {v.index for v in graph.outputs}
-    groups = conv_epilogues(graph, pinned)
+    groups = {**conv_epilogues(graph, pinned), **matmul_epilogues(graph, pinned)}
     grouped = {id(eqn) for members in groups.values() for eqn, _, _ in members}
     relu_after = _relus_after_norms(graph, pinned, readers)
     grouped |= {id(relu) for relu in relu_after.values()}  # in their batch norm's step

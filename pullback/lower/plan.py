@@ -253,12 +253,15 @@ class Plan(Generic[_R]):
         g = self.graph
         fused = sum(step.fused and not (step.epilogue or step.norm_relu)
                     for step in self._schedule)
-        epilogues = sum(step.epilogue for step in self._schedule)
+        epilogues = sum(step.epilogue and step.eqns[0].primitive.name == "conv2d"
+                        for step in self._schedule)
+        dense = sum(step.epilogue for step in self._schedule) - epilogues
         norm_relus = sum(step.norm_relu for step in self._schedule)
         lines = [f"plan ({self.mode.value}): {len(g.inputs)} inputs, {len(g.params)} "
                  f"parameters, {len(self._schedule)} forward steps ({len(g.eqns)} ops, "
                  f"{fused} fused chains"
                  + (f", {epilogues} convolutions with their epilogue" if epilogues else "")
+                 + (f", {dense} matrix products with their bias" if dense else "")
                  + (f", {norm_relus} batch norms with the relu after them" if norm_relus
                     else "")
                  + (f", {len(self._folds)} folds into convolutions" if self._folds else "")
@@ -290,7 +293,10 @@ class Plan(Generic[_R]):
                 inner = "; ".join(f"{e.out!r} = {e.primitive.name}("
                                   + ", ".join(repr(a) for a in e.args) + ")"
                                   for e in step.eqns)
-                how = ("the convolution, its epilogue applied to each chunk of its output "
+                product = step.eqns[0].primitive.name == "matmul"
+                how = ("the product, its bias (and relu) applied to each block of its result "
+                       "in cache" if step.epilogue and product else
+                       "the convolution, its epilogue applied to each chunk of its output "
                        "in cache" if step.epilogue else "the batch norm's kernel writing "
                        "relu's result" if step.norm_relu else "one kernel")
                 lines.append(f"       {how}, no intermediates stored: {inner}")

@@ -114,3 +114,49 @@ def test_a_broadcast_operand_goes_to_blas_as_a_copy_with_the_same_values(dtype, 
                                rtol=1e-6 if dtype == np.float32 else 1e-14)
     square = np.ones((5, 5), dtype)
     assert gemm.blasable(square) is square  # strides of its own: as it is
+
+
+@pytest.mark.parametrize("split", [False, True])
+@pytest.mark.parametrize("shape", [(64, 96), (5, 40, 96), (512, 96)], ids=["wide", "stack", "tall"])
+@pytest.mark.parametrize("relu", [False, True])
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_a_products_bias_and_relu_in_its_epilogue_are_the_ops_one_by_one(
+        dtype, relu, shape, split, monkeypatch, forward_only):
+    # Each part's block gets the bias (its columns' share, for a product by columns) and
+    # relu right after its product: bit for bit the product (cut the same way), then
+    # add, then relu; and the defaults in forward ops agree.
+    from pullback.backend import blas
+    from pullback.backend import split as split_module
+    from pullback.backend.fused import fused_ops
+
+    if split:
+        monkeypatch.setattr(gemm, "SPLIT_MACS", 0)
+        monkeypatch.setattr(blas, "_threaded", False)
+        monkeypatch.setattr(split_module, "parts", lambda n: [(0, n // 3), (n // 3, n)])
+    rng = np.random.default_rng(1)
+    a = rng.standard_normal(shape).astype(dtype)
+    b = rng.standard_normal((96, 200)).astype(dtype)
+    bias = rng.standard_normal(200).astype(dtype)
+    cpu = CpuBackend()
+    got = cpu.matmul_epilogue(a, b, bias, relu)
+    want = cpu.add(cpu.matmul(a, b), bias)
+    want = cpu.relu(want) if relu else want
+    np.testing.assert_array_equal(got, want)
+    out = np.empty(want.shape, dtype, order="F" if got.flags.f_contiguous else "C")
+    assert cpu.matmul_epilogue(a, b, bias, relu, out=out) is out
+    np.testing.assert_array_equal(out, want)
+    default = fused_ops(forward_only).matmul_epilogue(a, b, bias, relu)
+    np.testing.assert_allclose(default, want, rtol=1e-5 if dtype == np.float32 else 1e-12,
+                               atol=1e-5 if dtype == np.float32 else 1e-12)
+    if relu:
+        assert (got == 0).any() and (got > 0).any()
+
+
+def test_a_products_epilogue_refuses_nothing_it_cannot_take():
+    # A bias of another length, or mixed dtypes: the ops one by one, with their errors.
+    cpu = CpuBackend()
+    a, b = np.ones((4, 3), np.float32), np.ones((3, 5), np.float32)
+    with pytest.raises(Exception, match="add"):
+        cpu.matmul_epilogue(a, b, np.ones(4, np.float32), False)
+    mixed = cpu.matmul_epilogue(a, b, np.ones(5, np.float64), True)
+    np.testing.assert_array_equal(mixed, cpu.relu(cpu.add(cpu.matmul(a, b), np.ones(5))))
