@@ -19,6 +19,7 @@ training batch norm is no member.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from ..backend.fused import fused_ops
@@ -65,10 +66,19 @@ def conv_epilogues(graph: StaticGraph, pinned: set[int]) -> dict[int, list[tuple
     return groups
 
 
+# A dense layer's product joins its bias (and relu) from this many multiply-adds: where
+# it splits over the cores, each part's block is then in cache. Below, a fused chain of
+# the add and the relu after the product was faster: the digits MLP's (128 x 64 x 256
+# and 128 x 256 x 256) plan step took 2-2.5% longer as epilogues, GPT's (2048 x 128 x
+# 128 and up) 3.3% less (bench/RESULTS.md).
+MIN_PRODUCT = 1 << 24
+
+
 def matmul_epilogues(graph: StaticGraph, pinned: set[int]) -> dict[int, list[tuple]]:
-    """Per matrix product by a matrix (a dense layer's) whose result an add of a bias
-    over its last axis alone reads, and maybe a relu after that: keyed by id() of the
-    last member, the members as `conv_epilogues` gives them (BIAS, then RELU)."""
+    """Per matrix product by a matrix (a dense layer's) of at least MIN_PRODUCT
+    multiply-adds whose result an add of a bias over its last axis alone reads, and
+    maybe a relu after that: keyed by id() of the last member, the members as
+    `conv_epilogues` gives them (BIAS, then RELU)."""
     readers: dict[int, list[Eqn]] = {}
     for eqn in graph.eqns:
         for a in eqn.args + eqn.param_vars:
@@ -85,7 +95,7 @@ def matmul_epilogues(graph: StaticGraph, pinned: set[int]) -> dict[int, list[tup
         value = eqn.out
         if (eqn.primitive is not matmul_p or value.dtype not in SUPPORTED_DTYPES
                 or not isinstance(a, Var) or not isinstance(b, Var) or len(b.shape) != 2
-                or len(a.shape) < 2):
+                or len(a.shape) < 2 or math.prod(a.shape) * b.shape[1] < MIN_PRODUCT):
             continue
         add = only_reader(value)
         if (add is None or add.primitive is not add_p or len(add.args) != 2

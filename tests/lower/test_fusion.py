@@ -10,6 +10,7 @@ import pullback as pb
 from pullback import nn
 from pullback.backend import Backend, BackwardOps, CpuBackend, KernelError
 from pullback.kernels.core import ElementwiseKernel
+from pullback.lower import epilogue
 from pullback.lower.fuse import MAX_MEMBERS, MIN_ELEMENTS
 
 TRAINING = pb.LoweringMode.TRAINING
@@ -97,7 +98,12 @@ def test_integer_operands_are_not_fused() -> None:
     np.testing.assert_allclose(plan(x, k).numpy(), np.maximum(x + k, 0) * 2.0, rtol=1e-6)
 
 
-def test_training_plan_fuses_only_what_backward_does_not_read() -> None:
+@pytest.mark.parametrize("epilogues", [False, True])
+def test_training_plan_fuses_only_what_backward_does_not_read(epilogues, monkeypatch) -> None:
+    # With every product an epilogue's (MIN_PRODUCT 0: these are below it), each dense
+    # layer's product takes its bias, and relu (backward reads relu's output, not the
+    # add's); sigmoid's step stays its own.
+    monkeypatch.setattr(epilogue, "MIN_PRODUCT", 0 if epilogues else epilogue.MIN_PRODUCT)
     pb.manual_seed(0)
     model = nn.Sequential(nn.Dense(32, 256), nn.ReLU(), nn.Dense(256, 128), nn.Sigmoid(),
                           nn.Dense(128, 4))
@@ -109,10 +115,9 @@ def test_training_plan_fuses_only_what_backward_does_not_read() -> None:
 
     plan = pb.compile(loss_fn, x, y, mode=TRAINING)
     fused = _fused_steps(plan)
-    # Each dense layer's product with its bias (and relu: backward reads relu's output,
-    # not the add's); sigmoid's step stays its own.
-    assert [[e.primitive.name for e in s.eqns] for s in fused] == [
-        ["matmul", "add", "relu"], ["matmul", "add"], ["matmul", "add"]]
+    assert [[e.primitive.name for e in s.eqns] for s in fused] == ([
+        ["matmul", "add", "relu"], ["matmul", "add"], ["matmul", "add"]] if epilogues
+        else [["add", "relu"], ["add", "sigmoid"]])
     for step in fused:  # the chain's inner values are never read by backward
         assert not {e.out.index for e in step.eqns[:-1]} & plan._saved
     _assert_plan_matches_eager(plan, loss_fn, model, x, y)

@@ -7,7 +7,7 @@ import pytest
 
 import pullback as pb
 from pullback import nn
-from pullback.lower import LoweringError
+from pullback.lower import LoweringError, epilogue
 
 TRAINING = pb.LoweringMode.TRAINING
 
@@ -133,7 +133,9 @@ def test_explain_lists_steps_saved_activations_and_peak_memory() -> None:
     assert "plan (inference)" in infer and "backward" not in infer
 
 
-def test_an_inference_plan_keeps_no_activations() -> None:
+@pytest.mark.parametrize("epilogues", [False, True])
+def test_an_inference_plan_keeps_no_activations(epilogues, monkeypatch) -> None:
+    monkeypatch.setattr(epilogue, "MIN_PRODUCT", 0 if epilogues else epilogue.MIN_PRODUCT)
     model = nn.Sequential(nn.Dense(3, 8), nn.ReLU(), nn.Dense(8, 2))
     plan = pb.compile(model, np.zeros((4, 3), np.float32))
     # every intermediate value a step makes is dropped right after its last use (a
@@ -143,7 +145,7 @@ def test_an_inference_plan_keeps_no_activations() -> None:
     values = {v.index for v in plan.graph.vars if v.kind == "value" and v.index in made} - \
         {v.index for v in plan.graph.outputs}
     assert values == freed
-    assert "2 matrix products with their bias" in plan.explain()
+    assert ("2 matrix products with their bias" in plan.explain()) == epilogues
 
 
 def test_detach_inside_a_traced_function_follows_new_inputs_without_gradient() -> None:
