@@ -31,7 +31,7 @@ def _fused_steps(plan) -> list:
     return [step for step in plan._schedule if step.fused]
 
 
-def _assert_plan_matches_eager(plan, loss_fn, model, x, y) -> None:
+def _assert_plan_matches_eager(plan, loss_fn, model, x, y, rtol=1e-5, atol=1e-6) -> None:
     """The plan's loss and gradients are eager autograd's, to float tolerance."""
     for p in model.parameters():
         p.grad = None
@@ -43,7 +43,7 @@ def _assert_plan_matches_eager(plan, loss_fn, model, x, y) -> None:
     eager.backward()
     assert loss == pytest.approx(eager.item(), rel=1e-6)
     for got, p in zip(planned, model.parameters()):
-        np.testing.assert_allclose(got, p.grad.numpy(), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(got, p.grad.numpy(), rtol=rtol, atol=atol)
 
 
 def chain(x, b):
@@ -256,16 +256,8 @@ def test_relu_before_max_pool_folds_into_the_pool_backward(dtype, bias) -> None:
     assert ("the relu and the bias add before it folded in" in text) == bias
     assert ("the relu before it folded in" in text) == (not bias)
     model = nn.Sequential(conv, head)
-    got = plan(x, y).item()
-    planned = [p.grad.numpy().copy() for p in model.parameters()]
-    for p in model.parameters():
-        p.grad = None
-    eager = loss_fn(pb.tensor(x), y)
-    eager.backward()
-    assert got == pytest.approx(eager.item(), rel=1e-6)
     tol = {"rtol": 1e-4, "atol": 1e-6} if dtype == np.float32 else {"rtol": 1e-10, "atol": 0}
-    for g, p in zip(planned, model.parameters()):
-        np.testing.assert_allclose(g, p.grad.numpy(), **tol)
+    _assert_plan_matches_eager(plan, loss_fn, model, x, y, **tol)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
@@ -290,16 +282,8 @@ def test_a_bias_add_before_a_relu_folds_into_the_relu_backward(dtype) -> None:
     plan = pb.compile(loss_fn, x, y, mode=TRAINING)
     assert len(plan._relu_bias) == 1 and "the bias add before it folded in" in plan.explain()
     model = nn.Sequential(first, second, head)
-    got = plan(x, y).item()
-    planned = [p.grad.numpy().copy() for p in model.parameters()]
-    for p in model.parameters():
-        p.grad = None
-    eager = loss_fn(pb.tensor(x), y)
-    eager.backward()
-    assert got == pytest.approx(eager.item(), rel=1e-6)
     tol = {"rtol": 1e-4, "atol": 1e-6} if dtype == np.float32 else {"rtol": 1e-10, "atol": 0}
-    for g, p in zip(planned, model.parameters()):
-        np.testing.assert_allclose(g, p.grad.numpy(), **tol)
+    _assert_plan_matches_eager(plan, loss_fn, model, x, y, **tol)
 
 
 def test_a_subclass_that_overrides_an_op_is_not_bypassed() -> None:
