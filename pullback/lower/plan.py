@@ -542,8 +542,8 @@ class TrainingPlan(Plan[_R]):
     def _folded_schedule(self) -> BackwardSchedule:
         """The schedule with each relu folded into the max-pool after it: the pool's
         step hands its cotangent straight to the relu's input, so the relu's step
-        receives none; and each per-channel bias add folded into the relu after it: the
-        relu's step hands its cotangents straight to the add's operands."""
+        receives none; and each per-channel bias add folded into the relu or the max-pool
+        after it: that step hands its cotangents straight to the add's operands."""
         plain = self._schedule_plain
         folded = copy.copy(plain)
         folded.parents = list(plain.parents)
@@ -645,9 +645,9 @@ class TrainingPlan(Plan[_R]):
             if eqn.out.index in self._folded_relus:
                 kind = "folded into the max-pool after it: no work of its own"
             if eqn.out.index in self._folded_adds:
-                into = "the relu" if any(add is eqn for add in self._relu_bias.values()) \
-                    else "the max-pool after the relu"
-                kind = f"folded into {into} after it: no work of its own"
+                by_relu = any(add is eqn for add in self._relu_bias.values())
+                into = "the relu after it" if by_relu else "the max-pool after its relu"
+                kind = f"folded into {into}: no work of its own"
             if eqn.out.index in self._relu_bias:
                 maps, bias = self._relu_bias[eqn.out.index].args
                 kind += (f", the bias add before it folded in: straight to {maps!r}, "
