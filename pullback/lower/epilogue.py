@@ -37,11 +37,7 @@ def conv_epilogues(graph: StaticGraph, pinned: set[int]) -> dict[int, list[tuple
     """Per convolution that has an epilogue, keyed by id() of its last member: the
     members as (equation, role, its operand besides the convolution's partial result),
     the conv2d first (role and operand None)."""
-    readers: dict[int, list[Eqn]] = {}
-    for eqn in graph.eqns:
-        for a in eqn.args + eqn.param_vars:
-            if isinstance(a, Var):
-                readers.setdefault(a.index, []).append(eqn)
+    readers = graph.readers()
     groups: dict[int, list[tuple]] = {}
     # An add may follow two convolutions (a residual block's two branches): the first
     # takes it, with the other's result as its residual; the other stops before it.
@@ -79,11 +75,7 @@ def matmul_epilogues(graph: StaticGraph, pinned: set[int]) -> dict[int, list[tup
     multiply-adds whose result an add of a bias over its last axis alone reads, and
     maybe a relu after that: keyed by id() of the last member, the members as
     `conv_epilogues` gives them (BIAS, then RELU)."""
-    readers: dict[int, list[Eqn]] = {}
-    for eqn in graph.eqns:
-        for a in eqn.args + eqn.param_vars:
-            if isinstance(a, Var):
-                readers.setdefault(a.index, []).append(eqn)
+    readers = graph.readers()
 
     def only_reader(value: Var) -> Eqn | None:
         found = readers.get(value.index, [])

@@ -56,11 +56,7 @@ class Fold:
 def fold_into_convolutions(graph: StaticGraph) -> list[Fold]:
     """Rewrite `graph` in place, each foldable chain after a conv2d folded into its
     weights and a bias add; returns what was folded."""
-    readers: dict[int, list[Eqn]] = {}
-    for eqn in graph.eqns:
-        for a in eqn.args + eqn.param_vars:
-            if isinstance(a, Var):
-                readers.setdefault(a.index, []).append(eqn)
+    readers = graph.readers()
     results = {v.index for v in graph.outputs} | {new.index for _, _, new in graph.state}
     static = _static_values(graph)
     lowerable = _lowerable_values(graph, results)

@@ -65,11 +65,7 @@ def schedule(graph: StaticGraph, keep: set[int]) -> list[Step]:
     convolution with the per-channel ops, residual add and relu after it, and each
     dense layer's product with its bias and relu (epilogue.py);
     `keep` holds the values something besides the next op needs (saved for backward)."""
-    readers: dict[int, int] = {}
-    for eqn in graph.eqns:
-        for a in eqn.args + eqn.param_vars:
-            if isinstance(a, Var):
-                readers[a.index] = readers.get(a.index, 0) + 1
+    readers = {index: len(eqns) for index, eqns in graph.readers().items()}
     pinned = set(keep) | {v.index for v in graph.outputs}
     groups = {**conv_epilogues(graph, pinned), **matmul_epilogues(graph, pinned)}
     grouped = {id(eqn) for members in groups.values() for eqn, _, _ in members}

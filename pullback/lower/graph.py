@@ -109,6 +109,16 @@ class StaticGraph:
         self.vars.append(var)
         return var
 
+    def readers(self) -> dict[int, list[Eqn]]:
+        """Per value (by index), the equations that read it, as an operand or a
+        parameter, in order (once per read)."""
+        found: dict[int, list[Eqn]] = {}
+        for eqn in self.eqns:
+            for a in eqn.args + eqn.param_vars:
+                if isinstance(a, Var):
+                    found.setdefault(a.index, []).append(eqn)
+        return found
+
 
 class _Tracer:
     """The evaluator installed while tracing: computes, and records each equation.

@@ -388,11 +388,7 @@ class TrainingPlan(Plan[_R]):
         upstream value to its window's maximum, where relu's output is that maximum, so
         relu's mask is `pooled > 0` applied to the small upstream before the routing (one
         pass over the large gradient saved)."""
-        readers: dict[int, int] = {}
-        for eqn in self.graph.eqns:
-            for a in eqn.args + eqn.param_vars:
-                if isinstance(a, Var):
-                    readers[a.index] = readers.get(a.index, 0) + 1
+        readers = {index: len(eqns) for index, eqns in self.graph.readers().items()}
         results = {v.index for v in self.graph.outputs}
         folded: dict[int, Var] = {}
         for eqn in self.graph.eqns:
@@ -416,11 +412,7 @@ class TrainingPlan(Plan[_R]):
         routes to one position of the maps: the same sums, but for a window of NaNs,
         which routes its value nowhere, when that value is NaN or infinite). Either way
         the add's step does nothing."""
-        readers: dict[int, int] = {}
-        for eqn in self.graph.eqns:
-            for a in eqn.args + eqn.param_vars:
-                if isinstance(a, Var):
-                    readers[a.index] = readers.get(a.index, 0) + 1
+        readers = {index: len(eqns) for index, eqns in self.graph.readers().items()}
         results = {v.index for v in self.graph.outputs} | self._state
 
         def bias_add(x: Any) -> Eqn | None:
