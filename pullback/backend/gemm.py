@@ -27,6 +27,13 @@ from pullback.backend import blas, split
 MIN_ELEMENTS = 4096
 
 
+# In-place work on a block of a product's result, given the block and which of the
+# result's columns it holds (pullback.backend.cpu's bias and relu after a dense layer's
+# product).
+BlockEpilogue = Callable[[np.ndarray, slice], None]
+_ALL = slice(None)
+
+
 # Column sums as a GEMV accumulate each column in BLAS's blocked order rather than
 # NumPy's pairwise one; up to this many rows the two agree to a few ulps of the sum.
 COLUMN_SUM_ROWS = 8192
@@ -89,7 +96,7 @@ def result_order(rows: int, cols: int) -> Literal["C", "F"]:
 
 
 def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None,
-           epilogue: Epilogue | None = None) -> np.ndarray:
+           epilogue: BlockEpilogue | None = None) -> np.ndarray:
     """np.matmul(a, b) (into `out` when given), a 2-D floating result laid out as
     `result_order` says, a stack of matrices times one matrix as one 2-D product, a
     large 2-D product split over BLAS's threads (`product`); `epilogue` then runs in
@@ -130,15 +137,8 @@ def blasable(x: np.ndarray) -> np.ndarray:
     return x
 
 
-# In-place work on a block of a product's result, given the block and which of the
-# result's columns it holds (pullback.backend.cpu's bias and relu after a dense layer's
-# product).
-Epilogue = Callable[[np.ndarray, slice], None]
-_ALL = slice(None)
-
-
 def product(a: np.ndarray, b: np.ndarray, out: np.ndarray,
-            epilogue: Epilogue | None = None) -> np.ndarray:
+            epilogue: BlockEpilogue | None = None) -> np.ndarray:
     """np.matmul(a, b, out=out); a 2-D float product of at least SPLIT_MACS
     multiply-adds is cut into one part per BLAS thread along the result's rows (a
     C-ordered `out`) or columns (a Fortran-ordered one), each part one BLAS call into
@@ -189,13 +189,13 @@ def _whole(a: np.ndarray, b: np.ndarray, out: Any) -> np.ndarray:
     return np.matmul(a, b, out=out)
 
 
-def c_product(a: np.ndarray, b: np.ndarray, epilogue: Epilogue | None = None) -> np.ndarray:
+def c_product(a: np.ndarray, b: np.ndarray, epilogue: BlockEpilogue | None = None) -> np.ndarray:
     """a @ b (2-D) into a new C-ordered array, whatever its shape (`product`)."""
     return product(a, b, np.empty((a.shape[0], b.shape[1]), np.result_type(a, b)), epilogue)
 
 
 def _stacked(a: np.ndarray, b: np.ndarray, out: np.ndarray | None,
-             epilogue: Epilogue | None = None) -> np.ndarray:
+             epilogue: BlockEpilogue | None = None) -> np.ndarray:
     """(..., M, K) @ (K, N) as one (rows, K) @ (K, N) product. NumPy runs the stacked
     form as one BLAS call per matrix of the stack; on two OpenBLAS threads a
     transformer's (16, 128, 128) @ (128, 384) took 6-12x longer that way than as one
