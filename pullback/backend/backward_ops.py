@@ -270,6 +270,25 @@ class BackwardOps(Mixin):
         return self._from_rule("matmul_backward", upstream, (lhs, rhs), None,
                                (_shape(lhs), _shape(rhs)), needed)
 
+    def matmul_bias_backward(
+        self, upstream: Array, lhs: Array, rhs: Array,
+        needed: tuple[bool, bool, bool] = (True, True, True), out: Array | None = None,
+    ) -> tuple[Array | None, Array | None, Array | None]:
+        """matmul_backward and the gradient of a bias (upstream.shape[-1],) that was added
+        to the product: upstream summed over its other axes. What a training plan runs
+        for a dense layer's product and bias, in one step; None where not `needed`. With
+        `out` (2-D operands), the lhs gradient upstream @ rhs^T is written there."""
+        grad_lhs = grad_rhs = None
+        if needed[0] and out is not None:
+            grad_lhs = self.matmul(upstream, self.transpose(rhs, (1, 0)), out=out)
+            needed = (False, needed[1], needed[2])
+        if needed[0] or needed[1]:
+            grads = self.matmul_backward(upstream, lhs, rhs, needed=(needed[0], needed[1]))
+            grad_lhs = grads[0] if needed[0] else grad_lhs
+            grad_rhs = grads[1]
+        bias = self.sum_to_shape(upstream, _shape(upstream)[-1:]) if needed[2] else None
+        return grad_lhs, grad_rhs, bias
+
     # -- convolution and pooling ----------------------------------------------------------
 
     def conv2d_input_backward(

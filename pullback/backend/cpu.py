@@ -889,7 +889,7 @@ class CpuBackend(BackwardOps, FusedOps, CpuRecurrentOps, CpuGatherOps, CpuAttent
                                              or out.flags.f_contiguous))):
             return _copied_into(out, super().matmul_epilogue(a, b, bias, relu))
 
-        def epilogue(block: np.ndarray, columns: slice) -> None:
+        def epilogue(block: np.ndarray, rows: slice, columns: slice) -> None:
             np.add(block, bias[columns], out=block)
             if relu:
                 relu_kernel(block, out=block)
@@ -1052,6 +1052,45 @@ class CpuBackend(BackwardOps, FusedOps, CpuRecurrentOps, CpuGatherOps, CpuAttent
                 full = np.matmul(np.swapaxes(a, -1, -2), u)
                 grad_rhs = self.sum_to_shape(full, b.shape).reshape(rhs.shape)
         return grad_lhs, grad_rhs
+
+    def matmul_bias_backward(
+        self, upstream: np.ndarray, lhs: np.ndarray, rhs: np.ndarray,
+        needed: tuple[bool, bool, bool] = (True, True, True), out: np.ndarray | None = None,
+    ) -> tuple[np.ndarray | None, np.ndarray | None, np.ndarray | None]:
+        """BackwardOps.matmul_bias_backward. For a dense layer's x @ w.T, the bias's
+        column sums run beside the weight gradient's product: each split part of
+        upstream^T @ x (a block of the weight's rows, one per column of upstream) sums
+        its own columns of upstream on its own thread, right after its product has
+        read them, instead of a pass of their own over the whole of upstream later."""
+        rows = math.prod(upstream.shape[:-1]) if upstream.ndim else 0
+        if not (needed[1] and needed[2] and rhs.ndim == 2 and lhs.ndim >= 2
+                and rhs.flags.f_contiguous and not rhs.flags.c_contiguous
+                and upstream.shape == lhs.shape[:-1] + rhs.shape[-1:]
+                and upstream.flags.c_contiguous and lhs.flags.c_contiguous
+                and upstream.dtype == lhs.dtype == rhs.dtype
+                and upstream.dtype in SUPPORTED_DTYPES
+                and 0 < rows <= gemm.COLUMN_SUM_ROWS):
+            return super().matmul_bias_backward(upstream, lhs, rhs, needed, out)
+        check_matmul_backward(upstream, lhs, rhs)
+        grad_lhs = None
+        if needed[0] and out is not None:
+            grad_lhs = self.matmul(upstream, rhs.T, out=out)
+        elif needed[0]:
+            grad_lhs = self.matmul_backward(upstream, lhs, rhs, needed=(True, False))[0]
+        u2 = upstream.reshape(rows, upstream.shape[-1])
+        a2 = lhs.reshape(rows, lhs.shape[-1])
+        bias = np.empty(u2.shape[1], u2.dtype)
+        ones = gemm.ones(rows, u2.dtype)
+
+        def sums(block: np.ndarray, part: slice, columns: slice) -> None:
+            if part == slice(None):  # not split: as sum_to_shape sums a bias
+                bias[...] = self.sum_to_shape(u2, bias.shape)
+            else:  # a part, on its thread (BLAS on one thread there)
+                np.matmul(ones, u2[:, part], out=bias[part])
+
+        # Laid out as the weight (a transposed view), as matmul_backward gives it.
+        grad_rhs = gemm.c_product(u2.T, a2, sums).T
+        return grad_lhs, grad_rhs, bias
 
     def conv2d_input_backward(
         self, upstream: np.ndarray, weight: np.ndarray, input_shape: Shape, stride: Pair,

@@ -27,10 +27,11 @@ from pullback.backend import blas, split
 MIN_ELEMENTS = 4096
 
 
-# In-place work on a block of a product's result, given the block and which of the
-# result's columns it holds (pullback.backend.cpu's bias and relu after a dense layer's
-# product).
-BlockEpilogue = Callable[[np.ndarray, slice], None]
+# Work on a block of a product's result right after it is computed, given the block and
+# which of the result's rows and columns it holds: pullback.backend.cpu's bias and relu
+# in place after a dense layer's product, and the bias gradient's column sums beside a
+# dense layer's weight gradient.
+BlockEpilogue = Callable[[np.ndarray, slice, slice], None]
 _ALL = slice(None)
 
 
@@ -41,12 +42,14 @@ COLUMN_SUM_ROWS = 8192
 _ONES: dict[tuple[int, np.dtype], np.ndarray] = {}
 
 
-def _ones(n: int, dtype: np.dtype) -> np.ndarray:
-    ones = _ONES.get((n, dtype))
-    if ones is None:
-        ones = _ONES[(n, dtype)] = np.ones(n, dtype)
-        ones.setflags(write=False)
-    return ones
+def ones(n: int, dtype: np.dtype) -> np.ndarray:
+    """A read-only vector of n ones, made once per length and dtype: column sums as
+    GEMVs multiply by it."""
+    vector = _ONES.get((n, dtype))
+    if vector is None:
+        vector = _ONES[(n, dtype)] = np.ones(n, dtype)
+        vector.setflags(write=False)
+    return vector
 
 
 def bias_sums(x: np.ndarray, shape: tuple) -> np.ndarray | None:
@@ -79,13 +82,13 @@ def bias_sums(x: np.ndarray, shape: tuple) -> np.ndarray | None:
     # other paths' products anyway, its threads sum faster.
     with contextlib.nullcontext() if blas.products_threaded() else blas.one_thread():
         if by_columns:
-            sums = np.matmul(_ones(outer, x.dtype), x)
+            sums = np.matmul(ones(outer, x.dtype), x)
         else:
             sums = x.reshape(outer * middle, inner)
             if inner > 1:
-                sums = np.matmul(sums, _ones(inner, x.dtype))
+                sums = np.matmul(sums, ones(inner, x.dtype))
             if outer > 1:
-                sums = np.matmul(_ones(outer, x.dtype), sums.reshape(outer, middle))
+                sums = np.matmul(ones(outer, x.dtype), sums.reshape(outer, middle))
     return sums.reshape(shape)
 
 
@@ -113,7 +116,8 @@ def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None,
                        epilogue)
     result = _whole(a, b, ...)
     if epilogue is not None:
-        epilogue(result.reshape(-1, result.shape[-1]) if result.ndim > 2 else result, _ALL)
+        epilogue(result.reshape(-1, result.shape[-1]) if result.ndim > 2 else result, _ALL,
+                 _ALL)
     return result
 
 
@@ -159,13 +163,13 @@ def product(a: np.ndarray, b: np.ndarray, out: np.ndarray,
             or np.may_share_memory(out, a) or np.may_share_memory(out, b)):
         _whole(a, b, out)
         if epilogue is not None:
-            epilogue(out, _ALL)
+            epilogue(out, _ALL, _ALL)
         return out
     if out.flags.f_contiguous and not out.flags.c_contiguous:
         def columns(i: int, j: int) -> None:
             np.matmul(a, b[:, i:j], out=out[:, i:j])
             if epilogue is not None:
-                epilogue(out[:, i:j], slice(i, j))
+                epilogue(out[:, i:j], _ALL, slice(i, j))
 
         split.over_parts(b.shape[1], columns)
         return out
@@ -173,7 +177,7 @@ def product(a: np.ndarray, b: np.ndarray, out: np.ndarray,
     def rows(i: int, j: int) -> None:
         np.matmul(a[i:j], b, out=out[i:j])
         if epilogue is not None:
-            epilogue(out[i:j], _ALL)
+            epilogue(out[i:j], slice(i, j), _ALL)
 
     split.over_parts(a.shape[0], rows)
     return out

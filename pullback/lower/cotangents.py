@@ -42,7 +42,8 @@ def writer(prim: Primitive) -> Callable[..., Any] | None:
 
 
 def _writable(eqn: Any, parent: Var | None, fortran: set[int]) -> Buffer | None:
-    """The buffer a step's first-operand cotangent can be written into, or None."""
+    """The buffer a step's first-operand cotangent can be written into (as `eqn`
+    writes it), or None."""
     ct_into = eqn.primitive.ct_into
     if (ct_into is None or parent is None or parent.kind != "value"
             or parent.dtype not in SUPPORTED_DTYPES or parent.nbytes < MIN_BYTES):
@@ -52,14 +53,17 @@ def _writable(eqn: Any, parent: Var | None, fortran: set[int]) -> Buffer | None:
 
 
 def assign(backward: list[tuple], folded: dict[int, list[Var]], skipped: set[int],
-           fortran: set[int]) -> tuple[list[int], list[Buffer]]:
+           fortran: set[int], writes_as: dict[int, Any] | None = None
+           ) -> tuple[list[int], list[Buffer]]:
     """Per backward step, the buffer its first-operand cotangent is written into (-1:
     none), and the buffers. `backward` holds the plan's backward steps (eqn first),
     `folded` the steps that took in the step before them in the forward, by output (a
     pool's, whose relu was folded in: the relu's input; a relu's, whose bias add was:
     the add's operands), `skipped` the outputs of the steps taken in (they receive no
-    cotangent: the step after them hands its own straight to their operands), and
-    `fortran` the forward values laid out by columns."""
+    cotangent: the step after them hands its own straight to their operands),
+    `fortran` the forward values laid out by columns, and `writes_as` the equation whose
+    way of writing its first operand's cotangent a step that took it in uses, by the
+    step's output (a bias add's: the product's before it)."""
     parents_of = []
     for eqn, node, *_ in backward:
         parents = list(node.parents)  # the differentiated operands (None for others)
@@ -75,7 +79,7 @@ def assign(backward: list[tuple], folded: dict[int, list[Var]], skipped: set[int
     for i, (eqn, *_) in enumerate(backward):
         incoming = pending.pop(eqn.out.index, set())
         first = parents_of[i][0] if parents_of[i] else None
-        kind = _writable(eqn, first, fortran)
+        kind = _writable((writes_as or {}).get(eqn.out.index, eqn), first, fortran)
         if kind is not None and first is not None:
             pool = idle.get(kind)
             owner[i] = pool.pop() if pool else len(buffers)

@@ -29,6 +29,7 @@ from ..tensor import hooks
 from ..tensor.backward import EagerExecutor, accumulate_grad
 from ..tensor.eager import saved_as_float, wrap
 from . import buffers, cotangents
+from .backward_folds import matmul_bias_folds
 from .fold import fold_into_convolutions
 from .fuse import Step, schedule
 from .graph import Eqn, LoweringError, StaticGraph, Var, resolve_params, trace
@@ -357,8 +358,12 @@ class TrainingPlan(Plan[_R]):
         folded = {out: [relu_input] for out, relu_input in self._pool_relu.items()}
         folded.update({out: list(add.args) for out, add in (*self._relu_bias.items(),
                                                             *self._pool_bias.items())})
+        folded.update({out: [*fold.product.args, fold.add.args[1]]
+                       for out, fold in self._matmul_bias.items()})
         self._ct_owner, self._ct_buffers = cotangents.assign(
-            self._backward, folded, self._folded_relus | self._folded_adds, self._fortran)
+            self._backward, folded,
+            self._folded_relus | self._folded_adds | self._folded_products, self._fortran,
+            {out: fold.product for out, fold in self._matmul_bias.items()})
         self._ct_writers = [None if b < 0 else cotangents.writer(eqn.primitive)
                             for (eqn, *_), b in zip(self._backward, self._ct_owner)]
         # Per backward step, whether its parameters hold values computed from the
@@ -378,6 +383,13 @@ class TrainingPlan(Plan[_R]):
         self._relu_bias, self._pool_bias = self._bias_folds()
         self._folded_adds = {add.out.index for add in (*self._relu_bias.values(),
                                                         *self._pool_bias.values())}
+        self._matmul_bias = matmul_bias_folds(
+            self.graph, self._active, {v.index for v in self.graph.outputs} | self._state)
+        self._folded_products = {f.product.out.index for f in self._matmul_bias.values()}
+        step_of = {eqn.out.index: k for k, (eqn, *_) in enumerate(self._backward)}
+        # Per folded bias add, the backward step of its product, whose reads it takes.
+        self._product_step = {out: step_of[f.product.out.index]
+                              for out, f in self._matmul_bias.items()}
         # Per call, by whether the backend's fused kernels run (only they fold).
         self._schedules = {False: self._schedule_plain, True: self._folded_schedule()}
         return {s for step in self._backward for s in step[2]}
@@ -534,8 +546,10 @@ class TrainingPlan(Plan[_R]):
     def _folded_schedule(self) -> BackwardSchedule:
         """The schedule with each relu folded into the max-pool after it: the pool's
         step hands its cotangent straight to the relu's input, so the relu's step
-        receives none; and each per-channel bias add folded into the relu or the max-pool
-        after it: that step hands its cotangents straight to the add's operands."""
+        receives none; each per-channel bias add folded into the relu or the max-pool
+        after it: that step hands its cotangents straight to the add's operands; and each
+        dense layer's product folded into the bias add after it: the add's step hands
+        its cotangents to the product's operands and the bias (backward_folds.py)."""
         plain = self._schedule_plain
         folded = copy.copy(plain)
         folded.parents = list(plain.parents)
@@ -546,6 +560,12 @@ class TrainingPlan(Plan[_R]):
             i = plain.index[id(self._node_of[out])]
             folded.parents[i] = tuple(plain.index.get(id(self._node_of[a.index]))
                                       for a in add.args)
+        for out, fold in self._matmul_bias.items():  # the add's step takes the product's
+            i = plain.index[id(self._node_of[out])]
+            folded.parents[i] = tuple(
+                plain.index.get(id(self._node_of[a.index])) if isinstance(a, Var)
+                and a.index in self._node_of else None
+                for a in (*fold.product.args, fold.add.args[1]))
         return folded
 
     @staticmethod
@@ -640,6 +660,12 @@ class TrainingPlan(Plan[_R]):
                 by_relu = any(add is eqn for add in self._relu_bias.values())
                 into = "the relu after it" if by_relu else "the max-pool after its relu"
                 kind = f"folded into {into}: no work of its own"
+            if eqn.out.index in self._folded_products:
+                kind = "folded into the bias add after it: no work of its own"
+            if eqn.out.index in self._matmul_bias:
+                lhs, rhs = self._matmul_bias[eqn.out.index].product.args
+                kind += (f", the product before it folded in: {lhs!r}'s and {rhs!r}'s "
+                         f"gradients and the bias's in one step")
             if eqn.out.index in self._relu_bias:
                 maps, bias = self._relu_bias[eqn.out.index].args
                 kind += (f", the bias add before it folded in: straight to {maps!r}, "
@@ -653,7 +679,10 @@ class TrainingPlan(Plan[_R]):
                 kind += f", the relu before it folded in: straight to {target!r}"
             if b >= 0:
                 order = " (by columns)" if self._ct_buffers[b].order == "F" else ""
-                kind += f", its first operand's gradient into buffer g{b}{order}"
+                fold = self._matmul_bias.get(eqn.out.index)
+                whose = "its first operand's" if fold is None else \
+                    f"{fold.product.args[0]!r}'s"
+                kind += f", {whose} gradient into buffer g{b}{order}"
             lines.append(f"       d {eqn.out!r} via {eqn.primitive.name} ({kind}); reads {reads}"
                          + (f"; frees {', '.join(f'v{s}' for s in frees)}" if frees else ""))
         saved = [s for s in sorted(self._saved)
@@ -734,6 +763,9 @@ class _PlanExecutor(EagerExecutor):
                 if buffer is not None and grads[0] is buffer:
                     self.summing.add(id(buffer))
                 return grads
+            if fused and eqn.out.index in plan._matmul_bias:  # the product before it
+                return self._matmul_bias(k, plan._product_step[eqn.out.index], ct,
+                                         node.parents[1] is not None)
             if writer is not None and fused and backend.runs_plan_kernels():
                 # The same kernel, its first operand's gradient into a buffer.
                 buffer = self.arena[plan._ct_owner[k]]
@@ -751,6 +783,30 @@ class _PlanExecutor(EagerExecutor):
         finally:
             node.inputs = node.output = None
             node.params = eqn.params
+
+    def _matmul_bias(self, k: int, product: int, ct: Any, bias_needed: bool) -> tuple:
+        """Bias add step `k`, which took in step `product`, of the product before it:
+        the product's operands' gradients (the first into step k's buffer, if it has
+        one) and the bias's, from the product step's reads."""
+        plan, backend = self.plan, self.backend
+        assert isinstance(backend, BackwardOps)  # only fused schedules fold
+        owner = plan._ct_owner[k]
+        buffer = self.arena[owner] if owner >= 0 and backend.runs_plan_kernels() else None
+        eqn, node, _, reads, _ = plan._backward[product]
+        plan._load(node, reads, self.env, eqn.out)
+        try:
+            # An operand not kept (its own gradient is not needed) is a zero-stride
+            # stand-in of its shape, as matmul's own backward step passes it.
+            lhs, rhs = (backend.broadcast_to(backend.zeros((), node.dtype), shape)
+                        if v is None else v for v, shape in zip(node.inputs, node.in_shapes))
+            grads = backend.matmul_bias_backward(
+                ct, lhs, rhs, needed=(node.parents[0] is not None,
+                                      node.parents[1] is not None, bias_needed), out=buffer)
+            if buffer is not None and grads[0] is buffer:
+                self.summing.add(id(buffer))
+            return grads
+        finally:
+            node.inputs = node.output = None
 
     def release_saved(self, node: Any) -> None:
         env = self.env

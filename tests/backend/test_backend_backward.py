@@ -99,6 +99,15 @@ def _cases():
              lambda b, u, x, z, y: b.matmul_backward(u, x, z))
         for shapes in MATMUL
     )
+    # a dense layer's product and bias (x @ w.T + b, and x @ w + b), one step backward
+    for shapes, transposed in [(((2, 3, 4), (5, 4), (5,)), True), (((3, 4), (4, 5), (5,)), False)]:
+        cases.append(Case(
+            f"matmul_bias_backward{shapes}", shapes,
+            lambda b, x, w, bias, t=transposed: b.add(b.matmul(x, w.T if t else w), bias),
+            lambda b, u, x, w, bias, y, t=transposed: (
+                lambda g: (g[0], g[1].T if t else g[1], g[2]))(
+                b.matmul_bias_backward(u, x, w.T if t else w)),
+        ))
     for stride, padding in [((1, 1), (0, 0)), ((2, 1), (1, 2))]:
         cases.append(Case(
             f"conv2d_backward{stride}{padding}", ((2, 3, 7, 6), (4, 3, 3, 2)),
@@ -261,3 +270,34 @@ def test_relu_bias_backward_keeps_relus_mask_rule_and_writes_into_out(cpu, forwa
     np.testing.assert_array_equal(np.isnan(grad), np.isnan(want))
     np.testing.assert_allclose(bias, want_bias, rtol=1e-5 if dtype == np.float32 else 1e-12)
     assert np.isnan(bias[0, 1, 0, 0]) and not np.isnan(bias[0, [0, 2, 3], 0, 0]).any()
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("rows", [2048, 6])  # split over the threads, and whole
+def test_matmul_bias_backward_sums_beside_the_weight_gradient(cpu, forward_only, rng, dtype,
+                                                               rows):
+    # A dense layer (x @ w.T + b) large enough that the weight gradient's product splits:
+    # each part sums its own columns of upstream for the bias. Against the default and
+    # the separate kernels, with every subset of the gradients and the lhs into `out`.
+    x = rng.standard_normal((rows // 2, 2, 96)).astype(dtype)
+    w = rng.standard_normal((160, 96)).astype(dtype)
+    upstream = rng.standard_normal((rows // 2, 2, 160)).astype(dtype)
+    tol = {"rtol": 2e-5, "atol": 1e-4} if dtype == np.float32 else {"rtol": 1e-10, "atol": 1e-12}
+    dx, dw = cpu.matmul_backward(upstream, x, w.T)
+    db = cpu.sum_to_shape(upstream, (160,))
+    for needed in [(True, True, True), (False, True, True), (True, False, True),
+                   (True, True, False), (False, False, True)]:
+        for backend in (cpu, forward_only):
+            got = backend.matmul_bias_backward(upstream, x, w.T, needed=needed)
+            for g, want, wanted in zip(got, (dx, dw, db), needed, strict=True):
+                if not wanted:
+                    assert g is None
+                    continue
+                assert g.shape == want.shape and g.dtype == dtype
+                np.testing.assert_allclose(g, want, **tol)
+    x2, up2 = x.reshape(rows, 96), upstream.reshape(rows, 160)
+    out = np.full((rows, 96), 7.0, dtype)
+    got = cpu.matmul_bias_backward(up2, x2, w.T, out=out)
+    assert got[0] is out
+    np.testing.assert_allclose(out, dx.reshape(rows, 96), **tol)
+    np.testing.assert_allclose(got[2], db, **tol)

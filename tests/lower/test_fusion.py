@@ -286,6 +286,36 @@ def test_a_bias_add_before_a_relu_folds_into_the_relu_backward(dtype) -> None:
     _assert_plan_matches_eager(plan, loss_fn, model, x, y, **tol)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("rows", [8, 2048])  # the weight gradient whole, and split
+def test_a_dense_layers_product_folds_into_its_bias_adds_backward(dtype, rows) -> None:
+    # Dense layers' products and biases on (N, T, features) rows: each bias add's step
+    # computes the product's gradients and the bias's. Not folded: a product another op
+    # reads too (`shared`), and a bias add of a constant (nothing to sum for it).
+    pb.manual_seed(0)
+    first, second = nn.Dense(96, 160, dtype=dtype), nn.Dense(160, 5, dtype=dtype)
+    w = nn.Parameter(_rng(4).standard_normal((160, 160)).astype(dtype) * 0.1)
+    shift = _rng(5).standard_normal(160).astype(dtype)
+
+    def loss_fn(x, y):
+        h = pb.relu(first(x))
+        shared = pb.matmul(h, w)
+        h = pb.tanh(shared + shift) + 0.1 * shared
+        return nn.cross_entropy(pb.reshape(second(h), (-1, 5)), y)
+
+    x = _rng().standard_normal((rows // 2, 2, 96)).astype(dtype)
+    y = np.arange(rows) % 5
+    plan = pb.compile(loss_fn, x, y, mode=TRAINING)
+    assert len(plan._matmul_bias) == 2
+    text = plan.explain()
+    assert text.count("the product before it folded in") == 2
+    assert text.count("folded into the bias add after it: no work of its own") == 2
+    model = nn.Sequential(first, second)
+    model.w = w
+    tol = {"rtol": 1e-4, "atol": 1e-5} if dtype == np.float32 else {"rtol": 1e-10, "atol": 1e-12}
+    _assert_plan_matches_eager(plan, loss_fn, model, x, y, **tol)
+
+
 def test_a_subclass_that_overrides_an_op_is_not_bypassed() -> None:
     class LeakyCpu(CpuBackend):
         def relu(self, x):
