@@ -1,5 +1,5 @@
 """Row kernels over the last axis: softmax (and its causal form), log_softmax,
-cross-entropy, layer norm (and its statistics alone).
+cross-entropy, layer norm (its statistics alone, and its backward from its input).
 
 Each reads a row a few times while it is in cache, where NumPy makes a full-size
 temporary per step (max, subtract, exp, sum, divide). Backwards take the saved output
@@ -117,6 +117,25 @@ def cross_entropy(logits, label):
 def layer_norm_backward(upstream, x, weight, mean, rstd, grad_x, grad_weight, grad_bias):
     """Gradients of layer_norm wrt x, weight and bias (summed over rows)."""
     n = row_len(x)
+    for j in range(x.shape[0]):
+        xhat = (x[j] - mean) * rstd
+        grad_x[j] = xhat
+        grad_weight[j] += upstream[j] * xhat
+        grad_bias[j] += upstream[j]
+    mean_g = row_dot(upstream, weight) / n
+    mean_g_xhat = row_dot3(upstream, weight, grad_x) / n
+    for j in range(x.shape[0]):
+        grad_x[j] = rstd * (upstream[j] * weight[j] - mean_g - grad_x[j] * mean_g_xhat)
+
+
+@kernel(rows=True, inputs=("row", "row", "shared", "scalar"), outputs=("row", "sum", "sum"))
+def layer_norm_backward_of_input(upstream, x, weight, eps, grad_x, grad_weight, grad_bias):
+    """layer_norm_backward with each row's mean and rstd computed first, as
+    layer_norm_statistics computes them (the same bits), while the row is in cache: one
+    pass over x where the statistics alone would take another."""
+    n = row_len(x)
+    mean = row_sum(x) / n
+    rstd = 1.0 / math.sqrt(row_sum_sq_dev(x, mean) / n + eps)
     for j in range(x.shape[0]):
         xhat = (x[j] - mean) * rstd
         grad_x[j] = xhat

@@ -663,9 +663,11 @@ class TrainingPlan(Plan[_R]):
             if eqn.out.index in self._folded_products:
                 kind = "folded into the bias add after it: no work of its own"
             if eqn.out.index in self._matmul_bias:
-                lhs, rhs = self._matmul_bias[eqn.out.index].product.args
-                kind += (f", the product before it folded in: {lhs!r}'s and {rhs!r}'s "
-                         f"gradients and the bias's in one step")
+                graded = [f"{a!r}'s" for a in self._matmul_bias[eqn.out.index].product.args
+                          if isinstance(a, Var) and a.index in self._active]
+                kind += (f", the product before it folded in: {' and '.join(graded)} "
+                         f"gradient{'s' if len(graded) > 1 else ''} and the bias's in one "
+                         f"step")
             if eqn.out.index in self._relu_bias:
                 maps, bias = self._relu_bias[eqn.out.index].args
                 kind += (f", the bias add before it folded in: straight to {maps!r}, "
