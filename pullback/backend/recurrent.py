@@ -197,14 +197,10 @@ class CpuRecurrentOps(RecurrentOps):
         if n * LSTM_GATES * h * h <= SMALL_PRODUCT:
             kernels.compiled(kernels.lstm_sequence, dtype)(xp, hs, cs, wt, hw, y)
             return y
-        step = kernels.compiled(kernels.lstm_step, dtype)
-        times_w = _times(wt)
+        run, panels = kernels.compiled(kernels.lstm_rows, dtype), _packed(wt)
 
         def rows(first: int, stop: int) -> None:
-            for t in range(steps):
-                h_prev, c_prev = (hs, cs) if t == 0 else (y[0, t - 1], y[1, t - 1])
-                times_w(h_prev[first:stop], hw[first:stop])
-                step(xp, hw, c_prev, y, t, first, stop)
+            run(xp, hs, cs, panels, tiles.edge_buffer(panels), hw, y, first, stop)
 
         _over_rows(n, LSTM_GATES * h * h, rows)
         return y
@@ -226,14 +222,12 @@ class CpuRecurrentOps(RecurrentOps):
             kernels.compiled(kernels.lstm_sequence_backward, dtype)(
                 upstream, states, c0, np.ascontiguousarray(w_hh), carry, dc, da)
         else:
-            step = kernels.compiled(kernels.lstm_step_backward, dtype)
-            times_w = _times(w_hh)
+            run = kernels.compiled(kernels.lstm_rows_backward, dtype)
+            panels = _packed(w_hh)
 
             def rows(first: int, stop: int) -> None:
-                for t in range(steps - 1, -1, -1):
-                    c_prev = c0 if t == 0 else states[1, t - 1]
-                    step(upstream, states, c_prev, carry, dc, da, t, first, stop)
-                    times_w(da[t, first:stop], carry[first:stop])
+                run(upstream, states, c0, panels, tiles.edge_buffer(panels), carry, dc, da,
+                    first, stop)
 
             _over_rows(n, LSTM_GATES * h * h, rows)
         grads = (da, carry, dc, self._weight_grad(da, h0, states, _wants(needed, 3)))
@@ -256,14 +250,10 @@ class CpuRecurrentOps(RecurrentOps):
         if n * GRU_GATES * h * h <= SMALL_PRODUCT:
             kernels.compiled(kernels.gru_sequence, dtype)(xp, hs, wt, b_hh, hw, y)
             return y
-        step = kernels.compiled(kernels.gru_step, dtype)
-        times_w = _times(wt)
+        run, panels = kernels.compiled(kernels.gru_rows, dtype), _packed(wt)
 
         def rows(first: int, stop: int) -> None:
-            for t in range(steps):
-                h_prev = hs if t == 0 else y[0, t - 1]
-                times_w(h_prev[first:stop], hw[first:stop])
-                step(xp, hw, b_hh, h_prev, y, t, first, stop)
+            run(xp, hs, panels, tiles.edge_buffer(panels), b_hh, hw, y, first, stop)
 
         _over_rows(n, GRU_GATES * h * h, rows)
         return y
@@ -286,15 +276,12 @@ class CpuRecurrentOps(RecurrentOps):
             kernels.compiled(kernels.gru_sequence_backward, dtype)(
                 upstream, states, h0, np.ascontiguousarray(w_hh), carry, through_w, dxp, dhw)
         else:
-            step = kernels.compiled(kernels.gru_step_backward, dtype)
-            times_w = _times(w_hh)
+            run = kernels.compiled(kernels.gru_rows_backward, dtype)
+            panels = _packed(w_hh)
 
             def rows(first: int, stop: int) -> None:
-                for t in range(steps - 1, -1, -1):
-                    h_prev = h0 if t == 0 else states[0, t - 1]
-                    step(upstream, states, h_prev, carry, dxp, dhw, t, first, stop)
-                    times_w(dhw[t, first:stop], through_w[first:stop])
-                    carry[first:stop] += through_w[first:stop]
+                run(upstream, states, h0, panels, tiles.edge_buffer(panels), carry,
+                    through_w, dxp, dhw, first, stop)
 
             _over_rows(n, GRU_GATES * h * h, rows)
         grads = (dxp, carry, self._weight_grad(dhw, h0, states, _wants(needed, 2)),
@@ -327,17 +314,11 @@ def _saved(states: np.ndarray, count: int) -> np.ndarray | None:
     return whole if first == whole.__array_interface__["data"][0] else None
 
 
-def _times(w: np.ndarray) -> Callable[[np.ndarray, np.ndarray], None]:
-    """out = a @ w for a recurrence's per-step products, w packed once for all of them
-    (pullback.kernels.tiles: a few rows at a time, where BLAS would repack w per call)."""
-    panels = tiles.pack(w).panels
-    product = tiles.compiled(panels.dtype)
-
-    def times(a: np.ndarray, out: np.ndarray) -> None:
-        # `tiles.product` without its checks, which hold for every step's rows.
-        product(a, panels, out, tiles.edge_buffer(panels))
-
-    return times
+def _packed(w: np.ndarray) -> np.ndarray:
+    """w packed once for a recurrence's per-step products (pullback.kernels.tiles: a
+    few rows at a time, where BLAS would repack w per call), which its row kernels run
+    between steps without returning to Python."""
+    return tiles.pack(w).panels
 
 
 def _over_rows(n: int, row_macs: int, rows: Callable[[int, int], None]) -> None:

@@ -136,6 +136,12 @@ def compiled(dtype: np.dtype) -> Any:
     return jit.compiled_once((product_body, dtype), _make, dtype)
 
 
+def body_in(dtype: np.dtype) -> Any:
+    """product_body for `dtype`, its tiles bound but the body not compiled: for a
+    kernel that calls it (a recurrence's, once a step), compiled into that kernel."""
+    return _make(dtype)[0]
+
+
 def _make(dtype: np.dtype) -> tuple[Any, tuple]:
     """product_body in `dtype`, `tile` the intrinsics (one per row count) and
     store_tile compiled into it."""
