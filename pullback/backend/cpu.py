@@ -789,6 +789,19 @@ class CpuBackend(BackwardOps, FusedOps, CpuRecurrentOps, CpuGatherOps, CpuAttent
         # One pass per row, the forward kernel's own sums: the statistics it normalized by.
         return self._fused(compiled_rows.layer_norm_statistics, x, float(eps))
 
+    def layer_norm_backward_of_input(
+        self, upstream: np.ndarray, x: np.ndarray, weight: np.ndarray | None, eps: float,
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        # One pass per row: its statistics (the bits layer_norm_statistics gives), then
+        # its gradients, while the row is in cache.
+        if not (self._rowwise_params(x, weight) and upstream.shape == x.shape
+                and upstream.dtype is x.dtype):
+            return super().layer_norm_backward_of_input(upstream, x, weight, eps)
+        check_rows("layer_norm_backward", x)
+        weight = np.ones(x.shape[-1], x.dtype) if weight is None else weight
+        return self._fused(compiled_rows.layer_norm_backward_of_input, upstream, x, weight,
+                           float(eps))
+
     def layer_norm_backward(
         self, upstream: np.ndarray, x: np.ndarray, weight: np.ndarray | None,
         mean: np.ndarray, rstd: np.ndarray,

@@ -107,6 +107,13 @@ class FusedOps(Mixin):
         rstd = self.div(1.0, self.sqrt(self.add(var, eps)))
         return self.reshape(mean, grid), self.reshape(rstd, grid)
 
+    def layer_norm_backward_of_input(self, upstream: Array, x: Array, weight: Array | None,
+                                     eps: float) -> tuple[Array, Array, Array]:
+        """layer_norm_backward with the mean and rstd computed from x
+        (layer_norm_statistics): what layer_norm's backward runs, from its saved input."""
+        mean, rstd = self.layer_norm_statistics(x, eps)
+        return self.layer_norm_backward(upstream, x, weight, mean, rstd)
+
     def layer_norm_backward(self, upstream: Array, x: Array, weight: Array | None,
                             mean: Array, rstd: Array) -> tuple[Array, Array, Array]:
         """(grad_x, grad_weight, grad_bias) from the saved mean and rstd; the last two

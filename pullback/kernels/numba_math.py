@@ -345,6 +345,10 @@ def _float_rows(*rows: types.Type) -> bool:
                and isinstance(r.dtype, types.Float) for r in rows)
 
 
+# Called from row kernels as it is (its loops and the row helpers above).
+register_jitable(**_JIT_SUM)(sm.layer_norm_row_grads)
+
+
 @overload(sm.row_max, jit_options=_JIT)
 def _ov_row_max(row):
     return (lambda row: _row_max(row)) if _float_rows(row) else None

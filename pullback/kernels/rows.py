@@ -13,8 +13,8 @@ import math
 from pullback.kernels.core import kernel
 from pullback.kernels.scalar_math import (
     exp,
+    layer_norm_row_grads,
     row_dot,
-    row_dot3,
     row_len,
     row_max,
     row_sum,
@@ -116,16 +116,7 @@ def cross_entropy(logits, label):
         outputs=("row", "sum", "sum"))
 def layer_norm_backward(upstream, x, weight, mean, rstd, grad_x, grad_weight, grad_bias):
     """Gradients of layer_norm wrt x, weight and bias (summed over rows)."""
-    n = row_len(x)
-    for j in range(x.shape[0]):
-        xhat = (x[j] - mean) * rstd
-        grad_x[j] = xhat
-        grad_weight[j] += upstream[j] * xhat
-        grad_bias[j] += upstream[j]
-    mean_g = row_dot(upstream, weight) / n
-    mean_g_xhat = row_dot3(upstream, weight, grad_x) / n
-    for j in range(x.shape[0]):
-        grad_x[j] = rstd * (upstream[j] * weight[j] - mean_g - grad_x[j] * mean_g_xhat)
+    layer_norm_row_grads(upstream, x, weight, mean, rstd, grad_x, grad_weight, grad_bias)
 
 
 @kernel(rows=True, inputs=("row", "row", "shared", "scalar"), outputs=("row", "sum", "sum"))
@@ -136,15 +127,7 @@ def layer_norm_backward_of_input(upstream, x, weight, eps, grad_x, grad_weight, 
     n = row_len(x)
     mean = row_sum(x) / n
     rstd = 1.0 / math.sqrt(row_sum_sq_dev(x, mean) / n + eps)
-    for j in range(x.shape[0]):
-        xhat = (x[j] - mean) * rstd
-        grad_x[j] = xhat
-        grad_weight[j] += upstream[j] * xhat
-        grad_bias[j] += upstream[j]
-    mean_g = row_dot(upstream, weight) / n
-    mean_g_xhat = row_dot3(upstream, weight, grad_x) / n
-    for j in range(x.shape[0]):
-        grad_x[j] = rstd * (upstream[j] * weight[j] - mean_g - grad_x[j] * mean_g_xhat)
+    layer_norm_row_grads(upstream, x, weight, mean, rstd, grad_x, grad_weight, grad_bias)
 
 
 @kernel(rows=True, inputs=("row", "shared", "shared", "scalar"),

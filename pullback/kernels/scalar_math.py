@@ -153,6 +153,24 @@ def row_sum_sq_dev(row: Any, shift: float) -> float:
     return sum((float(v) - shift) ** 2 for v in row)
 
 
+def layer_norm_row_grads(upstream: Any, x: Any, weight: Any, mean: float, rstd: float,
+                         grad_x: Any, grad_weight: Any, grad_bias: Any) -> None:
+    """layer_norm's gradients for one row, given its mean and rstd: grad_x written, the
+    row's shares of the weight's and the bias's gradients added (pullback.kernels.rows'
+    backward kernels call it, compiled; it has no literal, so it computes in the
+    rows' dtype there)."""
+    n = row_len(x)
+    for j in range(x.shape[0]):
+        xhat = (x[j] - mean) * rstd
+        grad_x[j] = xhat
+        grad_weight[j] += upstream[j] * xhat
+        grad_bias[j] += upstream[j]
+    mean_g = row_dot(upstream, weight) / n
+    mean_g_xhat = row_dot3(upstream, weight, grad_x) / n
+    for j in range(x.shape[0]):
+        grad_x[j] = rstd * (upstream[j] * weight[j] - mean_g - grad_x[j] * mean_g_xhat)
+
+
 def row_len(row: Any) -> float:
     """A row's length as a float of the row's dtype (compiled: an int would promote
     float32 arithmetic to float64)."""

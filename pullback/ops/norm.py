@@ -1,7 +1,7 @@
 """layer_norm: normalize over the last axis, then scale and shift, as one primitive.
 
 Forward and backward run as the backend's fused ops (`FusedOps.layer_norm` and
-`layer_norm_backward`: one Numba pass each on the CPU backends; on a backend without
+`layer_norm_backward_of_input`: one Numba pass each on the CPU backends; on a backend without
 them, their defaults in its forward ops); the JVP rules are written in primitives,
 so forward mode and higher orders work as for every other op.
 """
@@ -76,12 +76,11 @@ defjvp(layer_norm_p, _jvp_x, _jvp_weight, _jvp_bias)
 
 
 def _vjp(be: BackwardOps, g: Any, n: Any) -> tuple[Any, ...]:
-    # mean and rstd are recomputed (one pass over x) rather than kept: a primitive keeps
-    # one output, and the layer's output is what the next op reads.
+    # mean and rstd are recomputed from x rather than kept (a primitive keeps one output,
+    # and the layer's output is what the next op reads): on the CPU row by row, in the
+    # pass that computes the gradients.
     x, weight, _ = n.inputs
-    fused = fused_ops(be)
-    mu, rstd = fused.layer_norm_statistics(x, n.params["eps"])
-    return fused.layer_norm_backward(g, x, weight, mu, rstd)
+    return fused_ops(be).layer_norm_backward_of_input(g, x, weight, n.params["eps"])
 
 
 defvjp(layer_norm_p, _vjp)

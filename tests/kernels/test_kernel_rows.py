@@ -81,6 +81,23 @@ def test_large_row_kernels_run_parallel_and_match(rng, dtype):
                                    atol=1e-5 if dtype == np.float32 else 1e-12)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("shape", [SMALL, LARGE])
+def test_layer_norm_backward_of_input_is_the_statistics_then_the_backward(rng, dtype, shape):
+    # Its rows' statistics computed in its own pass are layer_norm_statistics' bits, so
+    # its gradients are the two kernels' one after the other, bit for bit.
+    x, _, w, _ = _data(rng, shape, dtype)
+    u = rng.standard_normal(shape).astype(dtype)
+    mean, rstd = rows.layer_norm_statistics.serial(x, EPS)
+    want = rows.layer_norm_backward.serial(u, x, w, mean, rstd)
+    for run in (rows.layer_norm_backward_of_input.serial, rows.layer_norm_backward_of_input):
+        got = run(u, x, w, EPS)
+        np.testing.assert_array_equal(got[0], want[0])
+        for g, ref in zip(got[1:], want[1:]):  # sums over rows: chunked when parallel
+            np.testing.assert_allclose(g, ref, rtol=1e-5 if dtype == np.float32 else 1e-12,
+                                       atol=1e-5 if dtype == np.float32 else 1e-12)
+
+
 def test_forward_kernels_name_their_backward():
     assert rows.softmax.backward is rows.softmax_backward
     assert rows.log_softmax.backward is rows.log_softmax_backward
@@ -159,7 +176,8 @@ def _fused_calls(backend, x, labels, w, b, u):
     out = [backend.cross_entropy(x, labels),
            backend.cross_entropy_backward(u[..., 0], x, labels), y, mean, rstd,
            *backend.layer_norm_backward(u, x, w, mean, rstd),
-           *backend.layer_norm_statistics(x, EPS)]
+           *backend.layer_norm_statistics(x, EPS),
+           *backend.layer_norm_backward_of_input(u, x, w, EPS)]
     return out
 
 
@@ -171,6 +189,7 @@ class Defaults(CpuBackend):
     layer_norm = FusedOps.layer_norm
     layer_norm_backward = FusedOps.layer_norm_backward
     layer_norm_statistics = FusedOps.layer_norm_statistics
+    layer_norm_backward_of_input = FusedOps.layer_norm_backward_of_input
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16])
