@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike, DTypeLike
 
-from pullback.backend import conv, gemm, heap, split
+from pullback.backend import blas, conv, gemm, heap, split
 from pullback.backend.attention import CpuAttentionOps
 from pullback.backend.backward_ops import BackwardOps, Grads, Needed, check_matmul_backward
 from pullback.backend.base import Backend, Index, Operand, Pair, Shape, check_gelu_mode
@@ -1074,7 +1074,9 @@ class CpuBackend(BackwardOps, FusedOps, CpuRecurrentOps, CpuGatherOps, CpuAttent
         column sums run beside the weight gradient's product: each split part of
         upstream^T @ x (a block of the weight's rows, one per column of upstream) sums
         its own columns of upstream on its own thread, right after its product has
-        read them, instead of a pass of their own over the whole of upstream later."""
+        read them, instead of a pass of their own over the whole of upstream later.
+        Where both products split, each part computes its block of both (and of the
+        bias's sums) in one hand-over to the threads, not two."""
         rows = math.prod(upstream.shape[:-1]) if upstream.ndim else 0
         if not (needed[1] and needed[2] and rhs.ndim == 2 and lhs.ndim >= 2
                 and rhs.flags.f_contiguous and not rhs.flags.c_contiguous
@@ -1085,15 +1087,21 @@ class CpuBackend(BackwardOps, FusedOps, CpuRecurrentOps, CpuGatherOps, CpuAttent
                 and 0 < rows <= gemm.COLUMN_SUM_ROWS):
             return super().matmul_bias_backward(upstream, lhs, rhs, needed, out)
         check_matmul_backward(upstream, lhs, rhs)
+        u2 = upstream.reshape(rows, upstream.shape[-1])
+        a2 = lhs.reshape(rows, lhs.shape[-1])
+        bias = np.empty(u2.shape[1], u2.dtype)
+        ones = gemm.ones(rows, u2.dtype)
+        if needed[0]:
+            together = _both_split(u2, a2, out)
+            if together is not None:
+                grad_lhs, grad_rhs = together(rhs.T, ones, bias)
+                return (grad_lhs if out is not None else grad_lhs.reshape(lhs.shape), grad_rhs,
+                        bias)
         grad_lhs = None
         if needed[0] and out is not None:
             grad_lhs = self.matmul(upstream, rhs.T, out=out)
         elif needed[0]:
             grad_lhs = self.matmul_backward(upstream, lhs, rhs, needed=(True, False))[0]
-        u2 = upstream.reshape(rows, upstream.shape[-1])
-        a2 = lhs.reshape(rows, lhs.shape[-1])
-        bias = np.empty(u2.shape[1], u2.dtype)
-        ones = gemm.ones(rows, u2.dtype)
 
         def sums(block: np.ndarray, part: slice, columns: slice) -> None:
             if part == slice(None):  # not split: as sum_to_shape sums a bias
@@ -1136,6 +1144,36 @@ class CpuBackend(BackwardOps, FusedOps, CpuRecurrentOps, CpuGatherOps, CpuAttent
         padding: Pair, out: np.ndarray | None = None,
     ) -> np.ndarray:
         return conv.avg_pool2d_backward(upstream, input_shape, kernel, stride, padding, out=out)
+
+
+def _both_split(u2: np.ndarray, a2: np.ndarray, out: np.ndarray | None) -> Callable | None:
+    """A dense layer's input and weight gradients (u2 @ w and u2^T @ a2, with the bias's
+    column sums of u2) as one split over the threads, or None where gemm.product would
+    not split both products: each part takes its rows of the input gradient (into
+    `out`, C-ordered, or a new array) and its rows of the weight's transposed
+    gradient, the same blocks gemm.product's two splits would give them, bit for bit."""
+    rows, width, columns = a2.shape[0], a2.shape[1], u2.shape[1]
+    by_rows, by_columns = split.parts(rows), split.parts(columns)
+    if (len(by_rows) < 2 or len(by_rows) != len(by_columns)
+            or rows * width * columns < gemm.SPLIT_MACS or blas.products_threaded()
+            or (out is not None and not (out.shape == (rows, width) and out.flags.c_contiguous
+                                         and out.dtype == u2.dtype))):
+        return None
+    grad_lhs = out if out is not None else np.empty((rows, width), u2.dtype)
+    grad_rhs_t = np.empty((columns, width), u2.dtype)
+
+    def run(w: np.ndarray, ones: np.ndarray, bias: np.ndarray) -> tuple:
+        def parts(first: int, stop: int) -> None:
+            for k in range(first, stop):
+                (i, j), (c, d) = by_rows[k], by_columns[k]
+                np.matmul(u2[i:j], w, out=grad_lhs[i:j])
+                np.matmul(u2[:, c:d].T, a2, out=grad_rhs_t[c:d])
+                np.matmul(ones, u2[:, c:d], out=bias[c:d])
+
+        split.over_parts(len(by_rows), parts)
+        return grad_lhs, grad_rhs_t.T
+
+    return run
 
 
 def gelu_kernel_for(op: str, x: np.ndarray, approximate: str) -> Callable:

@@ -301,3 +301,24 @@ def test_matmul_bias_backward_sums_beside_the_weight_gradient(cpu, forward_only,
     assert got[0] is out
     np.testing.assert_allclose(out, dx.reshape(rows, 96), **tol)
     np.testing.assert_allclose(got[2], db, **tol)
+    # Both products' blocks are the ones their own splits give: the same bits.
+    got = cpu.matmul_bias_backward(upstream, x, w.T)
+    np.testing.assert_array_equal(got[0], dx)
+    np.testing.assert_array_equal(got[1], dw)
+
+
+def test_matmul_bias_backward_hands_both_products_to_the_threads_at_once(cpu, rng,
+                                                                         monkeypatch):
+    from pullback.backend import split
+    calls = []
+    real = split.over_parts
+    monkeypatch.setattr(split, "over_parts", lambda n, run: calls.append(n) or real(n, run))
+    monkeypatch.setattr(split, "parts", lambda n: [(0, n // 2), (n // 2, n)])
+    x = rng.standard_normal((2048, 96)).astype(np.float32)
+    w = rng.standard_normal((160, 96)).astype(np.float32)
+    upstream = rng.standard_normal((2048, 160)).astype(np.float32)
+    got = cpu.matmul_bias_backward(upstream, x, w.T)
+    assert calls == [2]  # one hand-over: each part's input, weight and bias blocks
+    np.testing.assert_allclose(got[0], upstream @ w, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(got[1], (upstream.T @ x).T, rtol=1e-4, atol=1e-3)
+    np.testing.assert_allclose(got[2], upstream.sum(0), rtol=1e-4, atol=1e-4)
