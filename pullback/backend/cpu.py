@@ -888,22 +888,31 @@ class CpuBackend(BackwardOps, FusedOps, CpuRecurrentOps, CpuGatherOps, CpuAttent
         return _copied_into(out, np.ascontiguousarray(grad_x.T)), grad_weight, grad_bias
 
     def matmul_epilogue(self, a: np.ndarray, b: np.ndarray, bias: np.ndarray, relu: bool,
-                        out: np.ndarray | None = None) -> np.ndarray:
-        """FusedOps.matmul_epilogue, into `out` when given: the bias (and relu) applied
-        to each split part's block of the product on its thread, right after it. As the
-        ops one by one otherwise (a subclass's own matmul, add or relu; operands the
-        product does not take as they are)."""
+                        out: np.ndarray | None = None, residual: np.ndarray | None = None
+                        ) -> np.ndarray:
+        """FusedOps.matmul_epilogue, into `out` when given: the bias, the residual (and
+        relu) applied to each split part's block of the product on its thread, right
+        after it. As the ops one by one otherwise (a subclass's own matmul, add or relu;
+        operands the product does not take as they are)."""
         overridden = any(getattr(type(self), name) is not getattr(CpuBackend, name)
                          for name in ("matmul", "add", "relu"))
+        shape = a.shape[:-1] + b.shape[1:]
         if (overridden or b.ndim != 2 or a.ndim < 2 or a.shape[-1] != b.shape[0]
                 or bias.shape != (b.shape[1],) or not a.dtype == b.dtype == bias.dtype
                 or a.dtype not in SUPPORTED_DTYPES
                 or (out is not None and not (out.flags.c_contiguous
-                                             or out.flags.f_contiguous))):
-            return _copied_into(out, super().matmul_epilogue(a, b, bias, relu))
+                                             or out.flags.f_contiguous))
+                or (residual is not None and not (
+                    type(residual) is np.ndarray and residual.shape == shape
+                    and residual.dtype == a.dtype and residual.flags.c_contiguous))):
+            return _copied_into(out, super().matmul_epilogue(a, b, bias, relu, residual))
+        # The residual's rows as the product's: (rows, N), a view.
+        added = None if residual is None else residual.reshape(-1, shape[-1])
 
         def epilogue(block: np.ndarray, rows: slice, columns: slice) -> None:
             np.add(block, bias[columns], out=block)
+            if added is not None:
+                np.add(block, added[rows, columns], out=block)
             if relu:
                 relu_kernel(block, out=block)
 

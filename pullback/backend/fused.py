@@ -197,12 +197,15 @@ class FusedOps(Mixin):
 
     # -- a matrix product with its epilogue ------------------------------------------------
 
-    def matmul_epilogue(self, a: Array, b: Array, bias: Array, relu: bool) -> Array:
-        """relu(a @ b + bias) (relu a flag), bias (N,) added to every row of the product
-        with a matrix b (K, N): a dense layer's forward, as a plan runs it in one step;
-        a backend applies them to each block of rows while it is in cache (CpuBackend),
-        these defaults op by op."""
+    def matmul_epilogue(self, a: Array, b: Array, bias: Array, relu: bool,
+                        residual: Array | None = None) -> Array:
+        """relu(a @ b + bias + residual) (relu a flag, residual optional), bias (N,)
+        added to every row of the product with a matrix b (K, N) and a residual of the
+        product's shape after it: a dense layer's forward (and the residual connection
+        around it), as a plan runs it in one step; a backend applies them to each block
+        of rows while it is in cache (CpuBackend), these defaults op by op."""
         y = self.add(self.matmul(a, b), bias)
+        y = y if residual is None else self.add(y, residual)
         return self.relu(y) if relu else y
 
     # -- convolution with its epilogue ---------------------------------------------------

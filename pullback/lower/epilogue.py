@@ -72,9 +72,10 @@ MIN_PRODUCT = 1 << 24
 
 def matmul_epilogues(graph: StaticGraph, pinned: set[int]) -> dict[int, list[tuple]]:
     """Per matrix product by a matrix (a dense layer's) of at least MIN_PRODUCT
-    multiply-adds whose result an add of a bias over its last axis alone reads, and
+    multiply-adds whose result an add of a bias over its last axis alone reads, maybe
+    an add of a value of the result's shape after that (a residual connection's), and
     maybe a relu after that: keyed by id() of the last member, the members as
-    `conv_epilogues` gives them (BIAS, then RELU)."""
+    `conv_epilogues` gives them (BIAS, RESIDUAL, then RELU)."""
     readers = graph.readers()
 
     def only_reader(value: Var) -> Eqn | None:
@@ -99,7 +100,17 @@ def matmul_epilogues(graph: StaticGraph, pinned: set[int]) -> dict[int, list[tup
                 or bias.dtype != value.dtype:
             continue
         members: list[tuple] = [(eqn, None, None), (add, BIAS, bias)]
-        relu = only_reader(add.out)
+        last = add.out
+        residual = only_reader(last)
+        if (residual is not None and residual.primitive is add_p and len(residual.args) == 2
+                and last in residual.args and residual.out.shape == last.shape
+                and residual.out.dtype == last.dtype):
+            other = residual.args[1] if residual.args[0] is last else residual.args[0]
+            if isinstance(other, Var) and other is not last and other.shape == last.shape \
+                    and other.dtype == last.dtype:
+                members.append((residual, RESIDUAL, other))
+                last = residual.out
+        relu = only_reader(last)
         if relu is not None and relu.primitive is relu_p:
             members.append((relu, RELU, None))
         groups[id(members[-1][0])] = members
@@ -162,12 +173,14 @@ def lower_epilogue(members: list[tuple]) -> tuple[Any, tuple]:
 
 
 def _lower_matmul(members: list[tuple]) -> tuple[Any, tuple]:
-    bias = members[1][2]
-    relu = len(members) > 2
+    roles = {role: other for _, role, other in members[1:]}
+    relu = RELU in roles
+    extra = (roles[RESIDUAL],) if RESIDUAL in roles else ()
 
-    def run(backend: Any, a: Any, b: Any, bias: Any, out: Any = None) -> Any:
+    def run(backend: Any, a: Any, b: Any, bias: Any, *residual: Any, out: Any = None) -> Any:
+        added = residual[0] if residual else None
         if backend.runs_plan_kernels():
-            return backend.matmul_epilogue(a, b, bias, relu, out=out)
-        return fused_ops(backend).matmul_epilogue(a, b, bias, relu)
+            return backend.matmul_epilogue(a, b, bias, relu, out=out, residual=added)
+        return fused_ops(backend).matmul_epilogue(a, b, bias, relu, residual=added)
 
-    return run, (*members[0][0].args, bias)
+    return run, (*members[0][0].args, roles[BIAS], *extra)

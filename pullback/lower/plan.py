@@ -295,8 +295,8 @@ class Plan(Generic[_R]):
                                   + ", ".join(repr(a) for a in e.args) + ")"
                                   for e in step.eqns)
                 product = step.eqns[0].primitive.name == "matmul"
-                how = ("the product, its bias (and relu) applied to each block of its result "
-                       "in cache" if step.epilogue and product else
+                how = ("the product, its bias and any residual add or relu after it applied "
+                       "to each block of its result in cache" if step.epilogue and product else
                        "the convolution, its epilogue applied to each chunk of its output "
                        "in cache" if step.epilogue else "the batch norm's kernel writing "
                        "relu's result" if step.norm_relu else "one kernel")

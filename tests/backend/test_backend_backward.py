@@ -309,11 +309,14 @@ def test_matmul_bias_backward_sums_beside_the_weight_gradient(cpu, forward_only,
 
 def test_matmul_bias_backward_hands_both_products_to_the_threads_at_once(cpu, rng,
                                                                          monkeypatch):
-    from pullback.backend import split
+    from pullback.backend import blas, split
     calls = []
     real = split.over_parts
     monkeypatch.setattr(split, "over_parts", lambda n, run: calls.append(n) or real(n, run))
     monkeypatch.setattr(split, "parts", lambda n: [(0, n // 2), (n // 2, n)])
+    # Whatever ran before in this process: a convolution would have had BLAS thread its
+    # products from then on (blas.products_threaded), and nothing split.
+    monkeypatch.setattr(blas, "products_threaded", lambda: False)
     x = rng.standard_normal((2048, 96)).astype(np.float32)
     w = rng.standard_normal((160, 96)).astype(np.float32)
     upstream = rng.standard_normal((2048, 160)).astype(np.float32)

@@ -116,15 +116,16 @@ def test_a_broadcast_operand_goes_to_blas_as_a_copy_with_the_same_values(dtype, 
     assert gemm.blasable(square) is square  # strides of its own: as it is
 
 
+@pytest.mark.parametrize("residual", [False, True])
 @pytest.mark.parametrize("split", [False, True])
 @pytest.mark.parametrize("shape", [(64, 96), (5, 40, 96), (512, 96)], ids=["wide", "stack", "tall"])
 @pytest.mark.parametrize("relu", [False, True])
 @pytest.mark.parametrize("dtype", FLOATS)
 def test_a_products_bias_and_relu_in_its_epilogue_are_the_ops_one_by_one(
-        dtype, relu, shape, split, monkeypatch, forward_only):
-    # Each part's block gets the bias (its columns' share, for a product by columns) and
-    # relu right after its product: bit for bit the product (cut the same way), then
-    # add, then relu; and the defaults in forward ops agree.
+        dtype, relu, shape, split, residual, monkeypatch, forward_only):
+    # Each part's block gets the bias (its columns' share, for a product by columns), the
+    # residual's block and relu right after its product: bit for bit the product (cut
+    # the same way), then add, add, relu; and the defaults in forward ops agree.
     from pullback.backend import blas
     from pullback.backend import split as split_module
     from pullback.backend.fused import fused_ops
@@ -138,14 +139,16 @@ def test_a_products_bias_and_relu_in_its_epilogue_are_the_ops_one_by_one(
     b = rng.standard_normal((96, 200)).astype(dtype)
     bias = rng.standard_normal(200).astype(dtype)
     cpu = CpuBackend()
-    got = cpu.matmul_epilogue(a, b, bias, relu)
+    added = rng.standard_normal(shape[:-1] + (200,)).astype(dtype) if residual else None
+    got = cpu.matmul_epilogue(a, b, bias, relu, residual=added)
     want = cpu.add(cpu.matmul(a, b), bias)
+    want = cpu.add(added, want) if residual else want  # as a residual connection adds
     want = cpu.relu(want) if relu else want
     np.testing.assert_array_equal(got, want)
     out = np.empty(want.shape, dtype, order="F" if got.flags.f_contiguous else "C")
-    assert cpu.matmul_epilogue(a, b, bias, relu, out=out) is out
+    assert cpu.matmul_epilogue(a, b, bias, relu, out=out, residual=added) is out
     np.testing.assert_array_equal(out, want)
-    default = fused_ops(forward_only).matmul_epilogue(a, b, bias, relu)
+    default = fused_ops(forward_only).matmul_epilogue(a, b, bias, relu, residual=added)
     np.testing.assert_allclose(default, want, rtol=1e-5 if dtype == np.float32 else 1e-12,
                                atol=1e-5 if dtype == np.float32 else 1e-12)
     if relu:

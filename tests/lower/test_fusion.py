@@ -316,6 +316,43 @@ def test_a_dense_layers_product_folds_into_its_bias_adds_backward(dtype, rows) -
     _assert_plan_matches_eager(plan, loss_fn, model, x, y, **tol)
 
 
+@pytest.mark.parametrize("mode", [pb.LoweringMode.INFERENCE, TRAINING])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_a_residual_connection_joins_its_dense_layers_epilogue(dtype, mode, monkeypatch) -> None:
+    # x + Dense(h) (a transformer block's, its product above MIN_PRODUCT here): the
+    # residual add runs in the product's step, on each block of its result; in training
+    # plans backward reads none of the partial results. The second residual add reads a
+    # product's result that another op reads too: not an epilogue's.
+    monkeypatch.setattr(epilogue, "MIN_PRODUCT", 0)
+    pb.manual_seed(0)
+    first, second = nn.Dense(24, 24, dtype=dtype), nn.Dense(24, 24, dtype=dtype)
+    head = nn.Dense(24, 3, dtype=dtype)
+
+    def forward(x):
+        h = x + first(pb.tanh(x))
+        return head(h + pb.relu(h + second(h)))
+
+    def loss_fn(x, y):
+        return nn.cross_entropy(forward(x), y)
+
+    x = _rng().standard_normal((16, 24)).astype(dtype)
+    y = np.arange(16) % 3
+    plan = pb.compile(loss_fn, x, y, mode=mode) if mode is TRAINING else \
+        pb.compile(forward, x)
+    roles = [[role for *_, role, _ in members] for members in
+             (epilogue.matmul_epilogues(plan.graph, set())).values()]
+    assert sorted(roles) == sorted([[None, epilogue.BIAS, epilogue.RESIDUAL],
+                                    [None, epilogue.BIAS, epilogue.RESIDUAL, epilogue.RELU],
+                                    [None, epilogue.BIAS]])
+    model = nn.Sequential(first, second, head)
+    tol = {"rtol": 1e-5, "atol": 1e-6} if dtype == np.float32 else {"rtol": 1e-12, "atol": 0}
+    if mode is TRAINING:
+        _assert_plan_matches_eager(plan, loss_fn, model, x, y, **tol)
+    else:
+        x2 = _rng(3).standard_normal((16, 24)).astype(dtype)
+        np.testing.assert_allclose(plan(x2).numpy(), forward(pb.tensor(x2)).numpy(), **tol)
+
+
 def test_a_subclass_that_overrides_an_op_is_not_bypassed() -> None:
     class LeakyCpu(CpuBackend):
         def relu(self, x):
