@@ -888,7 +888,7 @@ class CpuBackend(BackwardOps, FusedOps, CpuRecurrentOps, CpuGatherOps, CpuAttent
         return _copied_into(out, np.ascontiguousarray(grad_x.T)), grad_weight, grad_bias
 
     def matmul_epilogue(self, a: np.ndarray, b: np.ndarray, bias: np.ndarray, relu: bool,
-                        out: np.ndarray | None = None, residual: np.ndarray | None = None
+                        residual: np.ndarray | None = None, out: np.ndarray | None = None
                         ) -> np.ndarray:
         """FusedOps.matmul_epilogue, into `out` when given: the bias, the residual (and
         relu) applied to each split part's block of the product on its thread, right
