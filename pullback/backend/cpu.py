@@ -1162,11 +1162,12 @@ def _both_split(u2: np.ndarray, a2: np.ndarray, out: np.ndarray | None) -> Calla
     `out`, C-ordered, or a new array) and its rows of the weight's transposed
     gradient, the same blocks gemm.product's two splits would give them, bit for bit."""
     rows, width, columns = a2.shape[0], a2.shape[1], u2.shape[1]
+    if rows * width * columns < gemm.SPLIT_MACS or blas.products_threaded() or (
+            out is not None and not (out.shape == (rows, width) and out.flags.c_contiguous
+                                     and out.dtype == u2.dtype)):
+        return None
     by_rows, by_columns = split.parts(rows), split.parts(columns)
-    if (len(by_rows) < 2 or len(by_rows) != len(by_columns)
-            or rows * width * columns < gemm.SPLIT_MACS or blas.products_threaded()
-            or (out is not None and not (out.shape == (rows, width) and out.flags.c_contiguous
-                                         and out.dtype == u2.dtype))):
+    if len(by_rows) < 2 or len(by_rows) != len(by_columns):
         return None
     grad_lhs = out if out is not None else np.empty((rows, width), u2.dtype)
     grad_rhs_t = np.empty((columns, width), u2.dtype)
