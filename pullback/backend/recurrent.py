@@ -36,15 +36,13 @@ LSTM_GATES, GRU_GATES = 4, 3
 LSTM_STATES, GRU_STATES = 6, 5
 LSTM_OUTPUTS = 2
 # Up to this many multiply-adds in a step's recurrent product (N x gates H x H), the
-# whole sequence runs in one Numba kernel, its products as loops: calling a product and
-# the step kernel from Python per step costs more there. Forward + backward, T=16, H=32,
-# one thread, on a loaded machine, against BLAS's products: LSTM N=1 134 -> 57 us, GRU
-# N=1 133-178 -> 49-55 us; at N=8 about even (470-700 us either way, within the noise);
-# at N=4, H=64 595 -> 448. Above it the products go step by step (LSTM N=32, H=64: the
-# loops 1.4-1.9x slower, N=8, H=64 and N=32, H=32 about even); measured before they
-# went to packed tiles, which N=32, H=32 and N=16, H=64 ran 1.3x faster than the loops
-# (one run, on a loaded machine).
-SMALL_PRODUCT = 65536
+# whole sequence runs in one Numba kernel, its products as loops; above it, one kernel
+# per part of the batch, its products on the weight packed once (register tiles), which
+# costs a packing and the tiles' edges. Forward + backward, T=16, one thread, median us
+# (bench/RESULTS.md): LSTM N=1, H=32 (4,096) loops 58-59 against tiles 94, GRU N=1
+# 60-65 against 95; LSTM N=8, H=32 (32,768) 205-233 against 189, GRU 168-170 against
+# 175; LSTM N=4, H=64 (65,536) 334-348 against 248.
+SMALL_PRODUCT = 16384
 # A recurrence above SMALL_PRODUCT splits its batch over the cores where each part's
 # step product (its rows x gates H x H) has at least this many multiply-adds and at
 # least a tile's rows (kernels.tiles.MR). LSTM, T=32, forward + backward, two threads,
