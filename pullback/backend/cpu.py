@@ -1048,6 +1048,9 @@ class CpuBackend(BackwardOps, FusedOps, CpuRecurrentOps, CpuGatherOps, CpuAttent
         needed: Needed = (True, True),
     ) -> Grads:
         check_matmul_backward(upstream, lhs, rhs)
+        dense = self._dense_backward(upstream, lhs, rhs, needed, None, False)
+        if dense is not None:
+            return dense[0], dense[1]
         a = lhs if lhs.ndim > 1 else lhs[None, :]
         b = rhs if rhs.ndim > 1 else rhs[:, None]
         u = upstream if rhs.ndim > 1 else upstream[..., None]
@@ -1064,10 +1067,7 @@ class CpuBackend(BackwardOps, FusedOps, CpuRecurrentOps, CpuGatherOps, CpuAttent
                 rows = math.prod(a.shape[:-1])
                 a2, u2 = a.reshape(rows, a.shape[-1]), u.reshape(rows, u.shape[-1])
                 if rhs.ndim == 2 and rhs.flags.f_contiguous and not rhs.flags.c_contiguous:
-                    # The weight is a transposed view (x @ w.T): give its gradient the same
-                    # layout, so that transposing it back yields a C-ordered array and no
-                    # strided copy is ever made of it.
-                    grad_rhs = gemm.c_product(u2.T, a2).T
+                    grad_rhs = gemm.c_product(u2.T, a2).T  # laid out as w.T (_dense_backward)
                 else:
                     grad_rhs = gemm.c_product(a2.T, u2).reshape(rhs.shape)
             else:
@@ -1079,26 +1079,38 @@ class CpuBackend(BackwardOps, FusedOps, CpuRecurrentOps, CpuGatherOps, CpuAttent
         self, upstream: np.ndarray, lhs: np.ndarray, rhs: np.ndarray,
         needed: tuple[bool, bool, bool] = (True, True, True), out: np.ndarray | None = None,
     ) -> tuple[np.ndarray | None, np.ndarray | None, np.ndarray | None]:
-        """BackwardOps.matmul_bias_backward. For a dense layer's x @ w.T, the bias's
-        column sums run beside the weight gradient's product: each split part of
-        upstream^T @ x (a block of the weight's rows, one per column of upstream) sums
-        its own columns of upstream on its own thread, right after its product has
-        read them, instead of a pass of their own over the whole of upstream later.
-        Where both products split, each part computes its block of both (and of the
-        bias's sums) in one hand-over to the threads, not two."""
+        """BackwardOps.matmul_bias_backward; a dense layer's (`_dense_backward`) with the
+        bias's column sums beside its weight gradient's product."""
+        check_matmul_backward(upstream, lhs, rhs)
+        dense = self._dense_backward(upstream, lhs, rhs, needed[:2], out, needed[2])
+        if dense is not None:
+            return dense
+        return super().matmul_bias_backward(upstream, lhs, rhs, needed, out)
+
+    def _dense_backward(
+        self, upstream: np.ndarray, lhs: np.ndarray, rhs: np.ndarray, needed: Needed,
+        out: np.ndarray | None, bias_needed: bool,
+    ) -> tuple[np.ndarray | None, np.ndarray | None, np.ndarray | None] | None:
+        """A dense layer's gradients (x @ w.T, w a transposed view: its gradient laid out
+        as it, so that transposing it back yields a C-ordered array and no strided copy
+        is ever made of it), the input's into `out` when given, and with `bias_needed`
+        the column sums of upstream (a bias's gradient); None for any other product.
+        Each split part of the weight gradient's product (upstream^T x, a block of the
+        weight's rows per column block of upstream) sums its own columns of upstream
+        right after its product has read them; where both products split, each part
+        computes its block of both (and of the sums) in one hand-over to the threads."""
         rows = math.prod(upstream.shape[:-1]) if upstream.ndim else 0
-        if not (needed[1] and needed[2] and rhs.ndim == 2 and lhs.ndim >= 2
+        if not (needed[1] and rhs.ndim == 2 and lhs.ndim >= 2
                 and rhs.flags.f_contiguous and not rhs.flags.c_contiguous
                 and upstream.shape == lhs.shape[:-1] + rhs.shape[-1:]
                 and upstream.flags.c_contiguous and lhs.flags.c_contiguous
                 and upstream.dtype == lhs.dtype == rhs.dtype
-                and upstream.dtype in SUPPORTED_DTYPES
-                and 0 < rows <= gemm.COLUMN_SUM_ROWS):
-            return super().matmul_bias_backward(upstream, lhs, rhs, needed, out)
-        check_matmul_backward(upstream, lhs, rhs)
+                and upstream.dtype in SUPPORTED_DTYPES and rows > 0
+                and (rows <= gemm.COLUMN_SUM_ROWS or not bias_needed)):
+            return None
         u2 = upstream.reshape(rows, upstream.shape[-1])
         a2 = lhs.reshape(rows, lhs.shape[-1])
-        bias = np.empty(u2.shape[1], u2.dtype)
+        bias = np.empty(u2.shape[1], u2.dtype) if bias_needed else None
         ones = gemm.ones(rows, u2.dtype)
         if needed[0]:
             together = _both_split(u2, a2, out)
@@ -1107,19 +1119,17 @@ class CpuBackend(BackwardOps, FusedOps, CpuRecurrentOps, CpuGatherOps, CpuAttent
                 return (grad_lhs if out is not None else grad_lhs.reshape(lhs.shape), grad_rhs,
                         bias)
         grad_lhs = None
-        if needed[0] and out is not None:
-            grad_lhs = self.matmul(upstream, rhs.T, out=out)
-        elif needed[0]:
-            grad_lhs = self.matmul_backward(upstream, lhs, rhs, needed=(True, False))[0]
+        if needed[0]:
+            grad_lhs = gemm.matmul(upstream, rhs.T, out)
 
         def sums(block: np.ndarray, part: slice, columns: slice) -> None:
+            assert bias is not None  # only asked for with the sums
             if part == slice(None):  # not split: as sum_to_shape sums a bias
                 bias[...] = self.sum_to_shape(u2, bias.shape)
             else:  # a part, on its thread (BLAS on one thread there)
                 np.matmul(ones, u2[:, part], out=bias[part])
 
-        # Laid out as the weight (a transposed view), as matmul_backward gives it.
-        grad_rhs = gemm.c_product(u2.T, a2, sums).T
+        grad_rhs = gemm.c_product(u2.T, a2, sums if bias_needed else None).T
         return grad_lhs, grad_rhs, bias
 
     def conv2d_input_backward(
@@ -1156,11 +1166,12 @@ class CpuBackend(BackwardOps, FusedOps, CpuRecurrentOps, CpuGatherOps, CpuAttent
 
 
 def _both_split(u2: np.ndarray, a2: np.ndarray, out: np.ndarray | None) -> Callable | None:
-    """A dense layer's input and weight gradients (u2 @ w and u2^T @ a2, with the bias's
-    column sums of u2) as one split over the threads, or None where gemm.product would
-    not split both products: each part takes its rows of the input gradient (into
-    `out`, C-ordered, or a new array) and its rows of the weight's transposed
-    gradient, the same blocks gemm.product's two splits would give them, bit for bit."""
+    """A dense layer's input and weight gradients (u2 @ w and u2^T @ a2, and a bias's
+    column sums of u2 where given one) as one split over the threads, or None where
+    gemm.product would not split both products: each part takes its rows of the input
+    gradient (into `out`, C-ordered, or a new array) and its rows of the weight's
+    transposed gradient, the same blocks gemm.product's two splits would give them, bit
+    for bit."""
     rows, width, columns = a2.shape[0], a2.shape[1], u2.shape[1]
     if rows * width * columns < gemm.SPLIT_MACS or blas.products_threaded() or (
             out is not None and not (out.shape == (rows, width) and out.flags.c_contiguous
@@ -1172,13 +1183,14 @@ def _both_split(u2: np.ndarray, a2: np.ndarray, out: np.ndarray | None) -> Calla
     grad_lhs = out if out is not None else np.empty((rows, width), u2.dtype)
     grad_rhs_t = np.empty((columns, width), u2.dtype)
 
-    def run(w: np.ndarray, ones: np.ndarray, bias: np.ndarray) -> tuple:
+    def run(w: np.ndarray, ones: np.ndarray, bias: np.ndarray | None) -> tuple:
         def parts(first: int, stop: int) -> None:
             for k in range(first, stop):
                 (i, j), (c, d) = by_rows[k], by_columns[k]
                 np.matmul(u2[i:j], w, out=grad_lhs[i:j])
                 np.matmul(u2[:, c:d].T, a2, out=grad_rhs_t[c:d])
-                np.matmul(ones, u2[:, c:d], out=bias[c:d])
+                if bias is not None:
+                    np.matmul(ones, u2[:, c:d], out=bias[c:d])
 
         split.over_parts(len(by_rows), parts)
         return grad_lhs, grad_rhs_t.T
