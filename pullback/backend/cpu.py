@@ -1111,7 +1111,7 @@ class CpuBackend(BackwardOps, FusedOps, CpuRecurrentOps, CpuGatherOps, CpuAttent
         u2 = upstream.reshape(rows, upstream.shape[-1])
         a2 = lhs.reshape(rows, lhs.shape[-1])
         bias = np.empty(u2.shape[1], u2.dtype) if bias_needed else None
-        ones = gemm.ones(rows, u2.dtype)
+        ones = gemm.ones(rows, u2.dtype) if bias_needed else None
         if needed[0]:
             together = _both_split(u2, a2, out)
             if together is not None:
@@ -1123,7 +1123,7 @@ class CpuBackend(BackwardOps, FusedOps, CpuRecurrentOps, CpuGatherOps, CpuAttent
             grad_lhs = gemm.matmul(upstream, rhs.T, out)
 
         def sums(block: np.ndarray, part: slice, columns: slice) -> None:
-            assert bias is not None  # only asked for with the sums
+            assert bias is not None and ones is not None  # only asked for with the sums
             if part == slice(None):  # not split: as sum_to_shape sums a bias
                 bias[...] = self.sum_to_shape(u2, bias.shape)
             else:  # a part, on its thread (BLAS on one thread there)
@@ -1183,13 +1183,13 @@ def _both_split(u2: np.ndarray, a2: np.ndarray, out: np.ndarray | None) -> Calla
     grad_lhs = out if out is not None else np.empty((rows, width), u2.dtype)
     grad_rhs_t = np.empty((columns, width), u2.dtype)
 
-    def run(w: np.ndarray, ones: np.ndarray, bias: np.ndarray | None) -> tuple:
+    def run(w: np.ndarray, ones: np.ndarray | None, bias: np.ndarray | None) -> tuple:
         def parts(first: int, stop: int) -> None:
             for k in range(first, stop):
                 (i, j), (c, d) = by_rows[k], by_columns[k]
                 np.matmul(u2[i:j], w, out=grad_lhs[i:j])
                 np.matmul(u2[:, c:d].T, a2, out=grad_rhs_t[c:d])
-                if bias is not None:
+                if bias is not None and ones is not None:
                     np.matmul(ones, u2[:, c:d], out=bias[c:d])
 
         split.over_parts(len(by_rows), parts)
