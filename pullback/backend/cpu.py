@@ -922,12 +922,13 @@ class CpuBackend(BackwardOps, FusedOps, CpuRecurrentOps, CpuGatherOps, CpuAttent
         self, x: np.ndarray, w: np.ndarray, bias: np.ndarray | None,
         scale: np.ndarray | None, shift: np.ndarray | None, residual: np.ndarray | None,
         relu: bool, stride: Pair, padding: Pair, dilation: Pair = (1, 1), groups: int = 1,
-        out: np.ndarray | None = None,
+        out: np.ndarray | None = None, *, constant_weights: bool = False,
     ) -> np.ndarray:
         # A subclass that overrides conv2d gets the defaults, through its own conv2d.
         if type(self).conv2d is not CpuBackend.conv2d:
             return super().conv2d_epilogue(x, w, bias, scale, shift, residual, relu, stride,
-                                           padding, dilation, groups)
+                                           padding, dilation, groups,
+                                           constant_weights=constant_weights)
         win = conv.check_conv(x, w, stride, padding, dilation, groups)
         shape = (x.shape[0], w.shape[0], *win.out_hw)
         given = [a for a in (x, w, bias, scale, shift, residual) if a is not None]
@@ -950,7 +951,8 @@ class CpuBackend(BackwardOps, FusedOps, CpuRecurrentOps, CpuGatherOps, CpuAttent
                                 None if residual is None else residual[start:stop], relu)
             covered.append(stop - start)  # one atomic step: parts may run on threads
 
-        y = conv.conv2d(x, w, stride, padding, dilation, groups, out=out, epilogue=epilogue)
+        y = conv.conv2d(x, w, stride, padding, dilation, groups, out=out, epilogue=epilogue,
+                        constant_weights=constant_weights)
         if not covered and shape[0]:
             # A convolution path that takes no epilogue: one pass after it, still right.
             epilogue(y.reshape(shape[0], shape[1], -1), 0, shape[0])

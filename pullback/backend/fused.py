@@ -213,13 +213,16 @@ class FusedOps(Mixin):
     def conv2d_epilogue(self, x: Array, w: Array, bias: Array | None, scale: Array | None,
                         shift: Array | None, residual: Array | None, relu: bool,
                         stride: Pair, padding: Pair, dilation: Pair = (1, 1),
-                        groups: int = 1) -> Array:
+                        groups: int = 1, *, constant_weights: bool = False) -> Array:
         """relu(((conv2d(x, w) + bias) * scale + shift) + residual): bias, scale and shift
         (O,) per output channel (a convolution's bias, then a batch norm's affine map)
         and a residual of the output's shape, each optional, relu a flag. What an
         inference plan runs for a convolution and the elementwise ops after it; a
         backend applies them to each chunk of the output while it is in cache
-        (CpuBackend), these defaults op by op."""
+        (CpuBackend), these defaults op by op. `constant_weights` promises that w is the
+        same array holding the same values at every call (a plan's own constant): a
+        backend may then keep what it derives from w (CpuBackend: Winograd's transformed
+        kernels) instead of deriving it again; the defaults derive nothing."""
         y = self.conv2d(x, w, stride, padding, dilation, groups)
         column = (1, w.shape[0], 1, 1)
         for op, vector in ((self.add, bias), (self.mul, scale), (self.add, shift)):

@@ -140,10 +140,12 @@ def _role(eqn: Eqn, value: Var, earliest: int) -> int | None:
     return None
 
 
-def lower_epilogue(members: list[tuple]) -> tuple[Any, tuple]:
+def lower_epilogue(members: list[tuple], constants: set[int]) -> tuple[Any, tuple]:
     """The step's implementation (taking `out=`, a buffer) and its operands: the
     convolution's input and weights, then the bias and the residual where present; or
-    a matrix product's operands and its bias (`matmul_epilogues`)."""
+    a matrix product's operands and its bias (`matmul_epilogues`). `constants`: the
+    values that are the plan's own constants (never changed once lowered), whose
+    derived forms a backend may keep (`constant_weights`)."""
     conv = members[0][0]
     if conv.primitive is matmul_p:
         return _lower_matmul(members)
@@ -157,6 +159,10 @@ def lower_epilogue(members: list[tuple]) -> tuple[Any, tuple]:
     channels = conv.out.shape[1]
     stride, padding, dilation, groups = (conv.params[k] for k in
                                          ("stride", "padding", "dilation", "groups"))
+    weights = conv.args[1]
+    # Only where it holds: a backend's override written before the flag still runs.
+    kept = {"constant_weights": True} if isinstance(weights, Var) and \
+        weights.index in constants else {}
 
     def run(backend: Any, x: Any, w: Any, *rest: Any, out: Any = None) -> Any:
         given = dict(zip(vectors, rest))
@@ -165,9 +171,9 @@ def lower_epilogue(members: list[tuple]) -> tuple[Any, tuple]:
         residual = rest[-1] if has_residual else None
         if out is not None and backend.runs_plan_kernels():
             return backend.conv2d_epilogue(x, w, bias, scale, shift, residual, relu, stride,
-                                           padding, dilation, groups, out=out)
+                                           padding, dilation, groups, out=out, **kept)
         return fused_ops(backend).conv2d_epilogue(x, w, bias, scale, shift, residual, relu,
-                                                  stride, padding, dilation, groups)
+                                                  stride, padding, dilation, groups, **kept)
 
     return run, args
 

@@ -69,6 +69,7 @@ def schedule(graph: StaticGraph, keep: set[int]) -> list[Step]:
     pinned = set(keep) | {v.index for v in graph.outputs}
     groups = {**conv_epilogues(graph, pinned), **matmul_epilogues(graph, pinned)}
     grouped = {id(eqn) for members in groups.values() for eqn, _, _ in members}
+    constants = {v.index for v, _ in graph.consts if v.index not in graph.tensor_consts}
     relu_after = _relus_after_norms(graph, pinned, readers)
     grouped |= {id(relu) for relu in relu_after.values()}  # in their batch norm's step
     steps: list[Step] = []
@@ -82,7 +83,7 @@ def schedule(graph: StaticGraph, keep: set[int]) -> list[Step]:
             # The convolution runs where its last member was: its operands exist then.
             members = groups.get(id(eqn))
             if members is not None:
-                impl, args = lower_epilogue(members)
+                impl, args = lower_epilogue(members, constants)
                 steps.append(Step(impl, args, {}, eqn.out, [e for e, _, _ in members], True))
             continue
         chain = _chain_to_extend(eqn, open_chain, readers, pinned)

@@ -220,3 +220,60 @@ def test_input_gradient_padding_past_two_stays_on_im2col(cpu, monkeypatch, force
     upstream = np.ones((1, 2, 8, 8))
     grad = cpu.conv2d_input_backward(upstream, w, (1, 2, 4, 4), (1, 1), (3, 3))
     assert calls == [] and grad.shape == (1, 2, 4, 4)
+
+
+def test_kept_transforms_lift_the_count_of_tiles_but_not_the_rest():
+    x = np.broadcast_to(np.zeros((), np.float32), (1, 32, 16, 16))  # 16 tiles
+    w = np.broadcast_to(np.zeros((), np.float32), (32, 32, 3, 3))
+    win = backend_conv.check_conv(x, w, (1, 1), (1, 1))
+    assert not backend_conv._winograd(win, 1, 1, 32, 32)
+    assert backend_conv._winograd(win, 1, 1, 32, 32, kept=True)
+    small = backend_conv.check_conv(x[..., :6, :6], w, (1, 1), (1, 1))  # 6x6 maps
+    assert not backend_conv._winograd(small, 1, 1, 32, 32, kept=True)
+    assert not backend_conv._winograd(win, 1, 1, 8, 32, kept=True)  # 8 channels
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_constant_weights_transform_once_and_give_the_same_result(cpu, rng, monkeypatch,
+                                                                  dtype):
+    """conv2d(constant_weights=True) of one sample on 16x16 maps (16 tiles, im2col's
+    otherwise) runs Winograd on the kernels' transform made at the first call and kept:
+    bit for bit Winograd transforming them at every call, and torch's result; the entry
+    goes with the weights."""
+    import gc
+
+    x = rng.standard_normal((1, 32, 16, 16)).astype(dtype)
+    w = rng.standard_normal((32, 32, 3, 3)).astype(dtype)
+    transforms = []
+    plain = winograd.weight_transform
+    monkeypatch.setattr(winograd, "weight_transform",
+                        lambda kernels: transforms.append(kernels.shape) or plain(kernels))
+    first = backend_conv.conv2d(x, w, (1, 1), (1, 1), constant_weights=True)
+    second = backend_conv.conv2d(x, w, (1, 1), (1, 1), constant_weights=True)
+    assert transforms == [w.shape]  # made once, then kept
+    monkeypatch.setattr(backend_conv, "WINOGRAD_FORCED", True)
+    each_time = backend_conv.conv2d(x, w, (1, 1), (1, 1))
+    assert len(transforms) == 2
+    np.testing.assert_array_equal(first, each_time)
+    np.testing.assert_array_equal(second, each_time)
+    expected = F.conv2d(torch.from_numpy(x.astype(np.float64)),
+                        torch.from_numpy(w.astype(np.float64)), padding=1).numpy()
+    tol = 1e-4 if dtype == np.float32 else 1e-10
+    np.testing.assert_allclose(first, expected, rtol=tol, atol=tol)
+    key = id(w)
+    assert key in backend_conv._TRANSFORMS
+    del w
+    gc.collect()
+    assert key not in backend_conv._TRANSFORMS
+
+
+def test_weights_not_promised_constant_are_transformed_at_every_call(cpu, rng, monkeypatch):
+    monkeypatch.setattr(backend_conv, "WINOGRAD_FORCED", True)
+    x = rng.standard_normal((1, 16, 8, 8))
+    w = rng.standard_normal((16, 16, 3, 3))
+    before = backend_conv.conv2d(x, w, (1, 1), (1, 1))
+    w[0] += 1.0  # changed in place between calls: nothing kept may hide it
+    after = backend_conv.conv2d(x, w, (1, 1), (1, 1))
+    expected = F.conv2d(torch.from_numpy(x), torch.from_numpy(w), padding=1).numpy()
+    np.testing.assert_allclose(after, expected, rtol=1e-10, atol=1e-10)
+    assert not np.allclose(before, after) and id(w) not in backend_conv._TRANSFORMS

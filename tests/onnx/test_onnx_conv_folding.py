@@ -62,3 +62,55 @@ def test_batch_norms_fold_and_epilogues_fuse(dtype):
     steps = [step.name for step in runner.plan._schedule]
     assert steps == ["fused(conv2d, add, relu)", "fused(conv2d, add)",
                      "fused(conv2d, add, add, relu)"]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_a_constant_kernels_winograd_transform_is_made_once(dtype, monkeypatch):
+    """A 3x3 Conv of one sample whose weights are the model's initializer: its plan
+    promises them constant (`constant_weights`), so Winograd's transform of them is made
+    at the first call and kept (16 tiles: without it im2col's); outputs as node by node
+    and, in float32, as onnxruntime's."""
+    from pullback.backend import winograd
+
+    rng = np.random.default_rng(3)
+    w = rng.standard_normal((16, 16, 3, 3)).astype(dtype)
+    x = rng.standard_normal((1, 16, 16, 16)).astype(dtype)
+    data = graph_model([helper.make_node("Conv", ["x", "w"], ["c"], pads=[1] * 4),
+                        helper.make_node("Relu", ["c"], ["y"])],
+                       [value_info("x", x)], [value_info("y", dtype, [1, 16, 16, 16])],
+                       {"w": w})
+    transforms = []
+    plain = winograd.weight_transform
+    monkeypatch.setattr(winograd, "weight_transform",
+                        lambda kernels: transforms.append(kernels.shape) or plain(kernels))
+    model = pullback.onnx.load(data)
+    outputs = [model(x)[0].numpy() for _ in range(3)]
+    assert transforms == [(16, 16, 3, 3)]
+    with pb.no_grad():
+        (by_node,) = model.forward(x)
+    tol = {"rtol": 1e-4, "atol": 1e-4} if dtype == np.float32 else {"rtol": 1e-11, "atol": 1e-11}
+    for got in outputs:
+        np.testing.assert_allclose(got, by_node.numpy(), **tol)
+    if dtype == np.float32:
+        np.testing.assert_allclose(outputs[0], run_onnxruntime(data, {"x": x})[0], **tol)
+
+
+def test_a_modules_weights_are_not_promised_constant():
+    """An inference plan of a module: its convolution's weights are a parameter, which
+    may change in place between calls (an optimizer's step), so nothing derived from
+    them is kept; the plan's output follows them."""
+    from pullback import nn
+    from pullback.backend import conv as backend_conv
+
+    conv = nn.Conv2d(16, 16, 3, padding=1, bias=False)
+    x = pb.tensor(np.random.default_rng(4).standard_normal((1, 16, 16, 16)).astype(np.float32))
+    plan = pb.compile(lambda t: conv(t).relu(), x)
+    before = plan(x).numpy()
+    kept = dict(backend_conv._TRANSFORMS)
+    with pb.no_grad():
+        conv.weight.copy_(conv.weight + 1.0)
+    after = plan(x).numpy()
+    with pb.no_grad():
+        expected = conv(x).relu().numpy()
+    np.testing.assert_allclose(after, expected, rtol=1e-5, atol=1e-5)
+    assert not np.allclose(before, after) and kept == backend_conv._TRANSFORMS
