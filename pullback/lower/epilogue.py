@@ -144,8 +144,10 @@ def lower_epilogue(members: list[tuple], constants: set[int]) -> tuple[Any, tupl
     """The step's implementation (taking `out=`, a buffer) and its operands: the
     convolution's input and weights, then the bias and the residual where present; or
     a matrix product's operands and its bias (`matmul_epilogues`). `constants`: the
-    values that are the plan's own constants (never changed once lowered), whose
-    derived forms a backend may keep (`constant_weights`)."""
+    constants lowering computed, which only the plan holds and nothing changes (a
+    folded batch norm's weights): a backend may keep what it derives from such weights
+    (`constant_weights`). A caller's arrays are not among them: changed in place, the
+    plan reads their new values."""
     conv = members[0][0]
     if conv.primitive is matmul_p:
         return _lower_matmul(members)

@@ -262,6 +262,7 @@ def _evaluate_constants(graph: StaticGraph, eqns: list[Eqn]) -> None:
         data = eqn.primitive.impl(backend, *values, **eqn.params)
         eqn.out.kind, eqn.out.producer = "const", None
         graph.consts.append((eqn.out, data))
+        graph.computed_consts.add(eqn.out.index)
         owned[eqn.out.index] = data
         done.add(id(eqn))
     graph.eqns = [e for e in graph.eqns if id(e) not in done]

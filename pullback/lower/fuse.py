@@ -69,7 +69,7 @@ def schedule(graph: StaticGraph, keep: set[int]) -> list[Step]:
     pinned = set(keep) | {v.index for v in graph.outputs}
     groups = {**conv_epilogues(graph, pinned), **matmul_epilogues(graph, pinned)}
     grouped = {id(eqn) for members in groups.values() for eqn, _, _ in members}
-    constants = {v.index for v, _ in graph.consts if v.index not in graph.tensor_consts}
+    constants = graph.computed_consts
     relu_after = _relus_after_norms(graph, pinned, readers)
     grouped |= {id(relu) for relu in relu_after.values()}  # in their batch norm's step
     steps: list[Step] = []

@@ -103,6 +103,10 @@ class StaticGraph:
     #: their values may be overwritten in place between calls, so a plan reads them at
     #: each call and computes nothing from them once for all (fold.py).
     tensor_consts: set[int] = field(default_factory=set)
+    #: The constants lowering computed (fold.py) from other constants: arrays only the
+    #: plan holds, which nothing changes once lowered (a caller's arrays may be changed
+    #: in place, and the plan then reads the new values).
+    computed_consts: set[int] = field(default_factory=set)
 
     def new_var(self, shape: Sequence[int], dtype: DTypeLike, kind: str) -> Var:
         var = Var(len(self.vars), tuple(shape), np.dtype(dtype), kind)

@@ -64,21 +64,35 @@ def test_batch_norms_fold_and_epilogues_fuse(dtype):
                      "fused(conv2d, add, add, relu)"]
 
 
+def _conv_bn(dtype: np.dtype, batch_norm: bool) -> tuple[bytes, np.ndarray]:
+    """One sample through a 3x3 Conv of 16 channels on 16x16 maps (16 tiles: im2col's,
+    unless Winograd's transform is kept), a BatchNormalization (folded into its weights)
+    when asked, and a Relu."""
+    rng = np.random.default_rng(3)
+    inits = {"w": rng.standard_normal((16, 16, 3, 3)).astype(dtype)}
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1] * 4)]
+    last = "c"
+    if batch_norm:
+        for name, values in (("s", rng.standard_normal(16)), ("b", rng.standard_normal(16)),
+                             ("m", rng.standard_normal(16)), ("v", rng.random(16) + 0.5)):
+            inits[name] = values.astype(dtype)
+        nodes.append(helper.make_node("BatchNormalization", ["c", "s", "b", "m", "v"], ["n"]))
+        last = "n"
+    nodes.append(helper.make_node("Relu", [last], ["y"]))
+    x = rng.standard_normal((1, 16, 16, 16)).astype(dtype)
+    return graph_model(nodes, [value_info("x", x)], [value_info("y", dtype, [1, 16, 16, 16])],
+                       inits), x
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_a_constant_kernels_winograd_transform_is_made_once(dtype, monkeypatch):
-    """A 3x3 Conv of one sample whose weights are the model's initializer: its plan
-    promises them constant (`constant_weights`), so Winograd's transform of them is made
-    at the first call and kept (16 tiles: without it im2col's); outputs as node by node
-    and, in float32, as onnxruntime's."""
+def test_a_folded_kernels_winograd_transform_is_made_once(dtype, monkeypatch):
+    """A Conv whose BatchNormalization folds into its weights: the folded weights are
+    computed at lowering and only the plan holds them, so it promises them constant
+    (`constant_weights`) and Winograd's transform of them is made at the first call and
+    kept; outputs as node by node and, in float32, as onnxruntime's."""
     from pullback.backend import winograd
 
-    rng = np.random.default_rng(3)
-    w = rng.standard_normal((16, 16, 3, 3)).astype(dtype)
-    x = rng.standard_normal((1, 16, 16, 16)).astype(dtype)
-    data = graph_model([helper.make_node("Conv", ["x", "w"], ["c"], pads=[1] * 4),
-                        helper.make_node("Relu", ["c"], ["y"])],
-                       [value_info("x", x)], [value_info("y", dtype, [1, 16, 16, 16])],
-                       {"w": w})
+    data, x = _conv_bn(dtype, batch_norm=True)
     transforms = []
     plain = winograd.weight_transform
     monkeypatch.setattr(winograd, "weight_transform",
@@ -93,6 +107,34 @@ def test_a_constant_kernels_winograd_transform_is_made_once(dtype, monkeypatch):
         np.testing.assert_allclose(got, by_node.numpy(), **tol)
     if dtype == np.float32:
         np.testing.assert_allclose(outputs[0], run_onnxruntime(data, {"x": x})[0], **tol)
+
+
+def test_an_initializer_or_a_callers_array_is_not_promised_constant(monkeypatch):
+    """Weights the plan did not compute (an initializer used as it is, an array a
+    function closes over) may be changed in place between calls, and the plan then
+    computes with the new values: nothing derived from them is kept."""
+    from pullback import ops
+    from pullback.backend import conv as backend_conv
+    from pullback.backend import winograd
+
+    transforms = []
+    plain = winograd.weight_transform
+    monkeypatch.setattr(winograd, "weight_transform",
+                        lambda kernels: transforms.append(kernels.shape) or plain(kernels))
+    data, x = _conv_bn(np.float32, batch_norm=False)
+    model = pullback.onnx.load(data)
+    model(x)
+    model(x)
+    assert transforms == []  # im2col at every call: 16 tiles, no transform kept
+    w = np.random.default_rng(5).standard_normal((16, 16, 3, 3)).astype(np.float32)
+    t = pb.tensor(x)
+    plan = pb.compile(lambda v: ops.conv2d(v, w, padding=1).relu(), t)
+    before = plan(t).numpy()
+    w[0] += 1.0
+    after = plan(t).numpy()
+    np.testing.assert_allclose(after, ops.conv2d(t, w, padding=1).relu().numpy(), rtol=1e-5,
+                               atol=1e-5)
+    assert not np.allclose(before, after) and id(w) not in backend_conv._TRANSFORMS
 
 
 def test_a_modules_weights_are_not_promised_constant():
