@@ -220,9 +220,10 @@ class FusedOps(Mixin):
         inference plan runs for a convolution and the elementwise ops after it; a
         backend applies them to each chunk of the output while it is in cache
         (CpuBackend), these defaults op by op. `constant_weights` promises that w is the
-        same array holding the same values at every call (a plan's own constant): a
-        backend may then keep what it derives from w (CpuBackend: Winograd's transformed
-        kernels) instead of deriving it again; the defaults derive nothing."""
+        same array holding the same values at every call (a constant the plan computed,
+        which only it holds): a backend may then keep what it derives from w
+        (CpuBackend: Winograd's transformed kernels) instead of deriving it again; the
+        defaults derive nothing."""
         y = self.conv2d(x, w, stride, padding, dilation, groups)
         column = (1, w.shape[0], 1, 1)
         for op, vector in ((self.add, bias), (self.mul, scale), (self.add, shift)):
