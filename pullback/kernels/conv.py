@@ -565,8 +565,10 @@ def transposed_equal_body(src, dst):
 TILE_SIZES = range(1, 5)  # kh and kw with their own compiled tile kernels
 
 
-def tile_bodies(kh: int, kw: int, zero: Any) -> dict[str, Callable]:
-    """Tile pooling bodies for a kh x kw window; zero is 0 in the kernel's dtype."""
+def tile_bodies(kh: int, kw: int, zero: Any, width: int = 0) -> dict[str, Callable]:
+    """Tile pooling bodies for a kh x kw window; zero is 0 in the kernel's dtype; a
+    `width` other than 0 is the output rows' width, a constant of the compiled kernel
+    (SHORT_ROWS)."""
 
     def max_forward(x, out, lowest):
         """out = the maximum of each window, NaN winning, taps in row-major order."""
@@ -622,6 +624,54 @@ def tile_bodies(kh: int, kw: int, zero: Any) -> dict[str, Callable]:
                             dst[row + t * U(kw) + U(j)] = share + zero
         return grad
 
+    def max_forward_short(x, out, lowest):
+        """max_forward for windows that cover x exactly in output rows of `width`
+        windows, the arrays as one plane (`_one_plane`), the row's loop unrolled over
+        its constant width (SHORT_ROWS)."""
+        rows = out.shape[2]
+        w_ = width * kw
+        src = x.reshape(x.size)
+        dst = out.reshape(out.size)
+        for r in range(rows):
+            at = r * width
+            base = r * kh * w_
+            for t in range(width):
+                a = lowest
+                for i in range(kh):
+                    for j in range(kw):
+                        v = src[base + i * w_ + t * kw + j]
+                        a = v if (v > a) | (v != v) else a
+                dst[at + t] = a
+        return out
+
+    def max_backward_short(upstream, x, y, grad):
+        """max_backward for windows that cover x exactly in output rows of `width`
+        windows, the arrays as one plane (`_one_plane`): window by window, the first
+        maximum's tap and then the window's taps written, the row's loops unrolled over
+        its constant width (SHORT_ROWS)."""
+        rows = y.shape[2]
+        w_ = width * kw
+        src = x.reshape(x.size)
+        peak = y.reshape(y.size)
+        up = upstream.reshape(upstream.size)
+        dst = grad.reshape(grad.size)
+        for r in range(rows):
+            at = r * width
+            base = r * kh * w_
+            for t in range(width):
+                m = peak[at + t]
+                k = kh * kw
+                for i in range(kh - 1, -1, -1):  # backwards: the first match wins
+                    for j in range(kw - 1, -1, -1):
+                        v = src[base + i * w_ + t * kw + j]
+                        k = i * kw + j if v == m else k
+                u = up[at + t]
+                for i in range(kh):
+                    for j in range(kw):
+                        share = u if k == i * kw + j else u * zero
+                        dst[base + i * w_ + t * kw + j] = share + zero
+        return grad
+
     def avg_forward(x, out, scale):
         """out = scale * the sum of each window, taps in row-major order."""
         n_, c_, h_, w_ = x.shape
@@ -660,13 +710,15 @@ def tile_bodies(kh: int, kw: int, zero: Any) -> dict[str, Callable]:
 
     bodies: dict[str, Callable[..., Any]] = {
         "max_forward": max_forward, "max_backward": max_backward,
+        "max_forward_short": max_forward_short, "max_backward_short": max_backward_short,
         "avg_forward": avg_forward, "avg_backward": avg_backward}
     for body in bodies.values():
         # A name per size and dtype: Numba names a compiled function (and the
         # environment holding its constants) after its qualified name, so closures of
         # one name loaded together from the disk cache could read each other's, and a
         # returned array then fails to box ("'descr' is NULL").
-        body.__qualname__ = f"{body.__name__}_{kh}x{kw}_{np.asarray(zero).dtype.name}"
+        body.__qualname__ = (f"{body.__name__}_{kh}x{kw}_{np.asarray(zero).dtype.name}"
+                             + (f"_w{width}" if width else ""))
     return bodies
 
 
@@ -681,6 +733,8 @@ def _zero_uncovered(dst, plane, h_, w_, covered_h, covered_w, zero):
 _TILE_KINDS = {
     "max_forward": ("in4", "out4", "value"),
     "max_backward": ("in4", "in4", "in4", "out4"),
+    "max_backward_short": ("in4", "in4", "in4", "out4"),
+    "max_forward_short": ("in4", "out4", "value"),
     "avg_forward": ("in4", "out4", "value"),
     "avg_backward": ("in4", "out4", "value"),
 }
@@ -733,9 +787,11 @@ def _make(body: Callable, dtype: np.dtype) -> tuple[Callable, tuple]:
     return body, _signature(dtype, _KINDS[body])
 
 
-def _make_tile(kind: str, kh: int, kw: int, dtype: np.dtype) -> tuple[Callable, tuple]:
+def _make_tile(kind: str, kh: int, kw: int, dtype: np.dtype, width: int
+               ) -> tuple[Callable, tuple]:
     _register_helpers(jit.numba())
-    return tile_bodies(kh, kw, dtype.type(0))[kind], _signature(dtype, _TILE_KINDS[kind])
+    return (tile_bodies(kh, kw, dtype.type(0), width)[kind],
+            _signature(dtype, _TILE_KINDS[kind]))
 
 
 def compiled(body: Callable, dtype: np.dtype) -> Any:
@@ -744,9 +800,11 @@ def compiled(body: Callable, dtype: np.dtype) -> Any:
     return jit.compiled_once((body, dtype), _make, body, dtype)
 
 
-def compiled_tile(kind: str, kh: int, kw: int, dtype: np.dtype) -> Any:
-    """The tile pooling body `kind` for a kh x kw window, compiled for dtype."""
-    return jit.compiled_once(("conv tile", kind, kh, kw, dtype), _make_tile, kind, kh, kw, dtype)
+def compiled_tile(kind: str, kh: int, kw: int, dtype: np.dtype, width: int = 0) -> Any:
+    """The tile pooling body `kind` for a kh x kw window, compiled for dtype (and for
+    output rows `width` windows wide, where not 0)."""
+    return jit.compiled_once(("conv tile", kind, kh, kw, dtype, width), _make_tile, kind, kh,
+                             kw, dtype, width)
 
 
 def check_dtype(op: str, arrays: Sequence[np.ndarray]) -> np.dtype:
@@ -815,13 +873,18 @@ def _tiles(geo: np.ndarray) -> bool:
             and kh in TILE_SIZES and kw in TILE_SIZES)
 
 
+def _covered(x: np.ndarray, y: np.ndarray, geo: np.ndarray) -> bool:
+    """Whether the windows of y (N, C, OH, OW) cover x's planes exactly (no rows or
+    columns past the last window)."""
+    return x.shape[2] == y.shape[2] * int(geo[0]) and x.shape[3] == y.shape[3] * int(geo[1])
+
+
 def _one_plane(arrays: Sequence[np.ndarray], geo: np.ndarray) -> list[np.ndarray]:
     """C-contiguous (N, C, H, W) arrays of tiling windows that cover their planes
     exactly, as one (1, 1, N C H, W) plane: the same windows, and the same arithmetic,
     without a kernel's per-plane work, which dominates on small maps (MaxPool2d(2) of
     32x32x8x8: backward 264 -> 188 us, of 32x64x4x4 forward 25 -> 16 us)."""
-    x, y = arrays[0], arrays[1]
-    if x.shape[2] != y.shape[2] * int(geo[0]) or x.shape[3] != y.shape[3] * int(geo[1]):
+    if not _covered(arrays[0], arrays[1], geo):
         return list(arrays)
     return [a.reshape(1, 1, a.shape[0] * a.shape[1] * a.shape[2], a.shape[3])
             for a in arrays]
@@ -833,8 +896,10 @@ def max_pool(x: np.ndarray, out: np.ndarray, geo: np.ndarray) -> np.ndarray:
     x = np.ascontiguousarray(x)
     lowest = dtype.type(-np.inf)
     if _tiles(geo):
-        x1, out1 = _one_plane([x, out], geo)
-        compiled_tile("max_forward", int(geo[0]), int(geo[1]), dtype)(x1, out1, lowest)
+        short = out.shape[3] <= SHORT_ROWS and _covered(x, out, geo)
+        compiled_tile("max_forward_short" if short else "max_forward", int(geo[0]),
+                      int(geo[1]), dtype, out.shape[3] if short else 0)(
+            *_one_plane([x, out], geo), lowest)
         return out
     return compiled(max_pool_body, dtype)(x, out, geo, lowest)
 
@@ -846,26 +911,40 @@ def max_pool_backward(upstream: np.ndarray, x: np.ndarray, y: np.ndarray, grad: 
     args = (np.ascontiguousarray(upstream), np.ascontiguousarray(x), np.ascontiguousarray(y),
             grad)
     tiles = _tiles(geo)
+    if tiles and _covered(x, y, geo):  # one plane of rows (`_one_plane`)
+        short = y.shape[3] <= SHORT_ROWS
+        compiled_tile("max_backward_short" if short else "max_backward", int(geo[0]),
+                      int(geo[1]), dtype, y.shape[3] if short else 0)(
+            *(a.reshape(1, 1, -1, a.shape[3]) for a in (*args[:3], grad)))
+        return grad
     if (x.shape[0] * x.shape[1] >= INNER_PLANES and grad.flags.c_contiguous
             and y.shape[3] < (INNER_TILING_BELOW if tiles else INNER_BELOW)):
         return _max_backward_inner(*args, geo, dtype)
-    if tiles:
-        x1, y1, up1, grad1 = _one_plane([args[1], args[2], args[0], grad], geo)
-        compiled_tile("max_backward", int(geo[0]), int(geo[1]), dtype)(up1, x1, y1, grad1)
+    if tiles:  # rows or columns past the last window: plane by plane
+        compiled_tile("max_backward", int(geo[0]), int(geo[1]), dtype)(*args)
         return grad
     return compiled(max_pool_backward_body, dtype)(*args, geo, dtype.type(-np.inf))
 
 
-# A max pool's gradient is routed with the planes innermost (max_pool_backward_inner_body)
-# where its output rows are shorter than this many windows and it has at least
-# INNER_PLANES planes: per plane, rows of a few windows cost more in loop setup than in
-# work; the transposes in and out cost most of the rest. 3x3, stride-2 windows
-# (padding 1) measured 21.2 -> 8.3 ms on 64x32x32x32, 15.4 -> 6.0 on 8x64x56x56, 1.09
-# -> 0.62 on 1x64x64x64 (32 wide), and 4.6 against 6.7 on 2x64x112x112 (56 wide).
+# Tiling windows that cover their input exactly run as one plane of rows (`_one_plane`);
+# rows of at most this many windows through kernels compiled for their width, whose
+# loops over a row unroll (the "_short" tile bodies): MaxPool2d(2) of 32x64x4x4 (rows
+# of 2) took 4.7 us forward and 9.8 backward so, against 12.5 and 47.5 with the rows'
+# loops of the tile kernels. Those won from rows of 4 (32x32x8x8: 16.4 and 30.7 us,
+# against 24.6 and 50.2), and tied at 3 (one thread, hot, interleaved).
+SHORT_ROWS = 3
+# Other windows' gradients are routed with the planes innermost
+# (max_pool_backward_inner_body) where their output rows are shorter than this many
+# windows and they have at least INNER_PLANES planes: per plane, rows of a few windows
+# cost more in loop setup than in work; the transposes in and out cost most of the rest.
+# 3x3, stride-2 windows (padding 1) measured 21.2 -> 8.3 ms on 64x32x32x32, 15.4 -> 6.0
+# on 8x64x56x56, 1.09 -> 0.62 on 1x64x64x64 (32 wide), and 4.6 against 6.7 on
+# 2x64x112x112 (56 wide).
 INNER_BELOW = 33
-# ... and tiling windows (MaxPool2d(k)) below this many: their own rows' kernel
-# vectorizes from 8 windows (32x32x16x16: 109 us against 394 planes innermost), and
-# under it took 173 against 103 us on 32x32x8x8, 230 against 96 on 128x32x4x4.
+# ... and tiling windows (MaxPool2d(k)) with rows or columns past their last window
+# below this many: the tile kernel, plane by plane, vectorizes from 8 windows
+# (32x32x16x16: 109 us against 394 planes innermost), and under it took 173 against 103
+# us on 32x32x8x8, 230 against 96 on 128x32x4x4 (measured whole, as one plane now runs).
 INNER_TILING_BELOW = 8
 INNER_PLANES = 8
 

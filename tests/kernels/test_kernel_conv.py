@@ -115,6 +115,11 @@ POOL_CASES = [
     # ... and with rows of INNER_TILING_BELOW windows or more (a row's kernel)
     ((2, 2, 6, 34), (2, 2), (2, 2), (0, 0), (1, 1)),
     ((1, 3, 7, 25), (3, 3), (3, 3), (0, 0), (1, 1)),
+    # covering exactly in rows of at most SHORT_ROWS windows (kernels per width)
+    ((3, 4, 4, 4), (2, 2), (2, 2), (0, 0), (1, 1)),
+    ((2, 3, 6, 6), (3, 3), (3, 3), (0, 0), (1, 1)),
+    ((9, 2, 2, 6), (2, 2), (2, 2), (0, 0), (1, 1)),
+    ((1, 1, 3, 1), (1, 1), (1, 1), (0, 0), (1, 1)),
     # the general loops: overlaps, padding, dilation, strides past the kernel
     ((2, 2, 7, 9), (3, 3), (2, 2), (1, 1), (1, 1)),
     ((1, 2, 6, 7), (3, 2), (1, 2), (1, 0), (1, 1)),
@@ -200,7 +205,7 @@ def _pool_input(rng, shape, dtype):
 # Pools of INNER_PLANES planes or more with short output rows: the gradient routed with
 # the planes innermost (`_max_backward_inner`), tiling windows and the general ones.
 INNER_CASES = [
-    ((4, 3, 8, 8), (2, 2), (2, 2), (0, 0), (1, 1)),
+    ((4, 3, 9, 8), (2, 2), (2, 2), (0, 0), (1, 1)),
     ((3, 5, 9, 7), (3, 3), (3, 3), (0, 0), (1, 1)),
     ((2, 6, 9, 11), (3, 3), (2, 2), (1, 1), (1, 1)),
     ((3, 4, 7, 8), (3, 2), (1, 2), (1, 0), (1, 1)),
@@ -214,6 +219,45 @@ def test_the_tiling_cases_take_both_kernels():
     widths = [win.out_hw[1] for win in tiling]
     assert min(widths) < kc.INNER_TILING_BELOW <= max(widths)
     assert min(n * c for (n, c, _, _), *_ in POOL_CASES) < kc.INNER_PLANES  # per plane
+
+
+@pytest.mark.parametrize("case", POOL_CASES, ids=_ids(POOL_CASES))
+def test_tiling_windows_that_cover_the_input_run_as_one_plane(rng, case, monkeypatch):
+    # Which tile kernels run, and on what: one plane of rows where the windows cover the
+    # input exactly, compiled for the rows' width where they are short; the other cases
+    # of the table (their results checked above) never take a tile kernel for one plane.
+    taken = []
+    compiled_tile = kc.compiled_tile
+
+    def spy(kind, kh, kw, dtype, width=0):
+        kernel = compiled_tile(kind, kh, kw, dtype, width)
+        return lambda *args: taken.append((kind, width, args[0].shape)) or kernel(*args)
+
+    monkeypatch.setattr(kc, "compiled_tile", spy)
+    win = _win(*case)
+    x = _pool_input(rng, case[0], np.float32)
+    y = np.empty((*case[0][:2], *win.out_hw), dtype=np.float32)
+    kc.max_pool(x, y, win.geometry())
+    kc.max_pool_backward(np.ones_like(y), x, y, np.empty_like(x), win.geometry())
+    (n, c, h, w), (kh, kw), tiling = case[0], case[1], case[1] == case[2]
+    exact = (tiling and case[3] == (0, 0) and case[4] == (1, 1)
+             and max(case[1]) <= max(kc.TILE_SIZES) and h % kh == 0 and w % kw == 0)
+    if not exact:  # plane by plane, if at all
+        assert all(not kind.endswith("_short") and shape[:2] == (n, c)
+                   for kind, _, shape in taken)
+        return
+    short = win.out_hw[1] <= kc.SHORT_ROWS
+    suffix, width = ("_short", win.out_hw[1]) if short else ("", 0)
+    assert taken == [("max_forward" + suffix, width, (1, 1, n * c * h, w)),
+                     ("max_backward" + suffix, width, (1, 1, n * c * win.out_hw[0], win.out_hw[1]))]
+
+
+def test_the_pool_cases_take_short_rows_and_long_ones():
+    exact = [_win(*case).out_hw[1] for case in POOL_CASES
+             if case[1] == case[2] and case[3] == (0, 0) and case[0][2] % case[1][0] == 0
+             and case[0][3] % case[1][1] == 0]
+    assert min(exact) <= kc.SHORT_ROWS < max(exact)
+    assert {2, 3} <= set(exact)
 
 
 @pytest.mark.parametrize("dtype", FLOATS)
