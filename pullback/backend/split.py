@@ -24,7 +24,8 @@ import contextlib
 import functools
 import os
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 import numpy as np
@@ -41,11 +42,11 @@ _IDLE, _POSTED, _RUNNING, _TAKEN, _DONE = 0, 1, 2, 3, 4
 _SLOT = 8
 # A worker that has run a part polls for the next one this many times before it sleeps
 # (about 25 ns a poll here: 2 ms), and the caller polls for a worker's part to end this
-# many times (20 ms) before it sleeps; both offer their core to other threads every
-# few polls (kernels.spin). Woken by the operating system instead, a worker started its
-# part a median 45-73 us late and the caller saw it end 34 us late, on parts of a few
-# hundred: ResNet-20's training step took 5% longer so (bench/RESULTS.md). A 0.2 ms
-# poll kept little of that gain.
+# many times (20 ms) before it naps between looks (`_naps`); both offer their core to
+# other threads every few polls (kernels.spin). Woken by the operating system instead,
+# a worker started its part a median 45-73 us late and the caller saw it end 34 us
+# late, on parts of a few hundred: ResNet-20's training step took 5% longer so
+# (bench/RESULTS.md). A 0.2 ms poll kept little of that gain.
 IDLE_POLLS = 80_000
 WAIT_POLLS = 800_000
 
@@ -73,9 +74,9 @@ class _Worker:
     def result(self) -> Any:
         """The posted part's result (or its exception raised), once it has ended."""
         if not _wait_for()(self.flags, self.at, _DONE, WAIT_POLLS):
-            with self.cond:
-                while self.flags[self.at] != _DONE:
-                    self.cond.wait()
+            naps = _naps()  # a long part: the worker says nothing when it ends
+            while not _wait_for()(self.flags, self.at, _DONE, 1):
+                time.sleep(next(naps))
         self.flags[self.at] = _IDLE
         (result, error), self.outcome, self.task = self.outcome, (None, None), None
         if error is not None:
@@ -84,12 +85,15 @@ class _Worker:
 
     def _loop(self) -> None:
         flags, at, wait_for, claim = self.flags, self.at, _wait_for(), _claim()
+        publish_then_wait = spin.compiled(spin.publish_then_wait)
+        posted = wait_for(flags, at, _POSTED, IDLE_POLLS)
         while True:
-            if not wait_for(flags, at, _POSTED, IDLE_POLLS):
+            if not posted:
                 with self.cond:
                     while flags[at] != _POSTED:
                         self.cond.wait()
             if not claim(flags, at, _POSTED, _RUNNING):
+                posted = wait_for(flags, at, _POSTED, IDLE_POLLS)
                 continue  # the caller took it back
             task = self.task
             assert task is not None  # posted before the flag
@@ -97,9 +101,11 @@ class _Worker:
                 self.outcome = (task(), None)
             except BaseException as exc:  # the caller raises it
                 self.outcome = (None, exc)
-            with self.cond:
-                flags[at] = _DONE
-                self.cond.notify_all()
+            task = None  # nothing of the part kept alive while idle
+            # "Done" is stored once this thread has let the GIL go, so that the caller,
+            # polling for it, then takes the GIL at once: stored from Python, the caller
+            # slept until this thread let it go (a wake-up: tens of microseconds).
+            posted = publish_then_wait(flags, at, _DONE, _POSTED, IDLE_POLLS)
 
 
 _lock = threading.Lock()  # making the crew
@@ -137,6 +143,15 @@ def _wait_for() -> Any:
 
 def _claim() -> Any:
     return spin.compiled(spin.claim)
+
+
+def _naps() -> Iterator[float]:
+    """Seconds to sleep between looks at a long part's flag: from 50 us, doubling to 1 ms
+    (at most 5% of a part that has run the 20 ms of polls)."""
+    nap = 50e-6
+    while True:
+        yield nap
+        nap = min(2 * nap, 1e-3)
 
 
 def parts(n: int) -> list[tuple[int, int]]:

@@ -4,7 +4,8 @@ microseconds) next to what waking a sleeping thread costs here (tens of
 microseconds each way: ResNet-20's training step took 5% longer so).
 
 `wait_for` polls one int64 of a flags array until it holds a value, for a bounded
-number of polls, and says whether it did. Each poll runs x86's `pause` (a spin loop's
+number of polls, and says whether it did; `publish_then_wait` first stores a value
+there, after the GIL is released. Each poll runs x86's `pause` (a spin loop's
 hint), and every YIELD_EVERY polls the thread offers its core to any other thread
 ready to run there (`sched_yield`), so that polling never holds a core another thread
 of the process (a Numba parallel loop's) needs. `claim` swaps a flag from one value to
@@ -39,6 +40,15 @@ def wait_for(flags, index, value, polls):
     return False
 
 
+def publish_then_wait(flags, index, value, wanted, polls):
+    """flags[index] = value, then whether flags[index] == wanted within `polls` polls
+    (`wait_for`). Compiled, the store is made with the GIL already released: a thread
+    that sees it and goes on to take the GIL finds it free, instead of sleeping until
+    the storing thread lets it go."""
+    atomic_store(flags, index, value)
+    return wait_for(flags, index, wanted, polls)
+
+
 def claim(flags, index, expected, new):
     """flags[index] = new if it holds `expected` (atomically); whether it did."""
     return compare_and_swap(flags, index, expected, new)
@@ -47,6 +57,11 @@ def claim(flags, index, expected, new):
 def atomic_load(flags, index):
     """flags[index] (compiled: an atomic acquire load)."""
     return flags[index]
+
+
+def atomic_store(flags, index, value):
+    """flags[index] = value (compiled: an atomic release store)."""
+    flags[index] = value
 
 
 def pause():
@@ -66,16 +81,21 @@ def compare_and_swap(flags, index, expected, new):
 
 
 def compiled(body: Any) -> Any:
-    """`wait_for` or `claim` compiled (nogil, cached on disk), once per process."""
+    """`wait_for`, `publish_then_wait` or `claim` compiled (nogil, cached on disk), once
+    per process."""
     return jit.compiled_once(("spin", body), _make, body)
 
 
 def _make(body: Any) -> tuple[Any, tuple]:
     nb = jit.numba()
-    scope = dict(body.__globals__, atomic_load=_atomic_load(), pause=_hint("pause"),
-                 yield_core=_hint("yield"), compare_and_swap=_compare_and_swap())
+    scope = dict(body.__globals__, atomic_load=_atomic_load(), atomic_store=_atomic_store(),
+                 pause=_hint("pause"), yield_core=_hint("yield"),
+                 compare_and_swap=_compare_and_swap())
+    if body is publish_then_wait:
+        scope["wait_for"] = compiled(wait_for)
     flags = jit.array_type(np.dtype(np.int64), 1, "C")
-    return jit.rebound(body, scope), (flags, nb.intp, nb.int64, nb.int64)
+    values = (nb.int64,) * (body.__code__.co_argcount - 2)
+    return jit.rebound(body, scope), (flags, nb.intp, *values)
 
 
 def _atomic_load() -> Any:
@@ -90,6 +110,23 @@ def _atomic_load() -> Any:
             return builder.load_atomic(at, "acquire", 8)
 
         return types.int64(flags, types.intp), codegen
+
+    return intrinsic(typer)
+
+
+def _atomic_store() -> Any:
+    from numba import types
+    from numba.core import cgutils
+    from numba.extending import intrinsic
+
+    def typer(typingctx, flags, index, value):
+        def codegen(context, builder, signature, args):
+            ary = context.make_array(signature.args[0])(context, builder, args[0])
+            at = cgutils.get_item_pointer(context, builder, signature.args[0], ary, [args[1]])
+            builder.store_atomic(args[2], at, "release", 8)
+            return context.get_dummy_value()
+
+        return types.void(flags, types.intp, types.int64), codegen
 
     return intrinsic(typer)
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -126,18 +127,42 @@ def test_while_another_call_holds_the_crew_every_part_runs_on_the_caller(monkeyp
 
 
 def test_a_flag_is_waited_for_and_claimed_as_the_python_oracle_says():
-    # Compiled (no GIL, atomic load, cmpxchg) and plain Python agree.
-    for wait_for, claim in ((spin.compiled(spin.wait_for), spin.compiled(spin.claim)),
-                            (spin.wait_for, spin.claim)):
+    # Compiled (no GIL, atomic load and store, cmpxchg) and plain Python agree.
+    compiled = [spin.compiled(f) for f in (spin.wait_for, spin.claim, spin.publish_then_wait)]
+    for wait_for, claim, publish in (compiled,
+                                     (spin.wait_for, spin.claim, spin.publish_then_wait)):
         flags = np.zeros(16, np.int64)
         assert wait_for(flags, 3, 0, 1) and not wait_for(flags, 3, 1, 5000)
         assert claim(flags, 3, 0, 5) and flags[3] == 5
         assert not claim(flags, 3, 0, 7) and flags[3] == 5
+        assert publish(flags, 4, 6, 6, 1) and flags[4] == 6  # stored, then seen
+        assert not publish(flags, 4, 2, 6, 5000) and flags[4] == 2 and flags[3] == 5
     flags = np.zeros(16, np.int64)
     later = threading.Timer(0.05, flags.__setitem__, (8, 3))
     later.start()
     assert spin.compiled(spin.wait_for)(flags, 8, 3, 10**9)  # sees another thread's store
     later.join()
+
+
+def test_a_part_that_outlasts_the_callers_polls_is_collected(monkeypatch):
+    # The caller stops polling after WAIT_POLLS and naps between looks; the worker's part
+    # ends during a nap and its result still comes back, in order.
+    monkeypatch.setattr(split, "parts", lambda n: [(0, 1), (1, 2)])
+    monkeypatch.setattr(split, "WAIT_POLLS", 1)
+    naps, sleep = [], time.sleep
+    monkeypatch.setattr(time, "sleep", lambda s: naps.append(s) or sleep(s))
+    started = threading.Event()
+
+    def run(a: int, b: int) -> int:
+        if a == 1:
+            started.set()
+            threading.Event().wait(0.05)
+        else:
+            assert started.wait(10)  # the worker has the other part
+        return a + 10
+
+    assert split.over_parts(2, run) == [10, 11]
+    assert naps and naps[0] == 50e-6 and max(naps) == 1e-3  # the caller napped
 
 
 def test_over_parts_raises_a_parts_error_after_every_part_is_done(monkeypatch):
