@@ -35,6 +35,9 @@ from pullback.kernels.core import SUPPORTED_DTYPES
 # GPT bench's causal heads ((16, 4, 128, 32), blocks of 32 queries) this was the fastest
 # of 2**16..2**20 for CpuAttentionOps' forward + backward: larger blocks compute more of
 # the masked triangle, smaller ones make BLAS products too small to run at speed.
+# CpuAttentionOps counts it per part of the heads (`_by_heads`): split over two
+# threads, the GPT bench's blocks of 64 queries (2**18 scores a thread) took its
+# attention 1.5-1.8 ms a step less than blocks of 32 (paired, in one process).
 BLOCK_ELEMENTS = 1 << 18
 NEG_INF = -math.inf
 # From this many multiply-adds (both products, unmasked) CpuAttentionOps splits the
@@ -44,9 +47,11 @@ NEG_INF = -math.inf
 SPLIT_MACS = 1 << 23
 
 
-def row_blocks(batch: tuple[int, ...], length: int, keys: int) -> list[tuple[int, int]]:
-    """The (start, stop) query rows of each block: about BLOCK_ELEMENTS scores apiece."""
-    rows = BLOCK_ELEMENTS // max(1, math.prod(batch) * keys)
+def row_blocks(batch: tuple[int, ...], length: int, keys: int, parts: int = 1
+               ) -> list[tuple[int, int]]:
+    """The (start, stop) query rows of each block: about BLOCK_ELEMENTS scores apiece
+    in each of `parts` parts of the batch."""
+    rows = BLOCK_ELEMENTS * parts // max(1, math.prod(batch) * keys)
     rows = max(1, min(length, rows))
     return [(i, min(i + rows, length)) for i in range(0, length, rows)]
 
@@ -236,7 +241,7 @@ class CpuAttentionOps(AttentionOps):
         out = np.empty_like(q, shape=q.shape[:-1] + (v.shape[-1],))
         # The scale rounded to q's dtype: the kernels' products then round as q's dtype's.
         scale = float(q.dtype.type(scale))
-        blocks = row_blocks(q.shape[:-2], q.shape[-2], k.shape[-2])
+        blocks = row_blocks(q.shape[:-2], q.shape[-2], k.shape[-2], _head_parts(q))
 
         def heads(part: Callable) -> None:
             qp, kp, vp, outp = part((q, k, v, out))
@@ -254,7 +259,7 @@ class CpuAttentionOps(AttentionOps):
                                               bias_grad)
         dq, dk, dv = np.empty_like(q), np.empty_like(k), np.empty_like(v)
         scale = float(q.dtype.type(scale))
-        blocks = row_blocks(q.shape[:-2], q.shape[-2], k.shape[-2])
+        blocks = row_blocks(q.shape[:-2], q.shape[-2], k.shape[-2], _head_parts(q))
 
         def heads(part: Callable) -> None:
             up, qp, kp, vp, dqp, dkp, dvp = part((upstream, q, k, v, dq, dk, dv))
@@ -264,15 +269,28 @@ class CpuAttentionOps(AttentionOps):
         return dq, dk, dv, None
 
 
+def _split_axis(batch: tuple[int, ...]) -> int | None:
+    """The batch axis `_by_heads` cuts: the first of more than one."""
+    return next((i for i, size in enumerate(batch) if size > 1), None)
+
+
+def _head_parts(q: np.ndarray) -> int:
+    """How many parts `_by_heads` cuts q's heads into on BLAS's threads, whether or not
+    this call is large enough to split: its query blocks count BLOCK_ELEMENTS per part,
+    the same blocks split or not."""
+    axis = _split_axis(q.shape[:-2])
+    return 1 if axis is None else len(split.parts(q.shape[axis]))
+
+
 def _by_heads(q: np.ndarray, k: np.ndarray, v: np.ndarray, run: Callable) -> None:
     """run(part) once per part of the batch dimensions, at once on BLAS's threads
     (pullback.backend.split) from SPLIT_MACS multiply-adds: `part` cuts a tuple of
     operands and results to the part's heads, along the first batch axis of more than
-    one. The query blocks stay the whole call's and each head is computed alone
-    (NumPy's stacked products are one BLAS call per head), so the parts give one call's
-    results bit for bit, whichever thread runs them."""
+    one. The query blocks are the whole call's (`_head_parts`) and each head is computed
+    alone (NumPy's stacked products are one BLAS call per head), so the parts give one
+    call's results bit for bit, whichever thread runs them."""
     batch = q.shape[:-2]
-    axis = next((i for i, size in enumerate(batch) if size > 1), None)
+    axis = _split_axis(batch)
     macs = math.prod(batch) * q.shape[-2] * k.shape[-2] * (q.shape[-1] + v.shape[-1])
     if axis is None or macs < SPLIT_MACS:
         run(lambda arrays: arrays)

@@ -267,6 +267,39 @@ def test_attention_split_by_heads_is_one_calls_bit_for_bit(cpu, halves, calls, c
     np.testing.assert_allclose(results[True][0], expected, rtol=tol, atol=tol)
 
 
+@pytest.mark.parametrize("causal", [False, True])
+def test_attention_blocks_count_their_scores_per_part_of_the_heads(cpu, halves, calls,
+                                                                  monkeypatch, causal):
+    # 4 x 2 heads of 12 keys: 8 * 12 * 3 scores a block on one thread make blocks of 3
+    # query rows; cut into two parts of the heads, blocks of 6, split or not, bit for bit.
+    monkeypatch.setattr(attention, "BLOCK_ELEMENTS", 8 * 12 * 3)
+    assert attention.row_blocks((4, 2), 12, 12) == [(0, 3), (3, 6), (6, 9), (9, 12)]
+    assert attention.row_blocks((4, 2), 12, 12, 2) == [(0, 6), (6, 12)]
+    blocks = []
+    forward = attention._forward
+    monkeypatch.setattr(attention, "_forward",
+                        lambda *a: blocks.append(a[-2]) or forward(*a))
+    rng = np.random.default_rng(5)
+    q, k, v = (rng.standard_normal((4, 2, 12, 5)) for _ in range(3))
+    results = {}
+    for on in (False, True):
+        halves(on)
+        assert attention._head_parts(q) == 2
+        out = cpu.attention(q, k, v, None, None, 0.4, causal)
+        grads = cpu.attention_backward(np.ones_like(out), q, k, v, None, None, 0.4, causal,
+                                       False)
+        results[on] = (out, *grads[:3])
+    assert calls == [4, 4]  # split once each way, when on
+    assert blocks == [[(0, 6), (6, 12)]] * 3  # whole, then each of the two parts
+    for split_result, whole in zip(results[True], results[False]):
+        np.testing.assert_array_equal(split_result, whole)
+    monkeypatch.setattr(split, "parts", lambda n: [(0, n)])  # one thread: blocks of 3
+    assert attention._head_parts(q) == 1
+    np.testing.assert_allclose(cpu.attention(q, k, v, None, None, 0.4, causal),
+                               results[True][0], rtol=1e-13, atol=1e-15)
+    assert blocks[-1] == [(0, 3), (3, 6), (6, 9), (9, 12)]
+
+
 @pytest.mark.parametrize("threaded", [False, True])
 def test_bias_sums_run_on_one_blas_thread_while_products_split(monkeypatch, threaded):
     monkeypatch.setattr(blas, "_threaded", threaded)
