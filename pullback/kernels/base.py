@@ -28,9 +28,6 @@ PARALLEL_THRESHOLD = int(os.environ.get("PULLBACK_KERNEL_PARALLEL_THRESHOLD", 2*
 class Kernel:
     """What both kernel kinds share: name, Python body, backward pair, dtype dispatch."""
 
-    # Whether the body is inlined into its loops in Numba's IR (see jit.load_drivers).
-    inline_body = False
-
     if TYPE_CHECKING:  # what each kind of kernel (ElementwiseKernel, RowKernel) defines
         nin: int  # the number of inputs
 
@@ -86,8 +83,7 @@ class Kernel:
                 return found
             module = self._modules.get((dtype, key))
             if module is None:
-                module = jit.load_drivers(self.name, self.python, dtype, self._source(key),
-                                          inline=self.inline_body)
+                module = jit.load_drivers(self.name, self.python, dtype, self._source(key))
                 self._modules[(dtype, key)] = module
             driver = module.parallel_loop if parallel else module.serial_loop
             # One explicit signature, inputs read-only and arrays of any alignment, then

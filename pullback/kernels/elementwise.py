@@ -23,8 +23,6 @@ class ElementwiseKernel(Kernel):
     """A scalar body applied elementwise with broadcasting; `outputs` > 1 when the body
     returns a tuple. An output may be one of the inputs (same shape): in place."""
 
-    inline_body = True  # a call left in the element loop would stop it vectorizing
-
     def __init__(self, fn: Callable, backward: Kernel | None, outputs: int = 1):
         super().__init__(fn, backward)
         if not isinstance(outputs, int) or outputs < 1:
