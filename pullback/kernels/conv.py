@@ -733,8 +733,8 @@ def _zero_uncovered(dst, plane, h_, w_, covered_h, covered_w, zero):
 _TILE_KINDS = {
     "max_forward": ("in4", "out4", "value"),
     "max_backward": ("in4", "in4", "in4", "out4"),
-    "max_backward_short": ("in4", "in4", "in4", "out4"),
     "max_forward_short": ("in4", "out4", "value"),
+    "max_backward_short": ("in4", "in4", "in4", "out4"),
     "avg_forward": ("in4", "out4", "value"),
     "avg_backward": ("in4", "out4", "value"),
 }
@@ -911,11 +911,11 @@ def max_pool_backward(upstream: np.ndarray, x: np.ndarray, y: np.ndarray, grad: 
     args = (np.ascontiguousarray(upstream), np.ascontiguousarray(x), np.ascontiguousarray(y),
             grad)
     tiles = _tiles(geo)
-    if tiles and _covered(x, y, geo):  # one plane of rows (`_one_plane`)
+    if tiles and _covered(x, y, geo):
         short = y.shape[3] <= SHORT_ROWS
+        x1, y1, up1, grad1 = _one_plane([args[1], args[2], args[0], grad], geo)
         compiled_tile("max_backward_short" if short else "max_backward", int(geo[0]),
-                      int(geo[1]), dtype, y.shape[3] if short else 0)(
-            *(a.reshape(1, 1, -1, a.shape[3]) for a in (*args[:3], grad)))
+                      int(geo[1]), dtype, y.shape[3] if short else 0)(up1, x1, y1, grad1)
         return grad
     if (x.shape[0] * x.shape[1] >= INNER_PLANES and grad.flags.c_contiguous
             and y.shape[3] < (INNER_TILING_BELOW if tiles else INNER_BELOW)):
