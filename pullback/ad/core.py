@@ -90,7 +90,12 @@ class Primitive:
       returning one array (or None) per input;
     - `abstract_eval`: the shape rule, `rule(*args, **params) -> (shape, dtype)`;
     - `saves_inputs` / `saves_output`: what the rules read of the forward pass,
-      so that a recorded node keeps exactly that and nothing else.
+      so that a recorded node keeps exactly that and nothing else;
+    - `saving_impl`: the forward to run where a backward through this application will
+      follow (an eager op recorded for one, an active step of a training plan): the same
+      result, which may carry in its memory what the `vjp` would otherwise compute again
+      (attention's probabilities); None: `impl` serves both. An inference run never
+      pays for what only a backward reads.
 
     The other layers' facts about the primitive live here too, registered beside its
     declaration (the ops layer) or against this object (a layer above, such as ONNX
@@ -144,6 +149,7 @@ class Primitive:
         "name",
         "saves_inputs",
         "saves_output",
+        "saving_impl",
         "then_relu",
         "transpose",
         "vjp",
@@ -167,6 +173,7 @@ class Primitive:
         # The forward, `impl(backend, *operands, **params)`; until one is declared, a call
         # says which primitive lacks it.
         self.impl: Rule = _no_forward(name)
+        self.saving_impl: Rule | None = None
         self.abstract_eval: Rule | None = None
         self.jvp: tuple[Rule | None, ...] | None = None
         self.jvp_full: Rule | None = None

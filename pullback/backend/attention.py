@@ -1,13 +1,15 @@
 """`AttentionOps`: scaled dot-product attention's fused forward and backward.
 
 Both walk the queries in blocks of rows, so that the scores of one block (all heads
-together, a bounded number of elements) are what is materialized at a time, and
-nothing of size (T, T) is kept for backward: the backward recomputes each block's
-probabilities from q and k, and softmax's backward takes them to the scores' gradient
-in one pass. A causal mask skips the keys past a block's last query (query i sees keys
-0..i). Masks arrive as operands: an additive float `bias` (None, or broadcastable to
-the scores) and a dropout `keep` mask (None, or 0 or 1/(1-p)). Rows every key of
-`bias` masks give zeros, as PyTorch gives them.
+together, a bounded number of elements) are what is materialized at a time. The
+backward recomputes each block's probabilities from q and k, and softmax's backward
+takes them to the scores' gradient in one pass; `CpuAttentionOps`' forward, asked to
+run for a backward (`for_backward`), keeps them instead beside its result (`_Kept`),
+and its backward reads them there, sparing a product and a softmax per block. A causal
+mask skips the keys past a block's last query (query i sees keys 0..i). Masks arrive
+as operands: an additive float `bias` (None, or broadcastable to the scores) and a
+dropout `keep` mask (None, or 0 or 1/(1-p)). Rows every key of `bias` masks give
+zeros, as PyTorch gives them.
 
 The defaults are written in forward ops on `self`. `CpuAttentionOps` runs the unmasked
 case (no bias, no dropout: a GPT's causal self-attention) in NumPy: key blocks and
@@ -71,8 +73,11 @@ class AttentionOps(Mixin):
                              ) -> Array: ...
 
     def attention(self, q: Array, k: Array, v: Array, bias: Array | None,
-                  keep: Array | None, scale: float, causal: bool) -> Array:
-        """The attention output (..., L, Ev)."""
+                  keep: Array | None, scale: float, causal: bool, *,
+                  for_backward: bool = False) -> Array:
+        """The attention output (..., L, Ev). `for_backward`: a backward will follow, and
+        the result may carry the probabilities it would otherwise compute again (here
+        it does not: these defaults recompute them)."""
         if empty_attention(q, k):
             batch = np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
             return self.zeros(batch + (q.shape[-2], v.shape[-1]), q.dtype)
@@ -89,10 +94,12 @@ class AttentionOps(Mixin):
 
     def attention_backward(self, upstream: Array, q: Array, k: Array, v: Array,
                            bias: Array | None, keep: Array | None, scale: float,
-                           causal: bool, bias_grad: bool
+                           causal: bool, bias_grad: bool, out: Array | None = None
                            ) -> tuple[Array, Array, Array, Array | None]:
         """(dq, dk, dv, dbias or None): the scores' gradient is softmax's backward of dp,
-        p * (dp - rowsum(p * dp)), dp being upstream v^T (times the dropout mask)."""
+        p * (dp - rowsum(p * dp)), dp being upstream v^T (times the dropout mask). `out`:
+        the forward's result, where a forward run `for_backward` may have kept the
+        probabilities (None, or a result without them: they are computed again)."""
         # The bias whose gradient is asked for: bias_grad is asked only with a bias.
         graded = bias if bias_grad else None
         assert graded is not None or not bias_grad, "attention_backward: bias_grad, no bias"
@@ -235,38 +242,109 @@ class CpuAttentionOps(AttentionOps):
     its concatenations (bench/RESULTS.md, issue 13)."""
 
     def attention(self, q: Array, k: Array, v: Array, bias: Array | None,
-                  keep: Array | None, scale: float, causal: bool) -> Array:
+                  keep: Array | None, scale: float, causal: bool, *,
+                  for_backward: bool = False) -> Array:
         if not _unmasked(q, k, v, bias, keep):
             return super().attention(q, k, v, bias, keep, scale, causal)
-        out = np.empty_like(q, shape=q.shape[:-1] + (v.shape[-1],))
         # The scale rounded to q's dtype: the kernels' products then round as q's dtype's.
         scale = float(q.dtype.type(scale))
         blocks = row_blocks(q.shape[:-2], q.shape[-2], k.shape[-2], _head_parts(q))
+        shape = q.shape[:-1] + (v.shape[-1],)
+        if for_backward:
+            out, kept = _Kept.allocate(q, shape, k.shape[-2], causal, blocks)
+        else:
+            out, kept = np.empty_like(q, shape=shape), []
 
         def heads(part: Callable) -> None:
-            qp, kp, vp, outp = part((q, k, v, out))
-            _forward(qp, kp, vp, scale, causal, blocks, outp)
+            qp, kp, vp, outp, *keptp = part((q, k, v, out, *kept))
+            _forward(qp, kp, vp, scale, causal, blocks, outp, keptp)
 
         _by_heads(q, k, v, heads)
         return out
 
     def attention_backward(self, upstream: Array, q: Array, k: Array, v: Array,
                            bias: Array | None, keep: Array | None, scale: float,
-                           causal: bool, bias_grad: bool
+                           causal: bool, bias_grad: bool, out: Array | None = None
                            ) -> tuple[Array, Array, Array, Array | None]:
         if not _unmasked(q, k, v, bias, keep) or upstream.shape != q.shape[:-1] + v.shape[-1:]:
             return super().attention_backward(upstream, q, k, v, bias, keep, scale, causal,
                                               bias_grad)
         dq, dk, dv = np.empty_like(q), np.empty_like(k), np.empty_like(v)
         scale = float(q.dtype.type(scale))
-        blocks = row_blocks(q.shape[:-2], q.shape[-2], k.shape[-2], _head_parts(q))
+        found = None if out is None else _Kept.find(out, q.shape[:-2], k.shape[-2], causal)
+        if found is None:
+            blocks = row_blocks(q.shape[:-2], q.shape[-2], k.shape[-2], _head_parts(q))
+            kept: list[np.ndarray] = []
+        else:
+            blocks, kept = found  # the forward's blocks, whatever the threads are now
 
         def heads(part: Callable) -> None:
-            up, qp, kp, vp, dqp, dkp, dvp = part((upstream, q, k, v, dq, dk, dv))
-            _backward(up, qp, kp, vp, scale, causal, blocks, dqp, dkp, dvp)
+            up, qp, kp, vp, dqp, dkp, dvp, *keptp = part((upstream, q, k, v, dq, dk, dv,
+                                                          *kept))
+            _backward(up, qp, kp, vp, scale, causal, blocks, dqp, dkp, dvp, keptp)
 
         _by_heads(q, k, v, heads)
         return dq, dk, dv, None
+
+
+class _Kept:
+    """Where a forward run for a backward keeps its probabilities: in one allocation
+    with its result, after it, so that they live exactly as long as the result the
+    backward is handed (the node's saved output, a training plan's saved value) and
+    no longer. The allocation holds the result (laid out as q is, as the forward's
+    results always are), then each query block's probabilities (the batch dimensions,
+    the block's rows, the keys it sees: a causal block's only), then the block's row
+    count, from which the backward finds the blocks again whatever the threads are by
+    then. A result that is not such a view (a copy, another forward's) finds nothing,
+    and its backward computes the probabilities again, as the same kernels do."""
+
+    @staticmethod
+    def sizes(batch: tuple[int, ...], keys: int, causal: bool,
+              blocks: list[tuple[int, int]]) -> list[tuple[int, ...]]:
+        """The shape each block's probabilities are kept in."""
+        return [batch + (stop - start, min(keys, stop) if causal else keys)
+                for start, stop in blocks]
+
+    @staticmethod
+    def allocate(q: np.ndarray, shape: tuple[int, ...], keys: int, causal: bool,
+                 blocks: list[tuple[int, int]]) -> tuple[np.ndarray, list[np.ndarray]]:
+        """The result (shape, laid out as q) and each block's probabilities, empty."""
+        shapes = _Kept.sizes(q.shape[:-2], keys, causal, blocks)
+        n = math.prod(shape)
+        whole = np.empty(n + sum(math.prod(s) for s in shapes) + 1, q.dtype)
+        whole[-1] = blocks[0][1] - blocks[0][0]
+        # q's axes outermost first (by stride; ties keep their order), as empty_like lays
+        # out its result.
+        order = sorted(range(q.ndim), key=lambda axis: -q.strides[axis])
+        out = whole[:n].reshape([shape[a] for a in order]).transpose(np.argsort(order))
+        kept, at = [], n
+        for s in shapes:
+            kept.append(whole[at:at + math.prod(s)].reshape(s))
+            at += math.prod(s)
+        return out, kept
+
+    @staticmethod
+    def find(out: np.ndarray, batch: tuple[int, ...], keys: int, causal: bool
+             ) -> tuple[list[tuple[int, int]], list[np.ndarray]] | None:
+        """(the blocks, their probabilities) kept beside `out`, or None."""
+        whole = out.base
+        if (type(whole) is not np.ndarray or whole.ndim != 1 or whole.dtype != out.dtype
+                or whole.size <= out.size or not out.size
+                or out.__array_interface__["data"][0] != whole.__array_interface__["data"][0]):
+            return None
+        rows, length = whole[-1], out.shape[-2]
+        if not (rows == int(rows) and 1 <= rows <= length):
+            return None
+        rows = int(rows)
+        blocks = [(i, min(i + rows, length)) for i in range(0, length, rows)]
+        shapes = _Kept.sizes(batch, keys, causal, blocks)
+        if whole.size != out.size + sum(math.prod(s) for s in shapes) + 1:
+            return None
+        kept, at = [], out.size
+        for s in shapes:
+            kept.append(whole[at:at + math.prod(s)].reshape(s))
+            at += math.prod(s)
+        return blocks, kept
 
 
 def _split_axis(batch: tuple[int, ...]) -> int | None:
@@ -304,27 +382,31 @@ def _by_heads(q: np.ndarray, k: np.ndarray, v: np.ndarray, run: Callable) -> Non
 
 
 def _forward(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, causal: bool,
-             blocks: list[tuple[int, int]], out: np.ndarray) -> None:
-    """CpuAttentionOps' forward into `out`, over the query blocks `blocks`."""
-    for start, stop in blocks:
+             blocks: list[tuple[int, int]], out: np.ndarray, kept: list[np.ndarray]) -> None:
+    """CpuAttentionOps' forward into `out`, over the query blocks `blocks`; each block's
+    probabilities into `kept`'s array for it, if `kept` has them (`_Kept`)."""
+    for b, (start, stop) in enumerate(blocks):
         seen = min(k.shape[-2], stop) if causal else k.shape[-2]
-        p = _probabilities(q, k, start, stop, seen, causal, scale)
+        p = _probabilities(q, k, start, stop, seen, causal, scale, kept[b] if kept else None)
         np.matmul(p, v[..., :seen, :], out=out[..., start:stop, :])
 
 
 def _backward(upstream: np.ndarray, q: np.ndarray, k: np.ndarray, v: np.ndarray,
               scale: float, causal: bool, blocks: list[tuple[int, int]], dq: np.ndarray,
-              dk: np.ndarray, dv: np.ndarray) -> None:
-    """CpuAttentionOps' backward into dq, dk and dv, over the query blocks `blocks`. The
-    scale rides in the softmax kernels (forward and backward), so the scores' gradient
-    ds already holds it: dq = ds k and dk = ds^T q, with no pass over q or dq for it."""
+              dk: np.ndarray, dv: np.ndarray, kept: list[np.ndarray]) -> None:
+    """CpuAttentionOps' backward into dq, dk and dv, over the query blocks `blocks`, with
+    each block's probabilities from `kept` where the forward kept them (computed again
+    otherwise). The scale rides in the softmax kernels (forward and backward), so the
+    scores' gradient ds already holds it: dq = ds k and dk = ds^T q, with no pass over q
+    or dq for it."""
     keys = k.shape[-2]
     # The last block sees the most keys (all of them unless causal with fewer queries
     # than keys): it writes dk and dv, the others add into their first rows.
     first = True
-    for start, stop in reversed(blocks):
+    for b in reversed(range(len(blocks))):
+        start, stop = blocks[b]
         seen = min(keys, stop) if causal else keys
-        p = _probabilities(q, k, start, stop, seen, causal, scale)
+        p = kept[b] if kept else _probabilities(q, k, start, stop, seen, causal, scale)
         g = upstream[..., start:stop, :]
         k_seen, v_seen = k[..., :seen, :], v[..., :seen, :]
         dp = np.matmul(g, np.swapaxes(v_seen, -1, -2))
@@ -351,14 +433,14 @@ def _unmasked(q: Any, k: Any, v: Any, bias: Any, keep: Any) -> bool:
 
 
 def _probabilities(q: np.ndarray, k: np.ndarray, start: int, stop: int, seen: int,
-                   causal: bool, scale: float) -> np.ndarray:
-    """softmax(q k^T * scale) for the queries start:stop over their first `seen` keys;
-    causal: query i's weights past key i are zero. The scale and the mask are applied
-    in the softmax's own pass, not in passes over q or the scores."""
+                   causal: bool, scale: float, out: np.ndarray | None = None) -> np.ndarray:
+    """softmax(q k^T * scale) for the queries start:stop over their first `seen` keys
+    (into `out` if given); causal: query i's weights past key i are zero. The scale and
+    the mask are applied in the softmax's own pass, not in passes over q or the scores."""
     scores = np.matmul(q[..., start:stop, :], np.swapaxes(k[..., :seen, :], -1, -2))
     visible = np.minimum(np.arange(start + 1, stop + 1), seen) if causal else seen
     counts = np.ascontiguousarray(np.broadcast_to(visible, scores.shape[:-1]), dtype=np.intp)
-    return compiled_rows.causal_softmax(scores, counts, scale)
+    return compiled_rows.causal_softmax(scores, counts, scale, out=out)
 
 
 def attention_ops(backend: Backend) -> AttentionOps:

@@ -371,6 +371,14 @@ class TrainingPlan(Plan[_R]):
         self._traced_params = [bool(eqn.param_vars) for eqn, *_ in self._backward]
         self._ct_arena: list[np.ndarray] | None = None
 
+    def _step(self, step: Step) -> tuple:
+        impl, slots, params, out, buf = super()._step(step)
+        prim = step.eqns[0].primitive
+        if (prim.saving_impl is not None and not step.fused and impl is prim.impl
+                and out in self._active):
+            impl = prim.saving_impl  # its backward runs: keep what that reads
+        return impl, slots, params, out, buf
+
     def _plan_backward(self) -> set[int]:
         self._active = self._find_active()
         if self.graph.outputs[0].index not in self._active:

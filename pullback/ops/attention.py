@@ -1,10 +1,13 @@
 """scaled_dot_product_attention: softmax(q k^T * scale + mask) v as one primitive.
 
 Forward and backward are fused backend ops (`pullback.backend.attention`): each walks
-the queries in blocks of rows, so that nothing of size (T, T) is kept for backward.
-The node keeps q, k and v only: backward recomputes each block's probabilities from q
-and k. The JVP rule is written in primitives, so forward mode and higher orders work
-as for every other op.
+the queries in blocks of rows. The node keeps q, k, v and the output. Where a backward
+will follow (`saving_impl`: an eager call recorded for one, an active step of a
+training plan), the CPU forward keeps each block's probabilities beside its output
+(the scores' size, a causal block's seen keys only), and the backward reads them there
+instead of computing them again; elsewhere (inference, masks, a copied output) nothing
+of size (T, T) is kept, and the backward recomputes them from q and k. The JVP rule is
+written in primitives, so forward mode and higher orders work as for every other op.
 
 Masks are operands: an additive float `bias` (a bool mask becomes 0 / -inf), and a
 dropout `keep` mask (0 or 1/(1-p), drawn by `dropout_mask`), which the backward reads
@@ -99,7 +102,16 @@ def _impl(backend: Backend, q: Any, k: Any, v: Any, bias: Any, keep: Any, scale:
     return attention_ops(backend).attention(q, k, v, bias, keep, scale, causal)
 
 
-attention_p = declare(OP, _impl, _shape, saves_inputs=True, aliasing="fresh")
+def _saving_impl(backend: Backend, q: Any, k: Any, v: Any, bias: Any, keep: Any,
+                 scale: float, causal: bool) -> Any:
+    _shape(q, k, v, bias, keep, scale, causal)
+    return attention_ops(backend).attention(q, k, v, bias, keep, scale, causal,
+                                            for_backward=True)
+
+
+attention_p = declare(OP, _impl, _shape, saves_inputs=True, saves_output=True,
+                      aliasing="fresh")
+attention_p.saving_impl = _saving_impl
 
 
 def _vjp(be: BackwardOps, g: Any, node: Any) -> tuple[Any, ...]:
@@ -107,7 +119,7 @@ def _vjp(be: BackwardOps, g: Any, node: Any) -> tuple[Any, ...]:
     bias_grad = bias is not None and node.parents[3] is not None
     params = node.params
     dq, dk, dv, dbias = attention_ops(be).attention_backward(
-        g, q, k, v, bias, keep, params["scale"], params["causal"], bias_grad)
+        g, q, k, v, bias, keep, params["scale"], params["causal"], bias_grad, node.output)
     return dq, dk, dv, dbias, None
 
 

@@ -84,7 +84,8 @@ def evaluate(prim: Primitive, args: tuple[Any, ...], params: dict[str, Any]) -> 
             if type(x) in _NUMBERS:  # pb.exp(1.0): an op of one operand needs its dtype
                 x = np.asarray(x)
         arrays = (x,)
-        out = prim.impl(backend, x, **params) if params else prim.impl(backend, x)
+        impl = prim.impl if not active or prim.saving_impl is None else _forward(prim)
+        out = impl(backend, x, **params) if params else impl(backend, x)
     elif n_args == 2:
         a, b = args
         if type(a) is Tensor:
@@ -97,13 +98,15 @@ def evaluate(prim: Primitive, args: tuple[Any, ...], params: dict[str, Any]) -> 
             y, pb_ = _plain_operand(prim, b, args), None
         arrays, parents = (x, y), (pa, pb_)
         active = pa is not None or pb_ is not None
-        out = prim.impl(backend, x, y, **params) if params else prim.impl(backend, x, y)
+        impl = prim.impl if not active or prim.saving_impl is None else _forward(prim)
+        out = impl(backend, x, y, **params) if params else impl(backend, x, y)
     else:
         arrays = tuple([a._data if type(a) is Tensor else _plain_operand(prim, a, args)
                         for a in args])
         parents = tuple([a._node if type(a) is Tensor else None for a in args])
         active = any(p is not None for p in parents)
-        out = prim.impl(backend, *arrays, **params)
+        impl = prim.impl if not active or prim.saving_impl is None else _forward(prim)
+        out = impl(backend, *arrays, **params)
     result = _new(Tensor)
     result._data = out
     result.grad = None
@@ -145,6 +148,14 @@ def evaluate(prim: Primitive, args: tuple[Any, ...], params: dict[str, Any]) -> 
         node.output = None
     result._node = node
     return result
+
+
+def _forward(prim: Primitive) -> Callable[..., Any]:
+    """The forward of an application with an active operand: the one that keeps what its
+    backward reads (`saving_impl`) when the application is recorded for a backward."""
+    saving = prim.saving_impl
+    assert saving is not None  # asked only of primitives that declare one
+    return saving if grad_enabled() and prim.differentiable else prim.impl
 
 
 def _plain_operand(prim: Primitive, value: Any, args: tuple[Any, ...]) -> Any:

@@ -57,3 +57,57 @@ def test_results_are_laid_out_as_their_operands():
     assert out.transpose(0, 2, 1, 3).flags.c_contiguous
     grads = CpuBackend().attention_backward(out, q, k, v, None, None, 0.5, True, False)
     assert all(x.transpose(0, 2, 1, 3).flags.c_contiguous for x in grads[:3])
+
+
+def _kept_case(dtype, causal, queries):
+    rng = np.random.default_rng(2)
+    q, k, v = _heads(rng, 2, queries, 3, 4), _heads(rng, 2, 5, 3, 4), _heads(rng, 2, 5, 3, 2)
+    g = _heads(rng, 2, queries, 3, 2)
+    return [x.astype(dtype) for x in (q, k, v, g)]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["f32", "f64"])
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+@pytest.mark.parametrize("queries", [5, 3], ids=["as_many_queries_as_keys", "fewer_queries"])
+def test_probabilities_kept_for_backward_give_the_same_results_bit_for_bit(
+        dtype, causal, queries, monkeypatch):
+    """A forward run for a backward keeps each block's probabilities beside its result;
+    the backward reads them there instead of computing them again, with the very same
+    results, and never computes them."""
+    monkeypatch.setattr(attention, "BLOCK_ELEMENTS", 12)  # blocks of one or two rows
+    q, k, v, g = _kept_case(dtype, causal, queries)
+    cpu = CpuBackend()
+    plain = cpu.attention(q, k, v, None, None, 0.6, causal)
+    kept = cpu.attention(q, k, v, None, None, 0.6, causal, for_backward=True)
+    np.testing.assert_array_equal(kept, plain)
+    assert kept.dtype == plain.dtype and kept.strides == plain.strides  # laid out as q
+    assert plain.base is None and kept.base.size > kept.size  # the probabilities beside
+    want = cpu.attention_backward(g, q, k, v, None, None, 0.6, causal, False)
+    computed = []
+    real = attention._probabilities
+    monkeypatch.setattr(attention, "_probabilities",
+                        lambda *a, **kw: computed.append(1) or real(*a, **kw))
+    got = cpu.attention_backward(g, q, k, v, None, None, 0.6, causal, False, kept)
+    assert not computed
+    for a, b in zip(got[:3], want[:3]):
+        np.testing.assert_array_equal(a, b)
+    # A copy of the result holds no probabilities: they are computed again.
+    again = cpu.attention_backward(g, q, k, v, None, None, 0.6, causal, False, kept.copy())
+    assert computed
+    for a, b in zip(again[:3], want[:3]):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_backward_reads_the_forwards_blocks_when_blocks_changed_since(monkeypatch):
+    """Blocks follow the threads' count at the call; kept probabilities are read in the
+    blocks the forward used, whatever the backward's call would choose."""
+    q, k, v, g = _kept_case(np.float64, True, 5)
+    cpu = CpuBackend()
+    monkeypatch.setattr(attention, "BLOCK_ELEMENTS", 12)
+    kept = cpu.attention(q, k, v, None, None, 0.6, True, for_backward=True)
+    monkeypatch.setattr(attention, "BLOCK_ELEMENTS", 90)  # blocks of 3 rows or more
+    fresh = cpu.attention_backward(g, q, k, v, None, None, 0.6, True, False)
+    monkeypatch.setattr(attention, "_probabilities", None)  # never called
+    got = cpu.attention_backward(g, q, k, v, None, None, 0.6, True, False, kept)
+    for a, b in zip(got[:3], fresh[:3]):
+        np.testing.assert_allclose(a, b, rtol=1e-13, atol=1e-15)

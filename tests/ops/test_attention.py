@@ -155,3 +155,64 @@ def test_no_queries_or_no_keys_give_torchs_zeros(shapes) -> None:
     arrays = _arrays(0, *shapes)
     _assert_agree(pb.scaled_dot_product_attention, F.scaled_dot_product_attention, arrays,
                   shapes[0][:-1] + (shapes[2][-1],))
+
+
+def test_probabilities_are_kept_only_where_a_backward_follows(monkeypatch) -> None:
+    """A forward recorded for a backward (eager with a gradient, an active step of a
+    training plan) keeps its probabilities for it; one that no backward reads (no
+    gradient, `no_grad`, an inference plan, a plan step the loss does not
+    differentiate) keeps nothing beside its result."""
+    asked: list[bool] = []
+    real = attention.CpuAttentionOps.attention
+
+    def spy(self, *args, for_backward=False):
+        asked.append(for_backward)
+        return real(self, *args, for_backward=for_backward)
+
+    monkeypatch.setattr(attention.CpuAttentionOps, "attention", spy)
+    q, k, v = _arrays(7, (2, 4, 3), (2, 4, 3), (2, 4, 2))
+
+    def attend(x: pb.Tensor) -> pb.Tensor:
+        return pb.scaled_dot_product_attention(x, pb.tensor(k), pb.tensor(v), is_causal=True)
+
+    def seen(fn) -> list[bool]:
+        asked.clear()
+        fn()
+        return list(asked)
+
+    grad = pb.tensor(q, requires_grad=True)
+    assert seen(lambda: attend(grad)) == [True]
+    assert seen(lambda: attend(pb.tensor(q))) == [False]
+    with pb.no_grad():
+        assert seen(lambda: attend(grad)) == [False]
+    inference = pb.compile(attend, q)
+    assert seen(lambda: inference(q)) == [False]
+    w = pb.tensor(np.ones((2, 1, 1)), requires_grad=True)
+    differentiated = pb.compile(lambda x: (attend(x * w) ** 2).sum(), q,
+                                mode=pb.LoweringMode.TRAINING)
+    assert seen(lambda: differentiated(q)) == [True]
+    assert w.grad is not None and np.all(np.isfinite(w.grad.numpy()))
+    # The attention reads the input alone: the loss differentiates only what follows it.
+    constant = pb.compile(lambda x: (attend(x) * w).sum(), q, mode=pb.LoweringMode.TRAINING)
+    assert seen(lambda: constant(q)) == [False]
+
+
+def test_plan_with_kept_probabilities_trains_as_eager_and_torch() -> None:
+    """A training plan's attention reads its kept probabilities: the same gradients as
+    eager's and PyTorch's."""
+    q, k, v = _arrays(8, (2, 2, 6, 3), (2, 2, 6, 3), (2, 2, 6, 4))
+    weights = [pb.tensor(a.copy(), requires_grad=True) for a in (q, k, v)]
+
+    def loss(scale: pb.Tensor) -> pb.Tensor:
+        out = pb.scaled_dot_product_attention(*(w * scale for w in weights), is_causal=True)
+        return (out * out).sum()
+
+    s = np.full((1, 1, 1, 1), 1.5)
+    plan = pb.compile(loss, s, mode=pb.LoweringMode.TRAINING)
+    plan(s)
+    got = [w.grad.numpy().copy() for w in weights]
+    tw = [torch.tensor(a * 1.5, requires_grad=True) for a in (q, k, v)]
+    out = F.scaled_dot_product_attention(*tw, is_causal=True)
+    (out * out).sum().backward()
+    for a, t in zip(got, tw):
+        np.testing.assert_allclose(a, t.grad.numpy() * 1.5, rtol=1e-10, atol=1e-12)
