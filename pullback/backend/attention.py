@@ -333,7 +333,7 @@ class _Kept:
                 or out.__array_interface__["data"][0] != whole.__array_interface__["data"][0]):
             return None
         rows, length = whole[-1], out.shape[-2]
-        if not (rows == int(rows) and 1 <= rows <= length):
+        if not (1 <= rows <= length and rows == int(rows)):  # NaN fails the first test
             return None
         rows = int(rows)
         blocks = [(i, min(i + rows, length)) for i in range(0, length, rows)]

@@ -91,11 +91,17 @@ def test_probabilities_kept_for_backward_give_the_same_results_bit_for_bit(
     assert not computed
     for a, b in zip(got[:3], want[:3]):
         np.testing.assert_array_equal(a, b)
-    # A copy of the result holds no probabilities: they are computed again.
-    again = cpu.attention_backward(g, q, k, v, None, None, 0.6, causal, False, kept.copy())
-    assert computed
-    for a, b in zip(again[:3], want[:3]):
-        np.testing.assert_array_equal(a, b)
+    # A copy of the result holds no probabilities, nor does a view of some other array
+    # (its last element NaN, or a row count that does not fit): computed again.
+    foreign = np.full(kept.size + 9, np.nan, dtype)
+    foreign[-1] = 2
+    for other in (kept.copy(), foreign[:kept.size].reshape(kept.shape),
+                  np.full(kept.size + 1, np.nan, dtype)[:kept.size].reshape(kept.shape)):
+        computed.clear()
+        again = cpu.attention_backward(g, q, k, v, None, None, 0.6, causal, False, other)
+        assert computed
+        for a, b in zip(again[:3], want[:3]):
+            np.testing.assert_array_equal(a, b)
 
 
 def test_backward_reads_the_forwards_blocks_when_blocks_changed_since(monkeypatch):
