@@ -5,7 +5,8 @@ together, a bounded number of elements) are what is materialized at a time. The
 backward recomputes each block's probabilities from q and k, and softmax's backward
 takes them to the scores' gradient in one pass; `CpuAttentionOps`' forward, asked to
 run for a backward (`for_backward`), keeps them instead beside its result (`_Kept`),
-and its backward reads them there, sparing a product and a softmax per block. A causal
+and its backward reads them there, sparing a product and a softmax per block (where
+they take at most KEEP_RATIO times the memory of q, k, v and the result). A causal
 mask skips the keys past a block's last query (query i sees keys 0..i). Masks arrive
 as operands: an additive float `bias` (None, or broadcastable to the scores) and a
 dropout `keep` mask (None, or 0 or 1/(1-p)). Rows every key of `bias` masks give
@@ -47,6 +48,13 @@ NEG_INF = -math.inf
 # 32): 67M) took 23.5 ms a step on two threads against 41.5 on one. BLAS does not thread
 # a head's products: they are below OpenBLAS's threshold.
 SPLIT_MACS = 1 << 23
+# A forward run for a backward keeps its probabilities (`_Kept`) where they take at most
+# this many times the elements of q, k, v and the output together: the GPT bench's
+# causal heads (T 128, E 32) keep 0.75 times as much, and their attention's forward and
+# backward took 5.3 ms against 6.6 (bench/RESULTS.md, issue 13); a head of E 64 keeps
+# them up to T = 1024 or so. Longer contexts grow them as T squared against T: they
+# recompute them, as inference always does, and keep nothing of size (T, T).
+KEEP_RATIO = 2
 
 
 def row_blocks(batch: tuple[int, ...], length: int, keys: int, parts: int = 1
@@ -250,7 +258,7 @@ class CpuAttentionOps(AttentionOps):
         scale = float(q.dtype.type(scale))
         blocks = row_blocks(q.shape[:-2], q.shape[-2], k.shape[-2], _head_parts(q))
         shape = q.shape[:-1] + (v.shape[-1],)
-        if for_backward:
+        if for_backward and _Kept.worth_it(q, k, v, shape, causal, blocks):
             out, kept = _Kept.allocate(q, shape, k.shape[-2], causal, blocks)
         else:
             out, kept = np.empty_like(q, shape=shape), []
@@ -288,8 +296,8 @@ class CpuAttentionOps(AttentionOps):
 
 
 class _Kept:
-    """Where a forward run for a backward keeps its probabilities: in one allocation
-    with its result, after it, so that they live exactly as long as the result the
+    """Where a forward run for a backward keeps its probabilities (where `worth_it`): in
+    one allocation with its result, after it, so that they live exactly as long as the result the
     backward is handed (the node's saved output, a training plan's saved value) and
     no longer. The allocation holds the result (laid out as q is, as the forward's
     results always are), then each query block's probabilities (the batch dimensions,
@@ -304,6 +312,14 @@ class _Kept:
         """The shape each block's probabilities are kept in."""
         return [batch + (stop - start, min(keys, stop) if causal else keys)
                 for start, stop in blocks]
+
+    @staticmethod
+    def worth_it(q: np.ndarray, k: np.ndarray, v: np.ndarray, shape: tuple[int, ...],
+                 causal: bool, blocks: list[tuple[int, int]]) -> bool:
+        """Whether the probabilities take at most KEEP_RATIO times the elements of q, k, v
+        and the result together."""
+        kept = sum(math.prod(s) for s in _Kept.sizes(q.shape[:-2], k.shape[-2], causal, blocks))
+        return kept <= KEEP_RATIO * (q.size + k.size + v.size + math.prod(shape))
 
     @staticmethod
     def allocate(q: np.ndarray, shape: tuple[int, ...], keys: int, causal: bool,

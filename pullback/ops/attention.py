@@ -4,9 +4,10 @@ Forward and backward are fused backend ops (`pullback.backend.attention`): each 
 the queries in blocks of rows. The node keeps q, k, v and the output. Where a backward
 will follow (`saving_impl`: an eager call recorded for one, an active step of a
 training plan), the CPU forward keeps each block's probabilities beside its output
-(the scores' size, a causal block's seen keys only), and the backward reads them there
-instead of computing them again; elsewhere (inference, masks, a copied output) nothing
-of size (T, T) is kept, and the backward recomputes them from q and k. The JVP rule is
+(the scores' size, a causal block's seen keys only; up to `KEEP_RATIO` times the
+memory of q, k, v and the output), and the backward reads them there instead of
+computing them again; elsewhere (inference, masks, long contexts, a copied output)
+nothing of size (T, T) is kept, and the backward recomputes them from q and k. The JVP rule is
 written in primitives, so forward mode and higher orders work as for every other op.
 
 Masks are operands: an additive float `bias` (a bool mask becomes 0 / -inf), and a

@@ -117,3 +117,22 @@ def test_backward_reads_the_forwards_blocks_when_blocks_changed_since(monkeypatc
     got = cpu.attention_backward(g, q, k, v, None, None, 0.6, True, False, kept)
     for a, b in zip(got[:3], fresh[:3]):
         np.testing.assert_allclose(a, b, rtol=1e-13, atol=1e-15)
+
+
+def test_long_contexts_keep_nothing_of_size_t_squared():
+    """Probabilities past KEEP_RATIO times the memory of q, k, v and the result (a long
+    context on narrow heads) are not kept: the backward computes them again."""
+    rng = np.random.default_rng(3)
+    q, k, v, g = (_heads(rng, 1, 24, 2, 1) for _ in range(4))  # 24 x 24 scores, E 1
+    cpu = CpuBackend()
+    for causal in (True, False):
+        out = cpu.attention(q, k, v, None, None, 0.6, causal, for_backward=True)
+        assert out.base is None
+        want = cpu.attention(q, k, v, None, None, 0.6, causal)
+        np.testing.assert_array_equal(out, want)
+        grads = cpu.attention_backward(g, q, k, v, None, None, 0.6, causal, False, out)
+        for a, b in zip(grads[:3], cpu.attention_backward(g, q, k, v, None, None, 0.6,
+                                                          causal, False)[:3]):
+            np.testing.assert_array_equal(a, b)
+    wide = [_heads(rng, 1, 24, 2, 8) for _ in range(3)]  # E 8: 1,152 against 2 x 4 x 384
+    assert cpu.attention(*wide, None, None, 0.6, False, for_backward=True).base is not None
