@@ -58,20 +58,32 @@ class RowKernel(Kernel):
     # Each entry point tries the fast path inline: a shared helper would cost a call.
 
     def __call__(self, *args: Any, out: Any = None) -> Any:
-        result = self._fast(args, None) if out is None else None
+        result = self._fast(args, None, out)
         return self._run(args, out, None) if result is None else result
 
     def serial(self, *args: Any, out: Any = None) -> Any:
         """The call on the calling thread only, whatever the size."""
-        result = self._fast(args, False) if out is None else None
+        result = self._fast(args, False, out)
         return self._run(args, out, False) if result is None else result
 
     def parallel(self, *args: Any, out: Any = None) -> Any:
         """The call through the parallel loop, whatever the size."""
-        result = self._fast(args, True) if out is None else None
+        result = self._fast(args, True, out)
         return self._run(args, out, True) if result is None else result
 
-    def _fast_rows(self, args: tuple, parallel: bool | None) -> np.ndarray | None:
+    @staticmethod
+    def _row_out(out: Any, shape: tuple, dtype: np.dtype) -> np.ndarray | None:
+        """A new result, or `out` where it takes the fast path's result as it is (a
+        C-contiguous array of its shape and dtype); None for any other `out`."""
+        if out is None:
+            return np.empty(shape, dtype)
+        if (type(out) is np.ndarray and out.shape == shape and out.dtype is dtype
+                and out.flags.c_contiguous and out.flags.writeable):
+            return out
+        return None
+
+    def _fast_rows(self, args: tuple, parallel: bool | None, out: Any = None
+                   ) -> np.ndarray | None:
         """_fast_kinds for rows in and one row out, with fewer steps still."""
         if len(args) != self.nin or type(args[0]) is not np.ndarray:
             return None
@@ -90,7 +102,9 @@ class RowKernel(Kernel):
         driver = (self._parallel_fast if parallel else self._serial_fast).get(dtype)
         if driver is None:
             return None
-        result = np.empty(shape, dtype)
+        result = self._row_out(out, shape, dtype)
+        if result is None:
+            return None
         if first.ndim == 2:
             driver(rows, *args, result)
         else:
@@ -98,11 +112,12 @@ class RowKernel(Kernel):
             driver(rows, *[a.reshape(grid) for a in args], result.reshape(grid))
         return result
 
-    def _fast_kinds(self, args: tuple, parallel: bool | None) -> Any:
+    def _fast_kinds(self, args: tuple, parallel: bool | None, out: Any = None) -> Any:
         """The call on well-formed inputs (C-contiguous arrays of one dtype already
-        compiled for, of the shapes their kinds want) in few Python steps; None for
-        anything else, which _run then checks, converts or reports."""
-        if len(args) != self.nin:
+        compiled for, of the shapes their kinds want; `out` None, or a C-contiguous
+        result of one row output) in few Python steps; None for anything else, which
+        _run then checks, converts or reports."""
+        if len(args) != self.nin or (out is not None and self.outputs != ("row",)):
             return None
         first = args[self._first_row]
         if type(first) is not np.ndarray or not first.shape or not first.shape[-1]:
@@ -136,7 +151,9 @@ class RowKernel(Kernel):
                 value = value.reshape(rows)
             values.append(value)
         if self.outputs == ("row",):
-            result = np.empty(shape, dtype)
+            result = self._row_out(out, shape, dtype)
+            if result is None:
+                return None
             driver(rows, *values, result if len(shape) == 2 else result.reshape(rows, width))
             return result
         return self._launch(driver, rows, values, grid, width, dtype, parallel)

@@ -552,3 +552,29 @@ def test_a_backward_kernel_must_name_what_it_reads():
         odd(pb.ones(2))
     with pytest.raises(TypeError, match=r"returns 1 value\(s\), but a forward of 2 input"):
         kernel(backward=odd_backward)(lambda x, y: x * y)(pb.ones(2), pb.ones(2))
+
+
+def test_row_kernels_write_into_a_contiguous_out_on_their_fast_path(rng, monkeypatch):
+    """A C-contiguous `out` of the result's shape and dtype is written in place on the
+    fast path (rows in and out, and other input kinds); any other `out` takes the
+    general path, which writes it all the same or says why not."""
+    from pullback.kernels import rows
+
+    x = rng.standard_normal((3, 4, 5)).astype(np.float32)
+    counts = np.array([[5, 2, 1, 0]] * 3, np.intp)
+    want_softmax = rows.softmax(x)
+    want_causal = rows.causal_softmax(x, counts, 0.5)
+    general = []
+    for k in (rows.softmax, rows.causal_softmax):
+        monkeypatch.setattr(k, "_run", lambda *a, k=k, run=k._run: general.append(1) or run(*a))
+    for fn, args, want in ((rows.softmax, (x,), want_softmax),
+                           (rows.causal_softmax, (x, counts, 0.5), want_causal)):
+        general.clear()
+        out = np.full_like(x, np.nan)
+        assert fn(*args, out=out) is out and not general
+        np.testing.assert_array_equal(out, want)
+        strided = np.full((3, 4, 10), np.nan, np.float32)[..., ::2]
+        assert fn(*args, out=strided) is strided and general
+        np.testing.assert_array_equal(strided, want)
+        with pytest.raises(KernelError, match="out="):
+            fn(*args, out=np.zeros(x.shape, np.float64))
