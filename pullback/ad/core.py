@@ -95,7 +95,10 @@ class Primitive:
       follow (an eager op recorded for one, an active step of a training plan): the same
       result, which may carry in its memory what the `vjp` would otherwise compute again
       (attention's probabilities); None: `impl` serves both. An inference run never
-      pays for what only a backward reads.
+      pays for what only a backward reads;
+    - `saving_bytes`: `rule(*args, **params)` on the operands' shapes and dtypes (a
+      plan's variables): about how many bytes `saving_impl` keeps beyond its result,
+      for a plan's memory estimates; None: nothing.
 
     The other layers' facts about the primitive live here too, registered beside its
     declaration (the ops layer) or against this object (a layer above, such as ONNX
@@ -149,6 +152,7 @@ class Primitive:
         "name",
         "saves_inputs",
         "saves_output",
+        "saving_bytes",
         "saving_impl",
         "then_relu",
         "transpose",
@@ -174,6 +178,7 @@ class Primitive:
         # says which primitive lacks it.
         self.impl: Rule = _no_forward(name)
         self.saving_impl: Rule | None = None
+        self.saving_bytes: Rule | None = None
         self.abstract_eval: Rule | None = None
         self.jvp: tuple[Rule | None, ...] | None = None
         self.jvp_full: Rule | None = None

@@ -258,7 +258,9 @@ class CpuAttentionOps(AttentionOps):
         scale = float(q.dtype.type(scale))
         blocks = row_blocks(q.shape[:-2], q.shape[-2], k.shape[-2], _head_parts(q))
         shape = q.shape[:-1] + (v.shape[-1],)
-        if for_backward and _Kept.worth_it(q, k, v, shape, causal, blocks):
+        operands = q.size + k.size + v.size + math.prod(shape)
+        if for_backward and _Kept.elements(q.shape[:-2], k.shape[-2], causal, blocks,
+                                           operands):
             out, kept = _Kept.allocate(q, shape, k.shape[-2], causal, blocks)
         else:
             out, kept = np.empty_like(q, shape=shape), []
@@ -296,7 +298,7 @@ class CpuAttentionOps(AttentionOps):
 
 
 class _Kept:
-    """Where a forward run for a backward keeps its probabilities (where `worth_it`): in
+    """Where a forward run for a backward keeps its probabilities (where `elements`): in
     one allocation with its result, after it, so that they live exactly as long as the result the
     backward is handed (the node's saved output, a training plan's saved value) and
     no longer. The allocation holds the result (laid out as q is, as the forward's
@@ -314,12 +316,13 @@ class _Kept:
                 for start, stop in blocks]
 
     @staticmethod
-    def worth_it(q: np.ndarray, k: np.ndarray, v: np.ndarray, shape: tuple[int, ...],
-                 causal: bool, blocks: list[tuple[int, int]]) -> bool:
-        """Whether the probabilities take at most KEEP_RATIO times the elements of q, k, v
-        and the result together."""
-        kept = sum(math.prod(s) for s in _Kept.sizes(q.shape[:-2], k.shape[-2], causal, blocks))
-        return kept <= KEEP_RATIO * (q.size + k.size + v.size + math.prod(shape))
+    def elements(batch: tuple[int, ...], keys: int, causal: bool,
+                 blocks: list[tuple[int, int]], operands: int) -> int:
+        """How many probabilities a forward over `blocks` keeps: all of them where they
+        take at most KEEP_RATIO times the elements of q, k, v and the result together
+        (`operands`), else none."""
+        kept = sum(math.prod(s) for s in _Kept.sizes(batch, keys, causal, blocks))
+        return kept if kept <= KEEP_RATIO * operands else 0
 
     @staticmethod
     def allocate(q: np.ndarray, shape: tuple[int, ...], keys: int, causal: bool,
@@ -374,6 +377,19 @@ def _head_parts(q: np.ndarray) -> int:
     the same blocks split or not."""
     axis = _split_axis(q.shape[:-2])
     return 1 if axis is None else len(split.parts(q.shape[axis]))
+
+
+def kept_elements(batch: tuple[int, ...], length: int, keys: int, width: int,
+                  value_width: int, causal: bool) -> int:
+    """How many probabilities `CpuAttentionOps`' forward run for a backward keeps beside
+    its result for unmasked operands of these sizes, called now (its blocks follow
+    BLAS's threads): for a plan's memory estimates."""
+    axis = _split_axis(batch)
+    parts = 1 if axis is None else len(split.parts(batch[axis]))
+    blocks = row_blocks(batch, length, keys, parts)
+    operands = math.prod(batch) * (length * width + keys * (width + value_width)
+                                   + length * value_width)
+    return _Kept.elements(batch, keys, causal, blocks, operands)
 
 
 def _by_heads(q: np.ndarray, k: np.ndarray, v: np.ndarray, run: Callable) -> None:

@@ -128,6 +128,8 @@ class Plan(Generic[_R]):
 
     def __init__(self, graph: StaticGraph, single: bool) -> None:
         inference = self.mode is LoweringMode.INFERENCE
+        # Per value, the bytes its step keeps beside it for backward (`saving_bytes`).
+        self._beside: dict[int, int] = {}
         # Inference only: a training plan's batch norms train, and its weights are
         # differentiated as they are.
         self._folds = fold_into_convolutions(graph) if inference else []
@@ -281,6 +283,9 @@ class Plan(Generic[_R]):
         for i, step in enumerate(self._schedule):
             args = ", ".join(repr(a) for a in step.args)
             note = "  [kept for backward]" if step.out.index in self._saved else ""
+            if self._beside.get(step.out.index):
+                note += (f" (with {_fmt_bytes(self._beside[step.out.index])} beside it that "
+                         "its backward reads)")
             if step.out.index in self._owner:
                 b = self._owner[step.out.index]
                 order = " (by columns)" if self._buffers[b].order == "F" else ""
@@ -319,8 +324,11 @@ class Plan(Generic[_R]):
         return []
 
     def _bytes(self, index: int) -> int:
-        """Bytes a value holds of its own: a view of a parameter holds none."""
-        return 0 if index in self._views else self.graph.vars[index].nbytes
+        """Bytes a value holds of its own: a view of a parameter holds none; one whose
+        step keeps what its backward reads beside it holds that too."""
+        if index in self._views:
+            return 0
+        return self.graph.vars[index].nbytes + self._beside.get(index, 0)
 
     def peak_bytes(self) -> int:
         """The most bytes of step results alive at once (inputs and parameters aside)."""
@@ -377,6 +385,8 @@ class TrainingPlan(Plan[_R]):
         if (prim.saving_impl is not None and not step.fused and impl is prim.impl
                 and out in self._active):
             impl = prim.saving_impl  # its backward runs: keep what that reads
+            if prim.saving_bytes is not None:
+                self._beside[out] = prim.saving_bytes(*step.args, **step.params)
         return impl, slots, params, out, buf
 
     def _plan_backward(self) -> set[int]:

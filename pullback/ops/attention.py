@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..ad import Zero, defjvp_full, defvjp
-from ..backend.attention import attention_ops
+from ..backend.attention import attention_ops, kept_elements
 from ..backend.backward_ops import BackwardOps
 from ..backend.base import Backend
 from ..errors import KernelError
@@ -112,7 +112,20 @@ def _saving_impl(backend: Backend, q: Any, k: Any, v: Any, bias: Any, keep: Any,
 
 attention_p = declare(OP, _impl, _shape, saves_inputs=True, saves_output=True,
                       aliasing="fresh")
+def _saving_bytes(q: Any, k: Any, v: Any, bias: Any, keep: Any, scale: float,
+                  causal: bool) -> int:
+    """The bytes of probabilities the CPU forward keeps beside its result (its blocks on
+    BLAS's threads now), where it keeps them: unmasked, within KEEP_RATIO of q, k, v
+    and the output (pullback.backend.attention)."""
+    sq, sk, sv = shape_of(q), shape_of(k), shape_of(v)
+    if bias is not None or keep is not None or sq[:-2] != sk[:-2] or sk[:-2] != sv[:-2]:
+        return 0
+    count = kept_elements(tuple(sq[:-2]), sq[-2], sk[-2], sq[-1], sv[-1], causal)
+    return count * np.dtype(dtype_of(q)).itemsize
+
+
 attention_p.saving_impl = _saving_impl
+attention_p.saving_bytes = _saving_bytes
 
 
 def _vjp(be: BackwardOps, g: Any, node: Any) -> tuple[Any, ...]:

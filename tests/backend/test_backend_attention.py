@@ -136,3 +136,15 @@ def test_long_contexts_keep_nothing_of_size_t_squared():
             np.testing.assert_array_equal(a, b)
     wide = [_heads(rng, 1, 24, 2, 8) for _ in range(3)]  # E 8: 1,152 against 2 x 4 x 384
     assert cpu.attention(*wide, None, None, 0.6, False, for_backward=True).base is not None
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+def test_kept_elements_count_what_the_forward_keeps(causal, monkeypatch):
+    """What a plan's memory estimate counts (`kept_elements`) is what the forward keeps
+    beside its result, and nothing where it keeps nothing."""
+    monkeypatch.setattr(attention, "BLOCK_ELEMENTS", 12)
+    q, k, v, _ = _kept_case(np.float32, causal, 5)
+    out = CpuBackend().attention(q, k, v, None, None, 0.6, causal, for_backward=True)
+    count = attention.kept_elements(q.shape[:-2], 5, 5, 4, 2, causal)
+    assert count == out.base.size - out.size - 1 > 0
+    assert attention.kept_elements((1, 2), 24, 24, 1, 1, causal) == 0  # a long context

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 
 import pullback as pb
 from pullback.backend import attention
+from pullback.ops.attention import attention_p
 from pullback.tensor.backward import fused_kernels
 
 
@@ -192,9 +193,17 @@ def test_probabilities_are_kept_only_where_a_backward_follows(monkeypatch) -> No
                                 mode=pb.LoweringMode.TRAINING)
     assert seen(lambda: differentiated(q)) == [True]
     assert w.grad is not None and np.all(np.isfinite(w.grad.numpy()))
+    assert "beside it that its backward reads" in differentiated.explain()
+    assert "beside it" not in inference.explain()
     # The attention reads the input alone: the loss differentiates only what follows it.
     constant = pb.compile(lambda x: (attend(x) * w).sum(), q, mode=pb.LoweringMode.TRAINING)
     assert seen(lambda: constant(q)) == [False]
+    assert "beside it" not in constant.explain()
+    # The plan's memory estimate counts them.
+    kept_peak = differentiated.peak_bytes()
+    monkeypatch.setattr(attention_p, "saving_impl", None)  # as before: nothing beside
+    again = pb.compile(lambda x: (attend(x * w) ** 2).sum(), q, mode=pb.LoweringMode.TRAINING)
+    assert kept_peak > again.peak_bytes()
 
 
 def test_plan_with_kept_probabilities_trains_as_eager_and_torch() -> None:
