@@ -256,7 +256,7 @@ class CpuAttentionOps(AttentionOps):
             return super().attention(q, k, v, bias, keep, scale, causal)
         # The scale rounded to q's dtype: the kernels' products then round as q's dtype's.
         scale = float(q.dtype.type(scale))
-        blocks = row_blocks(q.shape[:-2], q.shape[-2], k.shape[-2], _head_parts(q))
+        blocks = _call_blocks(q.shape[:-2], q.shape[-2], k.shape[-2])
         shape = q.shape[:-1] + (v.shape[-1],)
         operands = q.size + k.size + v.size + math.prod(shape)
         if for_backward and _Kept.elements(q.shape[:-2], k.shape[-2], causal, blocks,
@@ -283,7 +283,7 @@ class CpuAttentionOps(AttentionOps):
         scale = float(q.dtype.type(scale))
         found = None if out is None else _Kept.find(out, q.shape[:-2], k.shape[-2], causal)
         if found is None:
-            blocks = row_blocks(q.shape[:-2], q.shape[-2], k.shape[-2], _head_parts(q))
+            blocks = _call_blocks(q.shape[:-2], q.shape[-2], k.shape[-2])
             kept: list[np.ndarray] = []
         else:
             blocks, kept = found  # the forward's blocks, whatever the threads are now
@@ -298,15 +298,16 @@ class CpuAttentionOps(AttentionOps):
 
 
 class _Kept:
-    """Where a forward run for a backward keeps its probabilities (where `elements`): in
-    one allocation with its result, after it, so that they live exactly as long as the result the
-    backward is handed (the node's saved output, a training plan's saved value) and
-    no longer. The allocation holds the result (laid out as q is, as the forward's
-    results always are), then each query block's probabilities (the batch dimensions,
-    the block's rows, the keys it sees: a causal block's only), then the block's row
-    count, from which the backward finds the blocks again whatever the threads are by
-    then. A result that is not such a view (a copy, another forward's) finds nothing,
-    and its backward computes the probabilities again, as the same kernels do."""
+    """Where a forward run for a backward keeps its probabilities (where `elements`
+    says): in one allocation with its result, after it, so that they live exactly as
+    long as the result the backward is handed (the node's saved output, a training
+    plan's saved value) and no longer. The allocation holds the result (laid out as q
+    is, as the forward's results always are), then each query block's probabilities
+    (the batch dimensions, the block's rows, the keys it sees: a causal block's only),
+    then the block's row count, from which the backward finds the blocks again whatever
+    the threads are by then. A result that is not such a view (a copy, another
+    forward's) finds nothing, and its backward computes the probabilities again, as
+    the same kernels do."""
 
     @staticmethod
     def sizes(batch: tuple[int, ...], keys: int, causal: bool,
@@ -336,11 +337,16 @@ class _Kept:
         # out its result.
         order = sorted(range(q.ndim), key=lambda axis: -q.strides[axis])
         out = whole[:n].reshape([shape[a] for a in order]).transpose(np.argsort(order))
-        kept, at = [], n
+        return out, _Kept.views(whole, n, shapes)
+
+    @staticmethod
+    def views(whole: np.ndarray, at: int, shapes: list[tuple[int, ...]]) -> list[np.ndarray]:
+        """The blocks' probabilities: views of `whole`, one after the other from `at`."""
+        kept = []
         for s in shapes:
             kept.append(whole[at:at + math.prod(s)].reshape(s))
             at += math.prod(s)
-        return out, kept
+        return kept
 
     @staticmethod
     def find(out: np.ndarray, batch: tuple[int, ...], keys: int, causal: bool
@@ -359,11 +365,7 @@ class _Kept:
         shapes = _Kept.sizes(batch, keys, causal, blocks)
         if whole.size != out.size + sum(math.prod(s) for s in shapes) + 1:
             return None
-        kept, at = [], out.size
-        for s in shapes:
-            kept.append(whole[at:at + math.prod(s)].reshape(s))
-            at += math.prod(s)
-        return blocks, kept
+        return blocks, _Kept.views(whole, out.size, shapes)
 
 
 def _split_axis(batch: tuple[int, ...]) -> int | None:
@@ -371,12 +373,18 @@ def _split_axis(batch: tuple[int, ...]) -> int | None:
     return next((i for i, size in enumerate(batch) if size > 1), None)
 
 
-def _head_parts(q: np.ndarray) -> int:
-    """How many parts `_by_heads` cuts q's heads into on BLAS's threads, whether or not
-    this call is large enough to split: its query blocks count BLOCK_ELEMENTS per part,
-    the same blocks split or not."""
-    axis = _split_axis(q.shape[:-2])
-    return 1 if axis is None else len(split.parts(q.shape[axis]))
+def _head_parts(batch: tuple[int, ...]) -> int:
+    """How many parts `_by_heads` cuts heads of these batch dimensions into on BLAS's
+    threads, whether or not a call is large enough to split: its query blocks count
+    BLOCK_ELEMENTS per part, the same blocks split or not."""
+    axis = _split_axis(batch)
+    return 1 if axis is None else len(split.parts(batch[axis]))
+
+
+def _call_blocks(batch: tuple[int, ...], length: int, keys: int) -> list[tuple[int, int]]:
+    """The query blocks of a CpuAttentionOps call now: BLOCK_ELEMENTS scores per part of
+    the heads (`_head_parts`)."""
+    return row_blocks(batch, length, keys, _head_parts(batch))
 
 
 def kept_elements(batch: tuple[int, ...], length: int, keys: int, width: int,
@@ -384,9 +392,7 @@ def kept_elements(batch: tuple[int, ...], length: int, keys: int, width: int,
     """How many probabilities `CpuAttentionOps`' forward run for a backward keeps beside
     its result for unmasked operands of these sizes, called now (its blocks follow
     BLAS's threads): for a plan's memory estimates."""
-    axis = _split_axis(batch)
-    parts = 1 if axis is None else len(split.parts(batch[axis]))
-    blocks = row_blocks(batch, length, keys, parts)
+    blocks = _call_blocks(batch, length, keys)
     operands = math.prod(batch) * (length * width + keys * (width + value_width)
                                    + length * value_width)
     return _Kept.elements(batch, keys, causal, blocks, operands)
