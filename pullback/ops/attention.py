@@ -7,8 +7,9 @@ training plan), the CPU forward keeps each block's probabilities beside its outp
 (the scores' size, a causal block's seen keys only; up to `KEEP_RATIO` times the
 memory of q, k, v and the output), and the backward reads them there instead of
 computing them again; elsewhere (inference, masks, long contexts, a copied output)
-nothing of size (T, T) is kept, and the backward recomputes them from q and k. The JVP rule is
-written in primitives, so forward mode and higher orders work as for every other op.
+nothing of size (T, T) is kept, and the backward recomputes them from q and k. The
+JVP rule is written in primitives, so forward mode and higher orders work as for
+every other op.
 
 Masks are operands: an additive float `bias` (a bool mask becomes 0 / -inf), and a
 dropout `keep` mask (0 or 1/(1-p), drawn by `dropout_mask`), which the backward reads
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -98,16 +100,10 @@ def _shape(q: Any, k: Any, v: Any, bias: Any, keep: Any, scale: float, causal: b
 
 
 def _impl(backend: Backend, q: Any, k: Any, v: Any, bias: Any, keep: Any, scale: float,
-          causal: bool) -> Any:
+          causal: bool, for_backward: bool = False) -> Any:
     _shape(q, k, v, bias, keep, scale, causal)  # eager calls skip shape rules
-    return attention_ops(backend).attention(q, k, v, bias, keep, scale, causal)
-
-
-def _saving_impl(backend: Backend, q: Any, k: Any, v: Any, bias: Any, keep: Any,
-                 scale: float, causal: bool) -> Any:
-    _shape(q, k, v, bias, keep, scale, causal)
     return attention_ops(backend).attention(q, k, v, bias, keep, scale, causal,
-                                            for_backward=True)
+                                            for_backward=for_backward)
 
 
 attention_p = declare(OP, _impl, _shape, saves_inputs=True, saves_output=True,
@@ -124,7 +120,7 @@ def _saving_bytes(q: Any, k: Any, v: Any, bias: Any, keep: Any, scale: float,
     return count * np.dtype(dtype_of(q)).itemsize
 
 
-attention_p.saving_impl = _saving_impl
+attention_p.saving_impl = partial(_impl, for_backward=True)
 attention_p.saving_bytes = _saving_bytes
 
 
