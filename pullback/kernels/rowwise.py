@@ -73,10 +73,8 @@ class RowKernel(Kernel):
 
     @staticmethod
     def _row_out(out: Any, shape: tuple, dtype: np.dtype) -> np.ndarray | None:
-        """A new result, or `out` where it takes the fast path's result as it is (a
-        C-contiguous array of its shape and dtype); None for any other `out`."""
-        if out is None:
-            return np.empty(shape, dtype)
+        """`out` where it takes the fast path's result as it is (a C-contiguous array of
+        its shape and dtype); None for any other."""
         if (type(out) is np.ndarray and out.shape == shape and out.dtype is dtype
                 and out.flags.c_contiguous and out.flags.writeable):
             return out
@@ -102,7 +100,8 @@ class RowKernel(Kernel):
         driver = (self._parallel_fast if parallel else self._serial_fast).get(dtype)
         if driver is None:
             return None
-        result = self._row_out(out, shape, dtype)
+        # Inline for the common call without `out`: a call here is per-op overhead.
+        result = np.empty(shape, dtype) if out is None else self._row_out(out, shape, dtype)
         if result is None:
             return None
         if first.ndim == 2:
@@ -151,7 +150,8 @@ class RowKernel(Kernel):
                 value = value.reshape(rows)
             values.append(value)
         if self.outputs == ("row",):
-            result = self._row_out(out, shape, dtype)
+            result = np.empty(shape, dtype) if out is None else \
+                self._row_out(out, shape, dtype)
             if result is None:
                 return None
             driver(rows, *values, result if len(shape) == 2 else result.reshape(rows, width))
