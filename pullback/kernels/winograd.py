@@ -40,28 +40,94 @@ AT = np.array([[1, 1, 1, 1, 1, 0], [0, 1, -1, 2, -2, 0], [0, 1, 1, 4, 4, 0],
                [0, 1, -1, 8, -8, 1]], np.float64)
 
 
-# From this many tiles a row, input_transform_body reads the input a row at a time;
-# narrower maps gather each tile entry through a table (a row of 2-4 tiles costs more in
-# loop setup than in work). Measured per chunk, float32: 32x32 maps 0.54 ns an entry by
-# rows against 0.74 gathered; 8x8 and 16x16 0.75 gathered against 1.26 and 0.80.
-ROWS_FROM_TILES = 8
+# From this many tiles a row, the input transform takes a plane at a time by rows
+# (input_rows_body); narrower maps gather every tile entry of the chunk through one table
+# (input_table_body): on short rows the rows' loops cost more in setup than in work.
+# Measured per transformed entry, float32, one thread (bench/RESULTS.md): 32x32 maps
+# 0.47-0.54 ns by rows against 1.06-1.18 gathered, 56x56 0.46-0.53 against 0.82-0.90,
+# 28x28 (7 tiles a row) 0.69-0.77 against 0.83-1.01; 16x16 (4) 0.70-0.82 against 0.71-0.84
+# and 8x8 1.4-1.7 against 0.69-0.77.
+ROWS_FROM_TILES = 7
 
 
-def input_transform_body(x, v, ph, pw, tiles_h, tiles_w, stride):
+def input_rows_body(x, v, ph, pw, tiles_h, tiles_w, stride):
     """v[a stride + c P + (n tiles_h + ty) tiles_w + tx] = (B^T d B)[a] for the 6x6
     tile d of x (m, C, H, W) at rows 4 ty - ph.., columns 4 tx - pw.., zero outside x,
-    where P = m tiles_h tiles_w: v holds 36 (C, P) matrices `stride` apart.
+    where P = m tiles_h tiles_w: v holds 36 (C, P) matrices `stride` apart. For maps of
+    at least ROWS_FROM_TILES tiles a row; input_table_body is the same for any width.
+
+    A plane (one channel of one sample) at a time, through arrays small enough to stay
+    in the L1 cache, in three passes:
+    1. the plane's rows into q, zero-padded and split into their four column phases:
+       column 4 j + p of padded row r at q[p span + r (tiles_w + 1) + j]. A tile's
+       columns 0-3 are then four runs, and its columns 4, 5 the runs of phases 0 and 1
+       one tile on. Entries outside x are never written: they stay zero for every plane.
+    2. d B of every padded row, one flat loop over all rows' tiles (the one column past
+       each row's last tile is computed and never read): a loop per row would run a
+       handful of tiles, and its setup would cost more than its work;
+    3. B^T t per tile row, each of the 36 positions written as a run of its tiles.
+    Each padded row is transformed once, where taking tiles row by row (tiles overlap
+    by two rows) would transform rows 4 and 5 twice."""
+    m_, c_, h_, w_ = x.shape
+    tiles = tiles_h * tiles_w
+    p_ = U(m_ * tiles)
+    src = x.reshape(x.size)
+    dst = v
+    position = U(stride)
+    tw = U(tiles_w)
+    tw1 = tw + U(1)  # a padded row's entries per phase: the last tile's columns 4, 5 too
+    span = U(4 * tiles_h + 2) * tw1  # a phase of the padded plane, a position of t
+    q = np.zeros(4 * span + U(1), dtype=x.dtype)  # + 1: the flat loop reads one past
+    t = np.empty(6 * span, dtype=x.dtype)  # d B as (position b, padded row, tile)
+    r_lo, r_hi = ph, min(ph + h_, 4 * tiles_h + 2)  # padded rows and columns inside x
+    c_lo, c_hi = pw, min(pw + w_, 4 * (tiles_w + 1))
+    for c in range(c_):
+        for n in range(m_):
+            plane = U((n * c_ + c) * h_ * w_)
+            for r in range(r_lo, r_hi):
+                start = plane + U((r - ph) * w_) - U(pw)
+                row = U(r) * tw1
+                for k in range(c_lo, c_hi):
+                    q[U(k & 3) * span + row + U(k >> 2)] = src[start + U(k)]
+            for k in range(span - U(1)):  # rows: d B
+                d0, d1, d2, d3 = q[k], q[span + k], q[U(2) * span + k], q[U(3) * span + k]
+                d4, d5 = q[k + U(1)], q[span + k + U(1)]
+                t[k] = 4.0 * d0 - 5.0 * d2 + d4
+                t[span + k] = d3 + d4 - 4.0 * (d1 + d2)
+                t[U(2) * span + k] = d4 - d3 + 4.0 * (d1 - d2)
+                t[U(3) * span + k] = d4 - d2 + 2.0 * (d3 - d1)
+                t[U(4) * span + k] = d4 - d2 + 2.0 * (d1 - d3)
+                t[U(5) * span + k] = 4.0 * d1 - 5.0 * d3 + d5
+            first = U(c) * p_ + U(n * tiles)
+            for ty in range(tiles_h):  # columns: B^T t, each position to its own matrix
+                top = U(4 * ty) * tw1
+                to = first + U(ty) * tw
+                for b in range(6):
+                    at = top + U(b) * span
+                    o0 = to + U(b) * position
+                    for tx in range(tw):
+                        d0, d1, d2 = t[at + tx], t[at + tw1 + tx], t[at + U(2) * tw1 + tx]
+                        d3, d4 = t[at + U(3) * tw1 + tx], t[at + U(4) * tw1 + tx]
+                        d5 = t[at + U(5) * tw1 + tx]
+                        dst[o0 + tx] = 4.0 * d0 - 5.0 * d2 + d4
+                        dst[o0 + U(6) * position + tx] = d3 + d4 - 4.0 * (d1 + d2)
+                        dst[o0 + U(12) * position + tx] = d4 - d3 + 4.0 * (d1 - d2)
+                        dst[o0 + U(18) * position + tx] = d4 - d2 + 2.0 * (d3 - d1)
+                        dst[o0 + U(24) * position + tx] = d4 - d2 + 2.0 * (d1 - d3)
+                        dst[o0 + U(30) * position + tx] = 4.0 * d1 - 5.0 * d3 + d5
+    return v
+
+
+def input_table_body(x, v, ph, pw, tiles_h, tiles_w, stride):
+    """The input transform of input_rows_body, for any width (the one for narrow maps).
 
     A channel at a time, in three passes whose inner loops run over all the chunk's
-    tiles but the first's: the 36 entries (i, j) of every tile into contiguous runs,
-    e[(6 i + j) P + tile]; then d B (rows), then B^T t (columns), each transform
-    position a contiguous run. Tiles overlap by two rows and two columns, so the first
-    pass reads each input about 2.25 times. On maps of at least ROWS_FROM_TILES tiles a
-    row it takes each input row once (rows 4 and 5 of a tile are rows 0 and 1 of the
-    next: copied after), through a zero-padded line; on narrower ones it copies the
-    chunk's planes of the channel side by side (samples lie C planes apart: at 8x8 and
-    64 channels, 16 KiB, and planes that far apart share cache sets) followed by a zero,
-    and gathers every entry through one table of where it lies there."""
+    tiles: the 36 entries (i, j) of every tile into contiguous runs, e[(6 i + j) P +
+    tile], gathered through one table of where each lies; then d B (rows), then B^T t
+    (columns), each transform position a contiguous run. The table indexes a copy of
+    the chunk's planes of the channel side by side (samples lie C planes apart: at 8x8
+    and 64 channels, 16 KiB, and planes that far apart share cache sets) followed by a
+    zero, which every entry outside x reads."""
     m_, c_, h_, w_ = x.shape
     tiles = tiles_h * tiles_w
     p_ = U(m_ * tiles)
@@ -70,64 +136,25 @@ def input_transform_body(x, v, ph, pw, tiles_h, tiles_w, stride):
     e = np.empty(36 * p_, dtype=x.dtype)  # entry (i, j) of every tile
     t = np.empty(36 * p_, dtype=x.dtype)  # d B as (row i, position b, tile)
     position = U(stride)
-    tw = U(tiles_w)
-    line = np.zeros(4 * (tw + U(1)), dtype=x.dtype)
-    zero = line[0]
-    lo, hi = U(min(pw, line.size)), U(min(pw + w_, line.size))  # the line's part in x
-    by_rows = tiles_w >= ROWS_FROM_TILES
     plane = U(h_ * w_)
-    planes = np.zeros(1 if by_rows else m_ * h_ * w_ + 1, dtype=x.dtype)
-    where = np.empty(0 if by_rows else 36 * p_, dtype=np.int64)
-    if not by_rows:
-        for i in range(6):
-            for j in range(6):
-                for n in range(m_):
-                    for ty in range(tiles_h):
-                        r, at = ty * 4 - ph + i, (i * 6 + j) * p_ + n * tiles + ty * tiles_w
-                        for tx in range(tiles_w):
-                            col = tx * 4 - pw + j
-                            inside = 0 <= r < h_ and 0 <= col < w_
-                            where[at + tx] = n * plane + r * w_ + col if inside else planes.size - 1
+    planes = np.zeros(m_ * h_ * w_ + 1, dtype=x.dtype)
+    where = np.empty(36 * p_, dtype=np.int64)
+    for i in range(6):
+        for j in range(6):
+            for n in range(m_):
+                for ty in range(tiles_h):
+                    r, at = ty * 4 - ph + i, (i * 6 + j) * p_ + n * tiles + ty * tiles_w
+                    for tx in range(tiles_w):
+                        col = tx * 4 - pw + j
+                        inside = 0 <= r < h_ and 0 <= col < w_
+                        where[at + tx] = n * plane + r * w_ + col if inside else planes.size - 1
     for c in range(c_):
-        if by_rows:
-            for n in range(m_):
-                first = U(n * tiles)
-                for rp in range(4 * tiles_h + 2):  # padded rows; the last two: rows 4, 5
-                    ty, i = rp >> 2, rp & 3  # of the last tiles
-                    if rp >= 4 * tiles_h:
-                        ty, i = tiles_h - 1, i + 4
-                    at = U(i * 6) * p_ + first + U(ty) * tw
-                    r = rp - ph
-                    if r < 0 or r >= h_:
-                        for j in range(6):
-                            for tx in range(tw):
-                                e[at + U(j) * p_ + tx] = zero
-                        continue
-                    start = U((n * c_ + c) * h_ * w_) + U(r * w_) - lo
-                    for k in range(lo, hi):
-                        line[k] = src[start + k]
-                    for tx in range(tw):
-                        k = U(4) * tx
-                        e[at + tx] = line[k]
-                        e[at + p_ + tx] = line[k + U(1)]
-                        e[at + U(2) * p_ + tx] = line[k + U(2)]
-                        e[at + U(3) * p_ + tx] = line[k + U(3)]
-                        e[at + U(4) * p_ + tx] = line[k + U(4)]
-                        e[at + U(5) * p_ + tx] = line[k + U(5)]
-                run = U((tiles_h - 1) * tiles_w)  # rows 4, 5 of the tiles above the last
-                for i in range(2):
-                    for j in range(6):
-                        to = U((4 + i) * 6 + j) * p_ + first
-                        at = U(i * 6 + j) * p_ + first + tw
-                        for k in range(run):
-                            e[to + k] = e[at + k]
-        else:
-            for n in range(m_):
-                at, to = U((n * c_ + c) * h_ * w_), U(n) * plane
-                for k in range(plane):
-                    planes[to + k] = src[at + k]
-            for k in range(36 * p_):
-                e[k] = planes[where[k]]
+        for n in range(m_):
+            at, to = U((n * c_ + c) * h_ * w_), U(n) * plane
+            for k in range(plane):
+                planes[to + k] = src[at + k]
+        for k in range(36 * p_):
+            e[k] = planes[where[k]]
         for i in range(6):  # rows: d B
             row = U(i * 6) * p_
             for k in range(p_):
@@ -161,7 +188,7 @@ def input_transform_body(x, v, ph, pw, tiles_h, tiles_w, stride):
 
 def output_transform_body(products, out, tiles_h, tiles_w, stride):
     """out[n, o, 4 ty + i, 4 tx + j] = (A^T M A)[i, j] for the 36 products M of tile
-    (n, ty, tx) and output channel o, read as input_transform_body writes them (36
+    (n, ty, tx) and output channel o, read as the input transform writes them (36
     (O, P) matrices `stride` apart in products); the positions of edge tiles past
     out's (m, O, OH, OW) are dropped.
 
@@ -215,7 +242,7 @@ def output_transform_body(products, out, tiles_h, tiles_w, stride):
 def upstream_transform_body(up, u, tiles_h, tiles_w, stride):
     """u[a stride + o P + (n tiles_h + ty) tiles_w + tx] = (A dY A^T)[a] for the 4x4
     tile dY of up (m, O, OH, OW) at rows 4 ty.., columns 4 tx.., zero past up's edges:
-    36 (O, P) matrices `stride` apart, as input_transform_body lays out its own. It is
+    36 (O, P) matrices `stride` apart, as the input transform lays out its own. It is
     the adjoint of output_transform_body (A = (A^T)^T), which is what a weight
     gradient multiplies with the input's transformed tiles.
 
@@ -272,7 +299,8 @@ def upstream_transform_body(up, u, tiles_h, tiles_w, stride):
 # Argument kinds, as in pullback.kernels.conv: "in4" a read-only 4-D array, "out1" a
 # writable 1-D one, "int" an int64.
 _KINDS: dict[Callable, tuple[str, ...]] = {
-    input_transform_body: ("in4", "out1", "int", "int", "int", "int", "int"),
+    input_rows_body: ("in4", "out1", "int", "int", "int", "int", "int"),
+    input_table_body: ("in4", "out1", "int", "int", "int", "int", "int"),
     output_transform_body: ("in1", "out4", "int", "int", "int"),
     upstream_transform_body: ("in4", "out1", "int", "int", "int"),
 }
@@ -305,8 +333,9 @@ def input_transform(x: np.ndarray, v: np.ndarray, padding: tuple[int, int],
     """Write the transformed 6x6 tiles of x (m, C, H, W), padded by `padding`, into the
     flat v as 36 (C, m tiles_h tiles_w) matrices `stride` elements apart; returns v."""
     dtype = check_dtype("conv2d", [x, v])
-    compiled(input_transform_body, dtype)(np.ascontiguousarray(x), v, padding[0], padding[1],
-                                          tiles[0], tiles[1], stride)
+    body = input_rows_body if tiles[1] >= ROWS_FROM_TILES else input_table_body
+    compiled(body, dtype)(np.ascontiguousarray(x), v, padding[0], padding[1], tiles[0],
+                          tiles[1], stride)
     return v
 
 

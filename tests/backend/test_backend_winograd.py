@@ -102,6 +102,36 @@ def test_the_cases_cover_both_ways_of_reading_the_input():
     assert min(widths) < kernels.ROWS_FROM_TILES <= max(widths)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("shape, padding", [
+    ((2, 3, 7, 9), (0, 0)), ((1, 2, 6, 30), (2, 2)), ((3, 2, 5, 29), (1, 2)),
+    ((2, 2, 9, 33), (1, 1)), ((1, 1, 4, 28), (1, 0)), ((2, 1, 3, 3), (1, 1))])
+def test_both_input_transforms_give_each_tile_its_transform(rng, dtype, shape, padding):
+    # input_rows_body (the wide maps') and input_table_body (any width's) on the same
+    # chunk: each tile's B^T d B in its place, nothing written between the 36 matrices,
+    # and the same sums in the same order, so the two agree bit for bit.
+    m, c, h, w = shape
+    grid = winograd.tiles((h + 2 * padding[0] - 2, w + 2 * padding[1] - 2))
+    x = rng.standard_normal(shape).astype(dtype)
+    padded = np.zeros((m, c, 4 * grid[0] + 2, 4 * grid[1] + 2))
+    padded[:, :, padding[0]:padding[0] + h, padding[1]:padding[1] + w] = x
+    tiles = np.lib.stride_tricks.sliding_window_view(padded, (6, 6), axis=(2, 3))[:, :, ::4, ::4]
+    expected = np.einsum("ai,mcyxij,bj->abcmyx", kernels.BT, tiles, kernels.BT)
+    count = m * c * grid[0] * grid[1]
+    stride = count + 5
+    got = []
+    for body in (kernels.input_rows_body, kernels.input_table_body):
+        v = np.full(36 * stride, np.nan, dtype)
+        kernels.compiled(body, np.dtype(dtype))(x, v, *padding, *grid, stride)
+        matrices = v.reshape(36, stride)
+        assert np.isnan(matrices[:, count:]).all()
+        tolerance = 1e-5 if dtype == np.float32 else 1e-12
+        np.testing.assert_allclose(matrices[:, :count].reshape(expected.shape), expected,
+                                   rtol=tolerance, atol=tolerance * np.abs(expected).max())
+        got.append(v)
+    np.testing.assert_array_equal(*got)
+
+
 @pytest.mark.parametrize("case", CASES, ids=IDS)
 def test_winograd_matches_torch_and_im2col(cpu, rng, forced, case):
     x_shape, o, padding = case
