@@ -263,3 +263,25 @@ def test_a_forked_child_splits_on_a_crew_of_its_own(monkeypatch):
         os._exit(0 if ok else 1)
     _, status = os.waitpid(pid, 0)
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+
+
+def test_batch_norms_plane_kernels_split_their_channels_with_the_same_results(cpu,
+                                                                             monkeypatch):
+    # From SPLIT_NORM elements the forward, the statistics and the backward run their
+    # channels in parts (each channel's passes in one part): the whole call's results.
+    from pullback.backend import cpu as cpu_module
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((4, 5, 6, 6)).astype(np.float32)
+    u = rng.standard_normal(x.shape).astype(np.float32)
+    w, b = rng.standard_normal(5).astype(np.float32), rng.standard_normal(5).astype(np.float32)
+    cuts = []
+    monkeypatch.setattr(split, "parts", lambda n: cuts.append(n) or [(0, 2), (2, n)])
+    results = {}
+    for least in (1 << 62, x.size):
+        monkeypatch.setattr(cpu_module, "SPLIT_NORM", least)
+        results[least] = [*cpu.batch_norm(x, w, b, 1e-5, relu=True),
+                          *cpu.batch_norm_statistics(x),
+                          *cpu.batch_norm_backward(u, x, w, 1e-5)]
+    assert cuts == [5, 5, 5]  # only where the arrays reach SPLIT_NORM
+    for whole, in_parts in zip(*results.values(), strict=True):
+        np.testing.assert_array_equal(in_parts, whole)

@@ -153,6 +153,31 @@ def test_parallel_plane_kernels_match_serial_bit_for_bit(rng):
         np.testing.assert_array_equal(parallel, serial)
 
 
+def test_plane_kernels_in_parts_give_the_one_calls_results_bit_for_bit(rng):
+    # `over` cuts the channels into parts (the backend passes split.over_parts): uneven
+    # ones here, each channel's results computed in exactly one of them.
+    x, w, b = _data(rng, (4, 7, 5, 3), np.float32)
+    u = rng.standard_normal(x.shape).astype(np.float32)
+    x3, u3 = x.reshape(4, 7, -1), u.reshape(4, 7, -1)
+    cuts = []
+
+    def over(n, run):
+        cuts.append(n)
+        return [run(0, 1), run(1, 5), run(5, n)]
+
+    def all_of(over):
+        return [*planes.batch_norm(x3, w, b, EPS, over=over),
+                *planes.batch_norm(x3, w, b, EPS, relu=True, over=over),
+                *planes.batch_norm_statistics(x3, over=over),
+                *planes.batch_norm_backward(u3, x3, w, EPS, over=over),
+                *planes.relu_bias_backward(u3, np.maximum(x3, 0), over=over)]
+
+    whole, in_parts = all_of(None), all_of(over)
+    assert cuts == [7] * 5
+    for one, parts in zip(whole, in_parts, strict=True):
+        np.testing.assert_array_equal(parts, one)
+
+
 @pytest.mark.parametrize("shape", PLANE_SHAPES, ids=str)
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_plane_statistics_are_the_forwards_own_bit_for_bit_serial_or_parallel(rng, shape,
