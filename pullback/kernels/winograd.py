@@ -43,10 +43,11 @@ AT = np.array([[1, 1, 1, 1, 1, 0], [0, 1, -1, 2, -2, 0], [0, 1, 1, 4, 4, 0],
 # From this many tiles a row, the input transform takes a plane at a time by rows
 # (input_rows_body); narrower maps gather every tile entry of the chunk through one table
 # (input_table_body): on short rows the rows' loops cost more in setup than in work.
-# Measured per transformed entry, float32, one thread (bench/RESULTS.md): 32x32 maps
-# 0.47-0.54 ns by rows against 1.06-1.18 gathered, 56x56 0.46-0.53 against 0.82-0.90,
-# 28x28 (7 tiles a row) 0.69-0.77 against 0.83-1.01; 16x16 (4) 0.70-0.82 against 0.71-0.84
-# and 8x8 1.4-1.7 against 0.69-0.77.
+# Measured per transformed entry, float32, one thread, the two taking turns chunk by
+# chunk (bench/RESULTS.md), rows against table: 32x32 maps (8 tiles a row) 0.48-0.61 ns
+# against 0.70-0.84, 56x56 0.56-0.68 against 0.83-1.01, 28x28 (7) 0.75 against
+# 0.76-0.78; 20x20 (5) 0.81-0.87 against 0.73-0.80, 14x14 (4) 0.79-0.98 against
+# 0.72-0.88, 8x8 1.41-1.43 against 0.68-0.70.
 ROWS_FROM_TILES = 7
 
 
@@ -56,8 +57,8 @@ def input_rows_body(x, v, ph, pw, tiles_h, tiles_w, stride):
     where P = m tiles_h tiles_w: v holds 36 (C, P) matrices `stride` apart. For maps of
     at least ROWS_FROM_TILES tiles a row; input_table_body is the same for any width.
 
-    A plane (one channel of one sample) at a time, through arrays small enough to stay
-    in the L1 cache, in three passes:
+    A plane (one channel of one sample) at a time, through arrays that stay in cache (a
+    56x56 plane's take 35 KiB), in three passes:
     1. the plane's rows into q, zero-padded and split into their four column phases:
        column 4 j + p of padded row r at q[p span + r (tiles_w + 1) + j]. A tile's
        columns 0-3 are then four runs, and its columns 4, 5 the runs of phases 0 and 1
