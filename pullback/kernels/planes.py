@@ -102,20 +102,19 @@ def _backward_channel(upstream, x, weight, eps, grad_x, grad_weight, grad_bias, 
     grad_bias[c] = total_u
 
 
-def relu_bias_backward_serial(upstream, y, grad, bias_grad, c0, c1):
+def relu_bias_backward_serial(upstream, y, grad, bias_grad):
     """grad = upstream where relu's output y > 0, else 0, as relu's backward multiplies
     by the mask (so a NaN or infinite upstream times 0 stays NaN); bias_grad[c] = the sum
-    of channel c's grad: the gradient of a bias added per channel before the relu; for
-    channels c0 to c1."""
-    n_, _, s_ = y.shape
+    of channel c's grad: the gradient of a bias added per channel before the relu."""
+    n_, c_, s_ = y.shape
     zero = y.dtype.type(0)
     one = y.dtype.type(1)
-    for c in range(c0, c1):
+    for c in range(c_):
         bias_grad[c] = zero
     # In memory order (a channel's planes lie a sample apart): each plane's sum, then
     # the channel's sum of its planes' sums.
     for n in range(n_):
-        for c in range(c0, c1):
+        for c in range(c_):
             total = zero
             for t in range(s_):
                 value = upstream[n, c, t] * (one if y[n, c, t] > zero else zero)
@@ -129,7 +128,7 @@ def relu_bias_backward_serial(upstream, y, grad, bias_grad, c0, c1):
 prange = range
 
 
-# Each driver runs channels c0 to c1: a caller may cut the channels into parts, one a
+# Batch norm's drivers run channels c0 to c1: a caller may cut the channels into parts, one a
 # thread (pullback.backend.split), each part's results its channels' own, bit for bit.
 
 
@@ -180,7 +179,7 @@ _KINDS = {forward_serial: "i3 i1 i1 s b o3 o1 o1 n n",
           forward_parallel: "i3 i1 i1 s b o3 o1 o1 n n",
           backward_serial: "i3 i3 i1 s o3 o1 o1 n n", backward_parallel: "i3 i3 i1 s o3 o1 o1 n n",
           statistics_serial: "i3 o1 o1 n n", statistics_parallel: "i3 o1 o1 n n",
-          relu_bias_backward_serial: "i3 i3 o3 o1 n n"}
+          relu_bias_backward_serial: "i3 i3 o3 o1"}
 _registered = False
 
 
@@ -259,14 +258,13 @@ def batch_norm_backward(upstream: np.ndarray, x: np.ndarray, weight: np.ndarray,
     return grad_x, grad_weight, grad_bias
 
 
-def relu_bias_backward(upstream: np.ndarray, y: np.ndarray, out: np.ndarray | None = None,
-                       over: Over | None = None) -> tuple[np.ndarray, np.ndarray]:
+def relu_bias_backward(upstream: np.ndarray, y: np.ndarray, out: np.ndarray | None = None
+                       ) -> tuple[np.ndarray, np.ndarray]:
     """(grad, bias_grad) of relu's backward for the C-contiguous upstream and relu output
     y (N, C, S) of one dtype, grad written into `out` (C-contiguous, y's shape) when
     given, bias_grad (C,) its per-channel sums."""
     dtype = check_dtype("relu_bias_backward", [upstream, y])
     grad = np.empty_like(y) if out is None else out
     bias_grad = np.empty(y.shape[1], dtype)
-    _run(_compiled(relu_bias_backward_serial, dtype), over, y.shape[1], upstream, y, grad,
-         bias_grad)
+    _compiled(relu_bias_backward_serial, dtype)(upstream, y, grad, bias_grad)
     return grad, bias_grad
