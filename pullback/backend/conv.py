@@ -21,6 +21,7 @@ import numpy as np
 from pullback.backend import blas, split, winograd
 from pullback.errors import KernelError
 from pullback.kernels import conv as kernels
+from pullback.kernels import direct
 
 Pair = tuple[int, int]
 
@@ -438,6 +439,17 @@ def conv2d(x: np.ndarray, w: np.ndarray, stride: Any, padding: Any, dilation: An
         if epilogue is not None:
             epilogue(out.reshape(n, o, pixels), 0, n)
         return out
+    if _direct(win, groups, c, o):
+        x, w = np.ascontiguousarray(x), np.ascontiguousarray(w)
+        geo = _direct_geometry(win)
+
+        def forward(a: int, b: int) -> None:
+            direct.forward(x[a:b], w, out[a:b], geo)
+            if epilogue is not None:
+                epilogue(out[a:b].reshape(b - a, o, pixels), a, b)
+
+        _direct_parts(win, n, c, o, forward)
+        return out
     if _by_parts(win, n, c, o, groups):
         def part(a: int, b: int) -> None:
             shifted = None if epilogue is None else (
@@ -536,6 +548,12 @@ def conv2d_input_backward(
     if grad.size == 0 or upstream.size == 0 or w.size == 0:
         grad[...] = 0  # an empty batch, or nothing reaches the input
         return grad
+    if _direct(win, groups, c, o):
+        w, geo = np.ascontiguousarray(w), _direct_geometry(win)
+        up4 = up.reshape(n, o, *win.out_hw)
+        _direct_parts(win, n, c, o, lambda a, b: direct.input_backward(up4[a:b], w, grad[a:b],
+                                                                        geo))
+        return grad
     if _by_parts(win, n, c, o, groups):
         _over_batch(win, n, c, o, groups, lambda a, b: conv2d_input_backward(
             upstream[a:b], w, (b - a, *input_shape[1:]), stride, padding, dilation, groups,
@@ -613,6 +631,15 @@ def conv2d_weight_backward(
         return np.zeros(tuple(weight_shape), x.dtype)  # an empty batch adds nothing
     n, c = x.shape[:2]
     o = weight_shape[0]
+    if _direct(win, groups, c, o):
+        x, up4, geo = np.ascontiguousarray(x), np.ascontiguousarray(upstream), \
+            _direct_geometry(win)
+        grads = _direct_parts(win, n, c, o, lambda a, b: direct.weight_backward(
+            up4[a:b], x[a:b], tuple(weight_shape), geo))
+        grad = grads[0]
+        for more in grads[1:]:  # in the parts' order, whichever thread ran them
+            grad += more
+        return grad
     if _by_parts(win, n, c, o, groups):
         grads = _over_batch(win, n, c, o, groups, lambda a, b: conv2d_weight_backward(
             upstream[a:b], x[a:b], weight_shape, stride, padding, dilation, groups))
@@ -689,6 +716,51 @@ def _weight_backward_by_chunk_gemm(up: np.ndarray, x: np.ndarray, weight_shape: 
 # (C kh kw per pixel), so a first layer (1 -> 32 channels, 8x8, batch 32) stays on the
 # old path: this way its gradients took 0.3 ms against 0.18.
 SMALL_MAP_PIXELS = 144
+
+
+# Convolutions with few window values per pixel (C kh kw <= DIRECT_WINDOW: a first layer
+# on 1-3 channels) on small maps run a sample at a time in register tiles
+# (pullback.kernels.direct). In training steps, each path taking turns step by step:
+# the digits CNN's 1 -> 16 layer (8x8, batch 128) took 90 us forward and 93 us for its
+# weight gradient against 158 and 137 on the small-map path; `pullback train`'s 1 -> 32
+# (8x8, padding 1, batch 32) 91 and 114 against 144 and 130. With 144 and 288 window
+# values (16 -> 32 at 6x6, 32 -> 64 at 4x4) one thread of this took as long as the
+# small-map path's GEMMs on two, or up to 1.6x longer, and split in two parts it lost
+# more (each part waits tens of microseconds for its thread to take the GIL).
+DIRECT_WINDOW = 64
+DIRECT: bool | None = None  # True or False: always or never where it can run (tests)
+
+
+def _direct(win: Windows, groups: int, c: int, o: int) -> bool:
+    """Whether a convolution of c channels into o runs a sample at a time in register
+    tiles (pullback.kernels.direct): small maps, stride 1, no dilation, one group, not
+    pointwise and not a shape Winograd may take (whatever its batch); with few window
+    values per pixel, unless DIRECT says otherwise."""
+    if (win.out_hw[0] * win.out_hw[1] > SMALL_MAP_PIXELS or groups != 1 or win.stride != (1, 1)
+            or win.dilation != (1, 1) or _pointwise(win)
+            or _winograd(win, groups, 1, c, o, kept=True)):
+        return False
+    if DIRECT is not None:
+        return DIRECT
+    return c * win.kernel[0] * win.kernel[1] <= DIRECT_WINDOW
+
+
+def _direct_geometry(win: Windows) -> np.ndarray:
+    """pullback.kernels.direct's geometry array for these windows, made once."""
+    key = ("direct", win)
+    found = _GEOMETRIES.get(key)
+    if found is None:
+        found = _keep(_GEOMETRIES, key, direct.geometry(win.kernel, win.padding, win.out_hw))
+    return found
+
+
+def _direct_parts(win: Windows, n: int, c: int, o: int, run: Callable[[int, int], Any]
+                  ) -> list:
+    """[run(start, stop) per part] of a direct convolution's batch: one part per BLAS
+    thread from SPLIT_MACS multiply-adds (split.over_parts), the whole batch below."""
+    if n >= 2 and _macs(win, n, c, o, 1) >= SPLIT_MACS:
+        return split.over_parts(n, run)
+    return [run(0, n)]
 
 
 def _small_maps(win: Windows, chunks: list, channels: int, out_channels: int) -> bool:

@@ -20,6 +20,7 @@ purpose: Numba's disk cache notices an edit to a kernel's own file only.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -146,7 +147,7 @@ def _make(dtype: np.dtype) -> tuple[Any, tuple]:
     """product_body in `dtype`, `tile` the intrinsics (one per row count) and
     store_tile compiled into it."""
     nb = jit.numba()
-    one, two, three, four = (_tile_intrinsic(rows) for rows in range(1, MR + 1))
+    one, two, three, four = (tile_intrinsic(rows) for rows in range(1, MR + 1))
 
     @nb.njit(inline="always", **jit.JIT_OPTIONS)
     def compiled_tile(rows, a, i, ka, b, panel, kb, c, ic, jc, k):
@@ -168,14 +169,14 @@ def _make(dtype: np.dtype) -> tuple[Any, tuple]:
     return jit.rebound(product_body, scope), signature
 
 
-def _tile_intrinsic(rows: int) -> Any:
-    """`tile` for `rows` rows as a Numba intrinsic: the loop over k in LLVM IR, the
-    tile's rows x VECTORS accumulators in SIMD registers (phi nodes), one fused
-    multiply-add (llvm.fma) per accumulator and k; a's and c's rows addressed through
-    their row strides."""
-    from llvmlite import ir  # type: ignore[import-untyped]  # llvmlite ships no type information
+def tile_intrinsic(rows: int, vectors: int = VECTORS) -> Any:
+    """`tile` for `rows` rows and `vectors` SIMD vectors of columns as a Numba
+    intrinsic: the loop over k in LLVM IR, the tile's rows x vectors accumulators in
+    SIMD registers (phi nodes), one fused multiply-add (llvm.fma) per accumulator and k;
+    a's, b's and c's rows addressed through their row strides. b is either packed
+    panels (P, K, NR), `panel` choosing one, or a matrix (K, N) whose columns from
+    `panel` on are read (pullback.kernels.direct's windows)."""
     from numba import types
-    from numba.core import cgutils
     from numba.extending import intrinsic
 
     def typer(typingctx, a, i, ka, b, panel, kb, c, ic, jc, k):
@@ -184,75 +185,122 @@ def _tile_intrinsic(rows: int) -> Any:
         return sig, codegen
 
     def codegen(context, builder, signature, args):
-        a, i, ka, b, panel, kb, c, ic, jc, k = args
-        aty, bty, cty = signature.args[0], signature.args[3], signature.args[6]
-        arrays = [context.make_array(ty)(context, builder, value)
-                  for ty, value in ((aty, a), (bty, b), (cty, c))]
-        pa = cgutils.get_item_pointer(context, builder, aty, arrays[0], [i, ka])
-        pb = cgutils.get_item_pointer(context, builder, bty, arrays[1],
-                                      [panel, kb, ir.Constant(ir.IntType(64), 0)])
-        pc = cgutils.get_item_pointer(context, builder, cty, arrays[2], [ic, jc])
-        a_step = cgutils.unpack_tuple(builder, arrays[0].strides)[0]  # bytes
-        c_step = cgutils.unpack_tuple(builder, arrays[2].strides)[0]
-        dtype = np.dtype(str(aty.dtype))
-        width, align = lanes(dtype), dtype.itemsize
-        scalar = context.get_value_type(aty.dtype)
-        vec = ir.VectorType(scalar, width)
-        vptr, sptr = vec.as_pointer(), scalar.as_pointer()
-        i64, i8p = ir.IntType(64), ir.IntType(8).as_pointer()
-        nr = VECTORS * width
-
-        def row(base: Any, step: Any, r: int) -> Any:  # row r of a or c, in bytes
-            moved = builder.gep(builder.bitcast(base, i8p),
-                                [builder.mul(ir.Constant(i64, r), step)])
-            return builder.bitcast(moved, sptr)
-
-        name = f"llvm.fma.v{width}f{8 * align}"
-        fma = cgutils.get_or_insert_function(builder.module,
-                                             ir.FunctionType(vec, [vec, vec, vec]), name)
-        zero = ir.Constant(vec, None)
-        splat_mask = ir.Constant(ir.VectorType(ir.IntType(32), width), [0] * width)
-        a_rows = [row(pa, a_step, r) for r in range(rows)]
-        entry = builder.basic_block
-        loop = builder.append_basic_block("tile_k")
-        done = builder.append_basic_block("tile_store")
-        builder.cbranch(builder.icmp_signed(">", k, ir.Constant(i64, 0)), loop, done)
-
-        builder.position_at_end(loop)
-        step = builder.phi(i64)
-        step.add_incoming(ir.Constant(i64, 0), entry)
-        acc = [builder.phi(vec) for _ in range(rows * VECTORS)]
-        for phi in acc:
-            phi.add_incoming(zero, entry)
-        b_row = builder.gep(pb, [builder.mul(step, ir.Constant(i64, nr))])
-        bv = [builder.load(builder.bitcast(builder.gep(b_row, [ir.Constant(i64, v * width)]),
-                                           vptr), align=align) for v in range(VECTORS)]
-        summed = []
-        for r in range(rows):
-            x = builder.load(builder.gep(a_rows[r], [step]), align=align)
-            splat = builder.shuffle_vector(
-                builder.insert_element(ir.Constant(vec, ir.Undefined), x,
-                                       ir.Constant(ir.IntType(32), 0)),
-                ir.Constant(vec, ir.Undefined), splat_mask)
-            summed += [builder.call(fma, [splat, bv[v], acc[r * VECTORS + v]])
-                       for v in range(VECTORS)]
-        following = builder.add(step, ir.Constant(i64, 1))
-        step.add_incoming(following, loop)
-        for phi, value in zip(acc, summed):
-            phi.add_incoming(value, loop)
-        builder.cbranch(builder.icmp_signed("<", following, k), loop, done)
-
-        builder.position_at_end(done)
-        results = []
-        for value in summed:
-            phi = builder.phi(vec)
-            phi.add_incoming(zero, entry)
-            phi.add_incoming(value, loop)
-            results.append(phi)
-        for index, value in enumerate(results):
-            r, v = divmod(index, VECTORS)
-            at = builder.gep(row(pc, c_step, r), [ir.Constant(i64, v * width)])
-            builder.store(value, builder.bitcast(at, vptr), align=align)
+        _emit_tile(context, builder, signature.args, args, rows, vectors)
         return context.get_dummy_value()
 
     return intrinsic(typer)
+
+
+def tile_switch_intrinsic(shapes: Sequence[tuple[int, int]], accumulate: bool = False) -> Any:
+    """`tile` as one intrinsic taking its shape at run time: tile(rows, vectors, a, i,
+    ka, b, panel, kb, c, ic, jc, k) runs `tile_intrinsic(rows, vectors)`'s loop for
+    each (rows, vectors) in `shapes` (a switch in LLVM IR), nothing for any other. With
+    `accumulate` the tile adds its products to c's values instead of replacing them."""
+    from llvmlite import ir  # type: ignore[import-untyped]
+    from numba import types
+    from numba.extending import intrinsic
+
+    def typer(typingctx, rows, vectors, a, i, ka, b, panel, kb, c, ic, jc, k):
+        sig = types.void(types.intp, types.intp, a, types.intp, types.intp, b, types.intp,
+                         types.intp, c, types.intp, types.intp, types.intp)
+        return sig, codegen
+
+    def codegen(context, builder, signature, args):
+        i64 = ir.IntType(64)
+        case = builder.add(builder.mul(args[1], ir.Constant(i64, 256)), args[0])
+        end = builder.append_basic_block("tile_end")
+        switch = builder.switch(case, end)
+        for rows, vectors in shapes:
+            block = builder.append_basic_block(f"tile_{rows}x{vectors}")
+            switch.add_case(ir.Constant(i64, vectors * 256 + rows), block)
+            builder.position_at_end(block)
+            _emit_tile(context, builder, signature.args[2:], args[2:], rows, vectors,
+                       accumulate)
+            builder.branch(end)
+        builder.position_at_end(end)
+        return context.get_dummy_value()
+
+    return intrinsic(typer)
+
+
+def _emit_tile(context: Any, builder: Any, types_: Sequence[Any], args: Sequence[Any],
+               rows: int, vectors: int, accumulate: bool = False) -> None:
+    """The IR of one `tile` of rows x vectors (`tile_intrinsic`), from the builder's
+    block; the builder is left after the tile's stores. `accumulate`: the sums start
+    from c's values, not zero."""
+    from llvmlite import ir  # type: ignore[import-untyped]  # llvmlite ships no type information
+    from numba.core import cgutils
+
+    a, i, ka, b, panel, kb, c, ic, jc, k = args
+    aty, bty, cty = types_[0], types_[3], types_[6]
+    arrays = [context.make_array(ty)(context, builder, value)
+              for ty, value in ((aty, a), (bty, b), (cty, c))]
+    pa = cgutils.get_item_pointer(context, builder, aty, arrays[0], [i, ka])
+    packed = bty.ndim == 3
+    at = [panel, kb, ir.Constant(ir.IntType(64), 0)] if packed else [kb, panel]
+    pb = cgutils.get_item_pointer(context, builder, bty, arrays[1], at)
+    pc = cgutils.get_item_pointer(context, builder, cty, arrays[2], [ic, jc])
+    a_step = cgutils.unpack_tuple(builder, arrays[0].strides)[0]  # bytes
+    c_step = cgutils.unpack_tuple(builder, arrays[2].strides)[0]
+    b_step = cgutils.unpack_tuple(builder, arrays[1].strides)[1 if packed else 0]
+    dtype = np.dtype(str(aty.dtype))
+    width, align = lanes(dtype), dtype.itemsize
+    scalar = context.get_value_type(aty.dtype)
+    vec = ir.VectorType(scalar, width)
+    vptr, sptr = vec.as_pointer(), scalar.as_pointer()
+    i64, i8p = ir.IntType(64), ir.IntType(8).as_pointer()
+
+    def row(base: Any, step: Any, r: Any) -> Any:  # row r (an int or i64) of a, b or c
+        index = ir.Constant(i64, r) if isinstance(r, int) else r
+        moved = builder.gep(builder.bitcast(base, i8p), [builder.mul(index, step)])
+        return builder.bitcast(moved, sptr)
+
+    name = f"llvm.fma.v{width}f{8 * align}"
+    fma = cgutils.get_or_insert_function(builder.module,
+                                         ir.FunctionType(vec, [vec, vec, vec]), name)
+    zero = ir.Constant(vec, None)
+    splat_mask = ir.Constant(ir.VectorType(ir.IntType(32), width), [0] * width)
+    a_rows = [row(pa, a_step, r) for r in range(rows)]
+    c_at = [builder.bitcast(builder.gep(row(pc, c_step, r), [ir.Constant(i64, v * width)]), vptr)
+            for r in range(rows) for v in range(vectors)]
+    start = [builder.load(at, align=align) for at in c_at] if accumulate else \
+        [zero] * (rows * vectors)
+    entry = builder.basic_block
+    loop = builder.append_basic_block("tile_k")
+    done = builder.append_basic_block("tile_store")
+    builder.cbranch(builder.icmp_signed(">", k, ir.Constant(i64, 0)), loop, done)
+
+    builder.position_at_end(loop)
+    step = builder.phi(i64)
+    step.add_incoming(ir.Constant(i64, 0), entry)
+    acc = [builder.phi(vec) for _ in range(rows * vectors)]
+    for phi, first in zip(acc, start):
+        phi.add_incoming(first, entry)
+    b_row = row(pb, b_step, step)
+    bv = [builder.load(builder.bitcast(builder.gep(b_row, [ir.Constant(i64, v * width)]),
+                                       vptr), align=align) for v in range(vectors)]
+    summed = []
+    for r in range(rows):
+        x = builder.load(builder.gep(a_rows[r], [step]), align=align)
+        splat = builder.shuffle_vector(
+            builder.insert_element(ir.Constant(vec, ir.Undefined), x,
+                                   ir.Constant(ir.IntType(32), 0)),
+            ir.Constant(vec, ir.Undefined), splat_mask)
+        summed += [builder.call(fma, [splat, bv[v], acc[r * vectors + v]])
+                   for v in range(vectors)]
+    following = builder.add(step, ir.Constant(i64, 1))
+    step.add_incoming(following, loop)
+    for phi, value in zip(acc, summed):
+        phi.add_incoming(value, loop)
+    builder.cbranch(builder.icmp_signed("<", following, k), loop, done)
+
+    builder.position_at_end(done)
+    results = []
+    for value, first in zip(summed, start):  # (a block's phi nodes come first)
+        phi = builder.phi(vec)
+        phi.add_incoming(first, entry)
+        phi.add_incoming(value, loop)
+        results.append(phi)
+    for value, at in zip(results, c_at):
+        builder.store(value, at, align=align)
+

@@ -13,10 +13,10 @@ from pullback.backend.fused import _Defaults
 # (x shape, weight shape, stride, padding): a 1x1 convolution (one GEMM for the batch),
 # small maps over several samples (one GEMM per chunk), a 32x32 map (a GEMM per sample),
 # 32 channels into 32 on two 16x16 maps (Winograd), 6x6 maps with the batch innermost
-# (small maps).
+# (small maps), and a sample at a time (3 channels: pullback.kernels.direct).
 PATHS = [((2, 4, 3, 3), (5, 4, 1, 1), 1, 0), ((3, 2, 5, 5), (3, 2, 3, 3), 2, 1),
          ((2, 1, 32, 32), (2, 1, 3, 3), 1, 1), ((2, 32, 16, 16), (32, 32, 3, 3), 1, 1),
-         ((4, 3, 8, 8), (5, 3, 3, 3), 1, 0)]
+         ((4, 8, 8, 8), (5, 8, 3, 3), 1, 0), ((4, 3, 8, 8), (5, 3, 3, 3), 1, 0)]
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
