@@ -725,8 +725,12 @@ SMALL_MAP_PIXELS = 144
 # weight gradient against 158 and 137 on the small-map path; `pullback train`'s 1 -> 32
 # (8x8, padding 1, batch 32) 91 and 114 against 144 and 130. With 144 and 288 window
 # values (16 -> 32 at 6x6, 32 -> 64 at 4x4) one thread of this took as long as the
-# small-map path's GEMMs on two, or up to 1.6x longer, and split in two parts it lost
-# more (each part waits tens of microseconds for its thread to take the GIL).
+# small-map path's GEMMs on two, or up to 1.6x longer. Split in two parts (even with the
+# worker's part posted without the GIL, so that it started within 10 us) the half on the
+# thread that had not made the inputs ran 1.5x slower than the other, fetching them from
+# the other core's cache; the digits CNN's step gained 5-10% so, but a process's BLAS
+# then ran on one thread for everything else (blas.note_split) and `pullback train`'s
+# CNN lost as much (bench/RESULTS.md).
 DIRECT_WINDOW = 64
 DIRECT: bool | None = None  # True or False: always or never where it can run (tests)
 

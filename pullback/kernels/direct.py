@@ -24,6 +24,7 @@ Stride 1, no dilation, one group (pullback.backend.conv chooses where this runs)
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import numpy as np
@@ -363,17 +364,37 @@ def forward(x: np.ndarray, w: np.ndarray, out: np.ndarray, g: np.ndarray) -> np.
     o, pixels = w.shape[0], int(g[4] * g[5])
     q = columns(pixels, x.dtype)
     k = w[0].size
-    cols = np.empty(k * q + SLACK, x.dtype)[:k * q].reshape(k, q)
-    scratch = np.empty((o, q), x.dtype) if q > pixels else cols
+    cols = _buffer("cols", k * q, x.dtype).reshape(k, q)
+    scratch = _buffer("scratch", o * q, x.dtype).reshape(o, q) if q > pixels else cols
     compiled(forward_body, x.dtype)(x, w.reshape(o, -1), out.reshape(len(out), o, pixels),
                                     cols, scratch, _padded(x, g), g)
     return out
 
 
+_KEPT = threading.local()  # .buffers: this thread's buffers by role, size and dtype
+
+
+def _buffer(role: str, size: int, dtype: np.dtype) -> np.ndarray:
+    """This thread's buffer of `size` values (and SLACK more) for `role`, zeros when made
+    and kept from call to call: the kernels write a buffer's zeros (padding, columns past
+    a map's pixels) nowhere, and the rest before they read it."""
+    kept = getattr(_KEPT, "buffers", None)
+    if kept is None:
+        kept = _KEPT.buffers = {}
+    key = (role, size, np.dtype(dtype))
+    found = kept.get(key)
+    if found is None:
+        if len(kept) >= 64:  # more shapes than a model has: start over
+            kept.clear()
+        found = kept[key] = np.zeros(size + SLACK, dtype)
+    return found[:size]
+
+
 def _padded(x: np.ndarray, g: np.ndarray) -> np.ndarray:
-    """`windows`' buffer for a sample of x padded by g's padding: zeros, and SLACK."""
+    """`windows`' buffer for a sample of x padded by g's padding (its borders zeros)."""
     c, h, w = x.shape[1:]
-    return np.zeros(c * (h + 2 * int(g[2])) * (w + 2 * int(g[3])) + SLACK, x.dtype)
+    hp, wp = h + 2 * int(g[2]), w + 2 * int(g[3])
+    return _buffer(f"padded {c}x{hp}x{wp}", c * hp * wp, x.dtype)  # its borders: by shape
 
 
 def input_backward(up: np.ndarray, w: np.ndarray, grad: np.ndarray, g: np.ndarray
@@ -383,9 +404,10 @@ def input_backward(up: np.ndarray, w: np.ndarray, grad: np.ndarray, g: np.ndarra
     o, pixels = w.shape[0], int(g[4] * g[5])
     q = columns(pixels, up.dtype)
     wt = np.ascontiguousarray(w.reshape(o, -1).T)
-    scratch = np.zeros((o, q), up.dtype) if q > pixels else wt
-    compiled(input_backward_body, up.dtype)(up.reshape(len(up), o, pixels), wt, grad,
-                                            np.empty((wt.shape[0], q), up.dtype), scratch, g)
+    scratch = _buffer("upstream", o * q, up.dtype).reshape(o, q) if q > pixels else wt
+    cols = _buffer("cols", wt.shape[0] * q, up.dtype).reshape(-1, q)
+    compiled(input_backward_body, up.dtype)(up.reshape(len(up), o, pixels), wt, grad, cols,
+                                            scratch, g)
     return grad
 
 
@@ -398,7 +420,9 @@ def weight_backward(up: np.ndarray, x: np.ndarray, weight_shape: tuple[int, ...]
     q = columns(o, x.dtype)
     most = max(1, min(len(x), WEIGHT_WINDOWS_BYTES // (k * pixels * x.itemsize)))
     grad_t = np.zeros((k, q), x.dtype)
-    compiled(weight_backward_body, x.dtype)(
-        up.reshape(len(up), o, pixels), x, grad_t, np.empty((k, most * pixels + SLACK), x.dtype),
-        np.zeros((most * pixels, q), x.dtype), _padded(x, g), g)
+    width = most * pixels + SLACK
+    cols = _buffer("windows", k * width, x.dtype).reshape(k, width)
+    up_t = _buffer(f"upstream {q}", most * pixels * q, x.dtype).reshape(-1, q)
+    compiled(weight_backward_body, x.dtype)(up.reshape(len(up), o, pixels), x, grad_t, cols,
+                                            up_t, _padded(x, g), g)
     return np.ascontiguousarray(grad_t[:, :o].T).reshape(weight_shape)
