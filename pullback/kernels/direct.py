@@ -393,8 +393,9 @@ def _buffer(role: str, size: int, dtype: np.dtype) -> np.ndarray:
 def _padded(x: np.ndarray, g: np.ndarray) -> np.ndarray:
     """`windows`' buffer for a sample of x padded by g's padding (its borders zeros)."""
     c, h, w = x.shape[1:]
-    hp, wp = h + 2 * int(g[2]), w + 2 * int(g[3])
-    return _buffer(f"padded {c}x{hp}x{wp}", c * hp * wp, x.dtype)  # its borders: by shape
+    ph, pw = int(g[2]), int(g[3])
+    # Kept by the sample's shape and padding: those place the borders.
+    return _buffer(f"padded {c}x{h}x{w}+{ph}x{pw}", c * (h + 2 * ph) * (w + 2 * pw), x.dtype)
 
 
 def input_backward(up: np.ndarray, w: np.ndarray, grad: np.ndarray, g: np.ndarray

@@ -122,6 +122,16 @@ def test_kept_buffers_serve_calls_of_every_shape_in_turn():
     """A thread's buffers are kept from call to call: calls of many shapes in turn (the
     same sizes with other borders among them) each give PyTorch's results."""
     rng = np.random.default_rng(8)
+    # Padded samples of one size, their borders in other places: 5x7 padded by (2, 1)
+    # and 7x5 by (1, 2) are both 9x9.
+    for x_shape, pad in (((1, 1, 5, 7), (2, 1)), ((1, 1, 7, 5), (1, 2)), ((1, 1, 5, 7), (2, 1))):
+        x = rng.standard_normal(x_shape).astype(np.float32)
+        weight = rng.standard_normal((2, 1, 3, 3)).astype(np.float32)
+        out_hw = (x_shape[2] + 2 * pad[0] - 2, x_shape[3] + 2 * pad[1] - 2)
+        got = direct.forward(x, weight, np.empty((1, 2, *out_hw), np.float32),
+                             direct.geometry((3, 3), pad, out_hw))
+        want = F.conv2d(torch.from_numpy(x), torch.from_numpy(weight), padding=pad).numpy()
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
     for _ in range(24):
         c, h, w, pad = (int(v) for v in rng.integers((1, 3, 3, 0), (5, 9, 9, 3)))
         o, n = int(rng.integers(1, 20)), int(rng.integers(1, 5))
