@@ -1,14 +1,15 @@
 """Convolutions on small maps a sample at a time, in register tiles.
 
-On a digits CNN's maps (6x6 into 4x4) a window row is 4 values long: im2col of the
+On a digits CNN's maps (8x8 into 6x6) a window row is 6 values long: im2col of the
 whole batch spends more time per row than per value, and the GEMM's rows (a sample's
-16 pixels) are too short for BLAS. Here each sample's windows (C kh kw, OH OW) are
-copied into a buffer that stays in L1 (`windows`), every window row a run moved by one
-masked vector load and store (`copy_run`: LLVM leaves such short loops scalar), and
-the product with the weights runs straight into the sample's output in register tiles
+36 pixels) are too short for BLAS. Here each sample is copied into a zero-padded
+buffer, its windows (C kh kw, OH OW) from there into a buffer that stays in L1
+(`windows`), every window row moved in whole vectors (`move_run`: LLVM leaves loops
+this short scalar, and Numba runs no SLP vectorizer), and the product with the
+weights runs straight into the sample's output in register tiles
 (pullback.kernels.tiles, `products`): the pixels are the tile's vectors, the output
 channels its rows. Nothing is transposed and nothing the size of the batch's windows
-is ever written.
+is ever written. Each thread keeps its buffers from call to call (`_buffer`).
 
 - forward: out[n] = W (O, C kh kw) @ windows(x[n]);
 - input gradient: windows = W^T (C kh kw, O) @ upstream[n], folded back into the
@@ -240,7 +241,7 @@ def _make(body: Any, dtype: np.dtype) -> tuple[Any, tuple]:
     signature = tuple(jit.array_type(dtype, int(a[0]), "C", readonly=a[1] == "i")
                       for a in arrays.split())
     signature += (jit.array_type(np.dtype(np.int64), 1, "C", readonly=True),)
-    return jit.rebound(jit.in_precision(body, dtype), scope), signature
+    return jit.depending_on(jit.rebound(jit.in_precision(body, dtype), scope), tiles), signature
 
 
 def _run_intrinsic(kind: str) -> Any:

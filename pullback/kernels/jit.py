@@ -104,6 +104,17 @@ def rebound(fn: Callable, scope: dict[str, Any]) -> Callable:
     return copy
 
 
+def depending_on(fn: Callable, *modules: types.ModuleType) -> Callable:
+    """fn (a copy made by `rebound`, renamed in place) named after the files of
+    `modules` as well. Numba's disk cache keys a kernel by its own file alone: one that
+    compiles in intrinsics or bodies from other files (pullback.kernels.tiles' register
+    tiles) would load stale machine code after an edit or an upgrade there; renamed by
+    their stamps, it compiles afresh instead."""
+    stamps = "\n".join(_stamp(module) for module in modules)
+    fn.__qualname__ = f"{fn.__qualname__}_{hashlib.sha256(stamps.encode()).hexdigest()[:12]}"
+    return fn
+
+
 def _file_stamp(path: str) -> str:
     try:
         info = os.stat(path)

@@ -336,4 +336,6 @@ def _with_callees(body: Callable, dtype: np.dtype) -> Callable:
         source = tiles.body_in(dtype) if callee is packed_product else \
             jit.in_precision(callee, dtype)
         scope[callee.__name__] = nb.njit(inline="always", **jit.JIT_OPTIONS)(source)
+    if packed_product in callees:  # tiles' register tiles compiled in
+        return jit.depending_on(jit.rebound(fn, scope), tiles)
     return jit.rebound(fn, scope)

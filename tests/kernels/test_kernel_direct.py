@@ -145,3 +145,31 @@ def test_kept_buffers_serve_calls_of_every_shape_in_turn():
                direct.weight_backward(upstream, x, weight.shape, g))
         for value, want in zip(got, _torch(x, weight, upstream, (pad, pad))):
             np.testing.assert_allclose(value, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+
+
+def test_a_kernel_is_named_after_the_files_compiled_into_it(tmp_path, monkeypatch):
+    """jit.depending_on: Numba's disk cache keys a kernel by its own file, so a kernel
+    that compiles in another file's intrinsics (the tiles') carries that file's stamp in
+    its name, and an edit there gives it a new name (a fresh compile, not stale code)."""
+    import importlib.util
+    import os
+
+    from pullback.kernels import jit
+
+    path = tmp_path / "other_kernels.py"
+    path.write_text("X = 1\n")
+    spec = importlib.util.spec_from_file_location("other_kernels", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+
+    def body(x):
+        return x
+
+    first = jit.depending_on(jit.rebound(body, {}), module).__qualname__
+    assert first.startswith(body.__qualname__ + "_")
+    assert jit.depending_on(jit.rebound(body, {}), module).__qualname__ == first
+    path.write_text("X = 2  # edited\n")
+    os.utime(path, ns=(1, 1))
+    assert jit.depending_on(jit.rebound(body, {}), module).__qualname__ != first
+    compiled = direct.compiled(direct.forward_body, np.dtype(np.float32))
+    assert compiled.py_func.__qualname__.startswith("forward_body_")
