@@ -729,23 +729,23 @@ SMALL_MAP_PIXELS = 144
 # worker's part posted without the GIL, so that it started within 10 us) the half on the
 # thread that had not made the inputs ran 1.5x slower than the other, fetching them from
 # the other core's cache; the digits CNN's step gained 5-10% so, but a process's BLAS
-# then ran on one thread for everything else (blas.note_split) and `pullback train`'s
-# CNN lost as much (bench/RESULTS.md).
+# then ran on one thread for everything else (blas.note_split): `pullback train`'s CNN,
+# run after it in the same process, lost as much (bench/RESULTS.md).
 DIRECT_WINDOW = 64
-DIRECT: bool | None = None  # True or False: always or never where it can run (tests)
+DIRECT_FORCED: bool | None = None  # True or False: always or never where it can (tests)
 
 
 def _direct(win: Windows, groups: int, c: int, o: int) -> bool:
     """Whether a convolution of c channels into o runs a sample at a time in register
     tiles (pullback.kernels.direct): small maps, stride 1, no dilation, one group, not
     pointwise and not a shape Winograd may take (whatever its batch); with few window
-    values per pixel, unless DIRECT says otherwise."""
+    values per pixel, unless DIRECT_FORCED says otherwise."""
     if (win.out_hw[0] * win.out_hw[1] > SMALL_MAP_PIXELS or groups != 1 or win.stride != (1, 1)
             or win.dilation != (1, 1) or _pointwise(win)
             or _winograd(win, groups, 1, c, o, kept=True)):
         return False
-    if DIRECT is not None:
-        return DIRECT
+    if DIRECT_FORCED is not None:
+        return DIRECT_FORCED
     return c * win.kernel[0] * win.kernel[1] <= DIRECT_WINDOW
 
 

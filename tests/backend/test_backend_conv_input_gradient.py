@@ -38,7 +38,7 @@ def _operands(case, dtype):
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("case", CASES, ids=IDS)
 def test_input_gradient_as_forward_matches_col2im_and_torch(monkeypatch, case, dtype):
-    monkeypatch.setattr(backend_conv, "DIRECT", False)  # the paths compared here
+    monkeypatch.setattr(backend_conv, "DIRECT_FORCED", False)  # the paths compared here
     x, w, upstream, win = _operands(case, dtype)
     _, _, padding, dilation, groups = case
     geometry = ((1, 1), padding, dilation, groups)

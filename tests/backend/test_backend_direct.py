@@ -28,12 +28,12 @@ def test_first_layers_on_small_maps_run_direct_and_others_keep_their_paths(monke
     assert not backend_conv._direct(_win((8, 1, 9, 9), (8, 1, 3, 3), dilation=(2, 2)), 1, 1, 8)
     assert not backend_conv._direct(_win((8, 2, 8, 8), (8, 1, 3, 3), groups=2), 2, 2, 8)
     assert not backend_conv._direct(_win((8, 4, 8, 8), (8, 4, 1, 1)), 1, 4, 8)  # pointwise
-    monkeypatch.setattr(backend_conv, "DIRECT", True)
+    monkeypatch.setattr(backend_conv, "DIRECT_FORCED", True)
     assert backend_conv._direct(_win((8, 16, 6, 6), (32, 16, 3, 3)), 1, 16, 32)
     # Winograd's shapes stay Winograd's, forced or not.
     assert not backend_conv._direct(_win((8, 16, 8, 8), (16, 16, 3, 3), padding=(1, 1)), 1,
                                     16, 16)
-    monkeypatch.setattr(backend_conv, "DIRECT", False)
+    monkeypatch.setattr(backend_conv, "DIRECT_FORCED", False)
     assert not backend_conv._direct(_win((8, 1, 8, 8), (16, 1, 3, 3)), 1, 1, 16)
 
 
@@ -43,7 +43,7 @@ def test_first_layers_on_small_maps_run_direct_and_others_keep_their_paths(monke
                                     ((4, 2, 8, 8), (10, 2, 3, 3), 1)],
                          ids=["16to32", "32to64-pad1", "first-layer"])
 def test_backend_convolutions_through_the_direct_path_match_torch(monkeypatch, shapes, dtype):
-    monkeypatch.setattr(backend_conv, "DIRECT", True)
+    monkeypatch.setattr(backend_conv, "DIRECT_FORCED", True)
     x_shape, w_shape, pad = shapes
     rng = np.random.default_rng(4)
     x = rng.standard_normal(x_shape).astype(dtype)

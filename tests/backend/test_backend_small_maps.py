@@ -34,7 +34,7 @@ def _three(x, w, upstream, geometry):
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("case", CASES, ids=IDS)
 def test_small_maps_match_the_general_path_and_torch(monkeypatch, case, dtype):
-    monkeypatch.setattr(backend_conv, "DIRECT", False)  # the paths compared here
+    monkeypatch.setattr(backend_conv, "DIRECT_FORCED", False)  # the paths compared here
     rng = np.random.default_rng(7)
     x_shape, (o, kh, kw), stride, padding, dilation, groups = case
     x = rng.standard_normal(x_shape).astype(dtype)

@@ -217,7 +217,7 @@ def test_an_unsplit_convolution_runs_blas_on_one_thread_once_work_has_split(
     if before < 2:
         pytest.skip("BLAS runs on one thread here: nothing to lower")
     monkeypatch.setattr(backend_conv, "SPLIT_MACS", 1 << 62)
-    monkeypatch.setattr(backend_conv, "DIRECT", False)  # a path with products
+    monkeypatch.setattr(backend_conv, "DIRECT_FORCED", False)  # a path with products
     monkeypatch.setattr(blas, "_split", splitting)
     monkeypatch.setattr(blas, "_threaded", False)
     seen = []

@@ -134,7 +134,7 @@ def test_a_large_recurrence_splits_its_rows_where_each_part_pays(monkeypatch, n,
 
 
 def test_a_convolution_blas_threads_is_noted_and_a_split_one_is_not(monkeypatch):
-    monkeypatch.setattr(backend_conv, "DIRECT", False)  # a path with products
+    monkeypatch.setattr(backend_conv, "DIRECT_FORCED", False)  # a path with products
     monkeypatch.setattr(blas, "_threaded", False)
     monkeypatch.setattr(blas, "_split", False)
     monkeypatch.setattr(backend_conv, "SPLIT_MACS", 0)
