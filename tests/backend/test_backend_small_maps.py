@@ -85,9 +85,10 @@ def test_a_first_layer_and_large_maps_keep_the_general_path():
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_transpose_kernel_matches_numpy(dtype):
     rng = np.random.default_rng(3)
-    # Blocks of 8 (float32) or 4 (float64) rows in pairs and alone, ragged edges.
+    # Blocks of 8 (float32) or 4 (float64) in pairs and alone, along dst's rows or (its rows
+    # a multiple of 512 bytes) down its columns; ragged edges.
     for shape in [(1, 1), (8, 8), (13, 37), (40, 9), (3, 130), (24, 40), (64, 48), (17, 33),
-                  (128, 576)]:
+                  (128, 576), (512, 128), (256, 130), (130, 256), (96, 64)]:
         src = rng.standard_normal(shape).astype(dtype)
         dst = np.full(shape[::-1], np.nan, dtype)
         assert kernels.transpose(src, dst) is dst
