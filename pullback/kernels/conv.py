@@ -558,7 +558,6 @@ def _transpose_intrinsic(lanes: int) -> Any:
     both (shufflevector), which leaves row i holding column i."""
     from llvmlite import ir  # type: ignore[import-untyped]  # llvmlite ships no type information
     from numba import types
-    from numba.core import cgutils
     from numba.extending import intrinsic
 
     def typer(typingctx, s, at_s, row_s, d, at_d, row_d):
@@ -566,11 +565,9 @@ def _transpose_intrinsic(lanes: int) -> Any:
 
     def codegen(context, builder, signature, args):
         s, at_s, row_s, d, at_d, row_d = args
-        sty, dty = signature.args[0], signature.args[3]
-        ps = cgutils.get_item_pointer(context, builder, sty,
-                                      context.make_array(sty)(context, builder, s), [at_s])
-        pd = cgutils.get_item_pointer(context, builder, dty,
-                                      context.make_array(dty)(context, builder, d), [at_d])
+        sty = signature.args[0]
+        ps = jit.item_pointer(context, builder, sty, s, at_s)
+        pd = jit.item_pointer(context, builder, signature.args[3], d, at_d)
         scalar = context.get_value_type(sty.dtype)
         size = np.dtype(str(sty.dtype)).itemsize
         vptr = ir.VectorType(scalar, lanes).as_pointer()

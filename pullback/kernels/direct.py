@@ -260,11 +260,9 @@ def _run_intrinsic(kind: str) -> Any:
 
     def codegen(context, builder, signature, args):
         src, s, dst, d, count = args
-        sty, dty = signature.args[0], signature.args[2]
-        ps = cgutils.get_item_pointer(context, builder, sty,
-                                      context.make_array(sty)(context, builder, src), [s])
-        pd = cgutils.get_item_pointer(context, builder, dty,
-                                      context.make_array(dty)(context, builder, dst), [d])
+        sty = signature.args[0]
+        ps = jit.item_pointer(context, builder, sty, src, s)
+        pd = jit.item_pointer(context, builder, signature.args[2], dst, d)
         scalar = context.get_value_type(sty.dtype)
         size = np.dtype(str(sty.dtype)).itemsize
         i1, i32, i64 = ir.IntType(1), ir.IntType(32), ir.IntType(64)
@@ -295,52 +293,48 @@ def _run_intrinsic(kind: str) -> Any:
                 value = builder.fadd(value, builder.call(load, [to, align, mask, zero]))
             builder.call(store, [value, to, align, mask])
 
-        if kind == "move":
-            width = 32 // size
+        def plain(width: int, src_at: Any, dst_at: Any) -> None:  # unmasked, whole
             vptr = ir.VectorType(scalar, width).as_pointer()
-            # The first vector unconditionally (a run is never empty), the rest in a loop.
-            first = builder.load(builder.bitcast(ps, vptr), align=size)
-            builder.store(first, builder.bitcast(pd, vptr), align=size)
-            entry = builder.basic_block
-            loop = builder.append_basic_block("move_loop")
-            end = builder.append_basic_block("move_end")
-            builder.cbranch(builder.icmp_signed(">", count, ir.Constant(i64, width)), loop, end)
-            builder.position_at_end(loop)
-            done = builder.phi(i64)
-            done.add_incoming(ir.Constant(i64, width), entry)
-            value = builder.load(builder.bitcast(builder.gep(ps, [done]), vptr), align=size)
-            builder.store(value, builder.bitcast(builder.gep(pd, [done]), vptr), align=size)
-            following = builder.add(done, ir.Constant(i64, width))
-            done.add_incoming(following, loop)
-            builder.cbranch(builder.icmp_signed("<", following, count), loop, end)
-            builder.position_at_end(end)
-            return context.get_dummy_value()
-        # Whole runs of 8 while more than 8 are left, then the rest in 8 or 4 lanes.
+            value = builder.load(builder.bitcast(src_at, vptr), align=size)
+            builder.store(value, builder.bitcast(dst_at, vptr), align=size)
+
+        # Whole vectors while more than one is left, then the rest: for `move_run` one
+        # more whole vector (as wide as a 256-bit one); for the others one masked
+        # vector of 8 or, for 4 values or fewer, of 4 lanes.
+        step = 32 // size if kind == "move" else 8
         entry = builder.basic_block
         loop = builder.append_basic_block("run_loop")
         tail = builder.append_basic_block("run_tail")
-        builder.cbranch(builder.icmp_signed(">", count, ir.Constant(i64, 8)), loop, tail)
+        builder.cbranch(builder.icmp_signed(">", count, ir.Constant(i64, step)), loop, tail)
         builder.position_at_end(loop)
         done = builder.phi(i64)
         done.add_incoming(ir.Constant(i64, 0), entry)
-        move(8, builder.gep(ps, [done]), builder.gep(pd, [done]), ir.Constant(i64, 8))
-        following = builder.add(done, ir.Constant(i64, 8))
+        whole = ir.Constant(i64, step)
+        if kind == "move":
+            plain(step, builder.gep(ps, [done]), builder.gep(pd, [done]))
+        else:
+            move(step, builder.gep(ps, [done]), builder.gep(pd, [done]), whole)
+        following = builder.add(done, whole)
         done.add_incoming(following, loop)
-        builder.cbranch(builder.icmp_signed(">", builder.sub(count, following),
-                                            ir.Constant(i64, 8)), loop, tail)
+        builder.cbranch(builder.icmp_signed(">", builder.sub(count, following), whole), loop,
+                        tail)
         builder.position_at_end(tail)
         moved = builder.phi(i64)
         moved.add_incoming(ir.Constant(i64, 0), entry)
         moved.add_incoming(following, loop)
-        left = builder.sub(count, moved)
-        wide = builder.append_basic_block("run_8")
-        narrow = builder.append_basic_block("run_4")
         end = builder.append_basic_block("run_end")
-        builder.cbranch(builder.icmp_signed(">", left, ir.Constant(i64, 4)), wide, narrow)
-        for block, width in ((wide, 8), (narrow, 4)):
-            builder.position_at_end(block)
-            move(width, builder.gep(ps, [moved]), builder.gep(pd, [moved]), left)
+        if kind == "move":
+            plain(step, builder.gep(ps, [moved]), builder.gep(pd, [moved]))
             builder.branch(end)
+        else:
+            left = builder.sub(count, moved)
+            wide = builder.append_basic_block("run_8")
+            narrow = builder.append_basic_block("run_4")
+            builder.cbranch(builder.icmp_signed(">", left, ir.Constant(i64, 4)), wide, narrow)
+            for block, width in ((wide, 8), (narrow, 4)):
+                builder.position_at_end(block)
+                move(width, builder.gep(ps, [moved]), builder.gep(pd, [moved]), left)
+                builder.branch(end)
         builder.position_at_end(end)
         return context.get_dummy_value()
 

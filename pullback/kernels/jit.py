@@ -104,6 +104,15 @@ def rebound(fn: Callable, scope: dict[str, Any]) -> Callable:
     return copy
 
 
+def item_pointer(context: Any, builder: Any, array_type: Any, array: Any, index: Any) -> Any:
+    """In a Numba intrinsic's code generation: the address of a 1-D array's element
+    `index` (an LLVM pointer to its scalar type)."""
+    from numba.core import cgutils
+
+    structure = context.make_array(array_type)(context, builder, array)
+    return cgutils.get_item_pointer(context, builder, array_type, structure, [index])
+
+
 def depending_on(fn: Callable, *modules: types.ModuleType) -> Callable:
     """fn (a copy made by `rebound`, renamed in place) named after the files of
     `modules` as well. Numba's disk cache keys a kernel by its own file alone: one that
