@@ -634,21 +634,11 @@ def conv2d_weight_backward(
     if _direct(win, groups, c, o):
         x, up4, geo = np.ascontiguousarray(x), np.ascontiguousarray(upstream), \
             _direct_geometry(win)
-        grads = _direct_parts(win, n, c, o, lambda a, b: direct.weight_backward(
-            up4[a:b], x[a:b], tuple(weight_shape), geo))
-        grad = grads[0]
-        for more in grads[1:]:  # in the parts' order, whichever thread ran them
-            grad += more
-        return grad
+        return _summed(_direct_parts(win, n, c, o, lambda a, b: direct.weight_backward(
+            up4[a:b], x[a:b], tuple(weight_shape), geo)))
     if _by_parts(win, n, c, o, groups):
-        grads = _over_batch(win, n, c, o, groups, lambda a, b: conv2d_weight_backward(
-            upstream[a:b], x[a:b], weight_shape, stride, padding, dilation, groups))
-        if len(grads) == 1:
-            return grads[0]
-        grad = grads[0].copy()  # (a part's result may be a view of its thread's scratch)
-        for more in grads[1:]:  # in the parts' order, whichever thread ran them
-            grad += more
-        return grad
+        return _summed(_over_batch(win, n, c, o, groups, lambda a, b: conv2d_weight_backward(
+            upstream[a:b], x[a:b], weight_shape, stride, padding, dilation, groups)))
     if _winograd(win, groups, n, c, o):
         return winograd.weight_gradient(x, upstream, win.padding, scratch)
     pixels = win.out_hw[0] * win.out_hw[1]
@@ -673,6 +663,17 @@ def conv2d_weight_backward(
         cols = cols.reshape(stop - start, groups, -1, pixels)
         grad += np.matmul(up[start:stop], cols.transpose(0, 1, 3, 2)).sum(0)
     return grad.reshape(tuple(weight_shape))
+
+
+def _summed(grads: list[np.ndarray]) -> np.ndarray:
+    """The weight gradients of a batch's parts summed in the parts' order, whichever
+    thread ran them (a part's result may be a view of its thread's scratch: copied)."""
+    if len(grads) == 1:
+        return grads[0]
+    grad = grads[0].copy()
+    for more in grads[1:]:
+        grad += more
+    return grad
 
 
 def _weight_backward_by_chunk_gemm(up: np.ndarray, x: np.ndarray, weight_shape: Sequence[int],

@@ -72,10 +72,8 @@ def tile(rows, vectors, a, i, ka, b, jb, kb, c, ic, jc, k):
     r < rows and j < vectors * lanes (pullback.kernels.tiles.tile_switch_intrinsic)."""
     for r in range(rows):
         for j in range(vectors * LANES):
-            total = a.dtype.type(0)
-            for s in range(k):
-                total += a[i + r, ka + s] * b[kb + s, jb + j]
-            c[ic + r, jc + j] = total
+            c[ic + r, jc + j] = 0
+    tile_add(rows, vectors, a, i, ka, b, jb, kb, c, ic, jc, k)
 
 
 def tile_add(rows, vectors, a, i, ka, b, jb, kb, c, ic, jc, k):
@@ -215,9 +213,6 @@ def weight_backward_body(up, x, grad_t, cols, up_t, padded, g):
 
 
 # ---------------------------------------------------------------- compilation
-
-_BODIES = (forward_body, input_backward_body, weight_backward_body)
-
 
 def compiled(body: Any, dtype: np.dtype) -> Any:
     """`body` compiled for `dtype`, its helpers LLVM IR; cached on disk, once a process."""
