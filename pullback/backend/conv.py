@@ -21,7 +21,7 @@ import numpy as np
 from pullback.backend import blas, split, winograd
 from pullback.errors import KernelError
 from pullback.kernels import conv as kernels
-from pullback.kernels import direct
+from pullback.kernels import direct, products
 
 Pair = tuple[int, int]
 
@@ -298,8 +298,10 @@ def _result(op: str, operands: list, shape: tuple, dtype: np.dtype,
 
 
 # What a convolution applies to each chunk of its output right after computing it:
-# `epilogue(rows, start, stop)`, rows the chunk's samples start:stop as (m, O, OH OW).
-Epilogue = Callable[[np.ndarray, int, int], None]
+# `epilogue(rows, start, stop, threads=0)`, rows the chunk's samples start:stop as
+# (m, O, OH OW); with `threads`, it may run on as many of Numba's threads (the
+# convolution's own products ran there: `_own_threads`).
+Epilogue = Callable[..., None]
 
 # Winograd F(4x4, 3x3) (pullback.backend.winograd) for 3x3, stride-1 convolutions where
 # it measured faster than im2col (`python bench/winograd.py`; figures in
@@ -450,10 +452,12 @@ def conv2d(x: np.ndarray, w: np.ndarray, stride: Any, padding: Any, dilation: An
 
         _direct_parts(win, n, c, o, forward)
         return out
-    if _by_parts(win, n, c, o, groups):
+    threads = _own_threads(n, x.dtype)
+    if not threads and _by_parts(win, n, c, o, groups):
         def part(a: int, b: int) -> None:
             shifted = None if epilogue is None else (
-                lambda rows, start, stop: epilogue(rows, start + a, stop + a))
+                lambda rows, start, stop, threads=0: epilogue(rows, start + a, stop + a,
+                                                              threads))
             conv2d(x[a:b], w, stride, padding, dilation, groups, out[a:b], shifted,
                    constant_weights)
 
@@ -462,13 +466,14 @@ def conv2d(x: np.ndarray, w: np.ndarray, stride: Any, padding: Any, dilation: An
     rows = out.reshape(n, groups, o // groups, pixels)
     x = np.ascontiguousarray(x)
     if _pointwise(win):
-        np.matmul(weight, x.reshape(n, groups, -1, pixels), out=rows)
+        _multiply(weight, x.reshape(n, groups, -1, pixels), rows, threads)
         if epilogue is not None:
-            epilogue(out.reshape(n, o, pixels), 0, n)
+            epilogue(out.reshape(n, o, pixels), 0, n, threads)
         return out
     if _winograd(win, groups, n, c, o, constant_weights):
         return winograd.correlate(x, _transformed(w, constant_weights), win.padding, out,
-                                  scratch, epilogue)
+                                  scratch, epilogue, lambda a, b, into: _multiply(
+                                      a, b, into, threads), threads)
     per_sample = c * win.kernel[0] * win.kernel[1] * pixels
     chunks = _chunks(n, per_sample * x.itemsize)
     if _small_maps(win, chunks, c, o):
@@ -480,11 +485,52 @@ def conv2d(x: np.ndarray, w: np.ndarray, stride: Any, padding: Any, dilation: An
     buffer = _WindowBuffer(win, c, chunks[0][1], x.dtype)
     for start, stop in chunks:
         cols = buffer.take(stop - start)
-        kernels.unfold(x[start:stop], cols, buffer.geometry, 0.0)
-        np.matmul(weight, cols.reshape(stop - start, groups, -1, pixels), out=rows[start:stop])
+        kernels.unfold(x[start:stop], cols, buffer.geometry, 0.0, threads)
+        _multiply(weight, cols.reshape(stop - start, groups, -1, pixels), rows[start:stop],
+                  threads)
         if epilogue is not None:
-            epilogue(out[start:stop].reshape(stop - start, o, pixels), start, stop)
+            epilogue(out[start:stop].reshape(stop - start, o, pixels), start, stop, threads)
     return out
+
+
+# A convolution's forward over a batch of one runs its products on pullback's threads
+# (pullback.kernels.products) rather than BLAS's: it cannot split by sample, and BLAS's
+# threads, spinning between its products, slowed the passes between them. ResNet-50's
+# inference (batch 1, 53 convolutions): 55-89 ms a call with BLAS's threads, 50-55 on
+# pullback's (processes of their own, nothing else running; bench/RESULTS.md).
+# OWN_THREADS_FORCED (None, True or False) overrides the rule: tests, benchmarks.
+OWN_THREADS_FORCED: bool | None = None
+_PRODUCTS = threading.Lock()  # one stack of products at a time on the crew
+_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+def _own_threads(n: int, dtype: np.dtype) -> int:
+    """The threads a convolution's forward over a batch of n runs its products on
+    (pullback.kernels.products), or 0: BLAS's (NumPy's matmul). A batch of one in
+    float32 or float64, outside a part of a split batch, where Numba's crew has more
+    than one thread (OWN_THREADS_FORCED decides that last condition where set)."""
+    if n != 1 or dtype not in _FLOATS or getattr(_PART, "batch", None) is not None:
+        return 0
+    threads = min(products.threads(), blas.threads())  # as many as BLAS would take
+    wanted = threads > 1 if OWN_THREADS_FORCED is None else OWN_THREADS_FORCED
+    if not wanted:
+        return 0
+    products.starting()  # the transforms' and epilogue's parallel loops too
+    return max(1, threads)
+
+
+def _multiply(a: np.ndarray, b: np.ndarray, out: np.ndarray, threads: int) -> None:
+    """out = a @ b, a (g, M, K) broadcast over b's leading axes (..., g, K, P) into out
+    (..., g, M, P): NumPy's matmul on BLAS's threads, or with `threads`, one stack of
+    products on pullback's (b's and out's leading axes, of one sample, dropped)."""
+    if not threads:
+        np.matmul(a, b, out=out)
+        return
+    blas.note_split()  # small products elsewhere then keep BLAS's threads asleep
+    if a.strides[-1] != a.itemsize:  # weights sliced along their last axis
+        a = np.ascontiguousarray(a)
+    with _PRODUCTS:  # Numba's workqueue layer takes one caller at a time
+        products.matmul(a, b.reshape(b.shape[-3:]), out.reshape(out.shape[-3:]), threads)
 
 
 # Below this many output pixels per sample, a GEMM per sample is too narrow to run

@@ -961,9 +961,10 @@ class CpuBackend(BackwardOps, FusedOps, CpuRecurrentOps, CpuGatherOps, CpuAttent
 
         covered: list[int] = []  # samples per chunk the epilogue ran on (from any thread)
 
-        def epilogue(rows: np.ndarray, start: int, stop: int) -> None:
+        def epilogue(rows: np.ndarray, start: int, stop: int, threads: int = 0) -> None:
             conv_epilogue.apply(rows, vectors[0], vectors[1], vectors[2],
-                                None if residual is None else residual[start:stop], relu)
+                                None if residual is None else residual[start:stop], relu,
+                                threads)
             covered.append(stop - start)  # one atomic step: parts may run on threads
 
         y = conv.conv2d(x, w, stride, padding, dilation, groups, out=out, epilogue=epilogue,

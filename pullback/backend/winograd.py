@@ -92,22 +92,29 @@ def _tile_chunks(n: int, c: int, o: int, grid: tuple[int, int], dtype: np.dtype,
 
 def correlate(x: np.ndarray, u: np.ndarray, padding: tuple[int, int], out: np.ndarray,
               scratch: Callable[..., np.ndarray],
-              epilogue: Callable[[np.ndarray, int, int], None] | None = None) -> np.ndarray:
+              epilogue: Callable[..., None] | None = None,
+              product: Callable[[np.ndarray, np.ndarray, np.ndarray], None] | None = None,
+              threads: int = 0) -> np.ndarray:
     """out (N, O, OH, OW) = x (N, C, H, W), padded by `padding`, cross-correlated by the
     3x3 kernels whose transforms are u (36, O, C). `scratch(name, size, dtype)` lends
     the flat work arrays (pullback.backend.conv.scratch); `epilogue(rows, start, stop)`
-    runs on each chunk of samples' output (m, O, OH OW) while it is in cache."""
+    runs on each chunk of samples' output (m, O, OH OW) while it is in cache;
+    `product(u, v, m)` multiplies the 36 pairs of matrices (NumPy's matmul when None);
+    with `threads`, the transforms and the epilogue run on as many of Numba's threads."""
     n, c = x.shape[:2]
     o = u.shape[1]
     grid = tiles(out.shape[2:])
     x = np.ascontiguousarray(x)
     for start, stop, transformed, products, v_stride, m_stride, v, m in _tile_chunks(
             n, c, o, grid, x.dtype, scratch):
-        kernels.input_transform(x[start:stop], transformed, padding, grid, v_stride)
-        np.matmul(u, v, out=m)
-        kernels.output_transform(products, out[start:stop], grid, m_stride)
+        kernels.input_transform(x[start:stop], transformed, padding, grid, v_stride, threads)
+        if product is None:
+            np.matmul(u, v, out=m)
+        else:
+            product(u, v, m)
+        kernels.output_transform(products, out[start:stop], grid, m_stride, threads)
         if epilogue is not None:
-            epilogue(out[start:stop].reshape(stop - start, o, -1), start, stop)
+            epilogue(out[start:stop].reshape(stop - start, o, -1), start, stop, threads)
     return out
 
 

@@ -66,9 +66,10 @@ def _spans(kw, sw, dw, pw, w_, ow_):
     return spans
 
 
-def unfold_body(x, out, g, pad_value):
+def unfold_body(x, out, g, pad_value, c0, c1):
     """out[base + n s_n + c s_c + i s_i + j s_j, r, t] = x[n, c, r sh + i dh - ph,
-    t sw + j dw - pw], pad_value outside x; out is (blocks, OH, OW)."""
+    t sw + j dw - pw], pad_value outside x, for channels c0 to c1; out is (blocks, OH,
+    OW)."""
     kh, kw, sh, sw, ph, pw, dh, dw = g[0], g[1], g[2], g[3], g[4], g[5], g[6], g[7]
     oh_, ow_, s_n, s_c, s_i, s_j, base = g[8], g[9], g[10], g[11], g[12], g[13], g[14]
     n_, c_, h_, w_ = x.shape
@@ -81,7 +82,7 @@ def unfold_body(x, out, g, pad_value):
     # it at once and then write the padding columns (those the run wrapped around).
     same = sh == 1 and sw == 1 and ow_ == w_
     for n in range(n_):
-        for c in range(c_):
+        for c in range(c0, c1):
             plane = (n * c_ + c) * h_ * w_
             for i in range(kh):
                 for j in range(kw):
@@ -816,7 +817,7 @@ _TILE_KINDS = {
 # Argument kinds: "in4" a read-only 4-D array, "out4"/"out3" writable arrays, "geo" the
 # geometry, "value" a scalar of the kernel's dtype.
 _KINDS: dict[Callable, tuple[str, ...]] = {
-    unfold_body: ("in4", "out3", "geo", "value"),
+    unfold_body: ("in4", "out3", "geo", "value", "int", "int"),
     fold_body: ("in3", "out4", "geo"),
     max_pool_body: ("in4", "out4", "geo", "value"),
     max_pool_backward_body: ("in4", "in4", "in4", "out4", "geo", "value"),
@@ -839,6 +840,8 @@ def _signature(dtype: np.dtype, kinds: Sequence[str]) -> tuple:
             types.append(jit.array_type(np.dtype(np.int64), 1, "C", readonly=True))
         elif kind == "value":
             types.append(nb.from_dtype(dtype))
+        elif kind == "int":
+            types.append(nb.int64)
         else:
             types.append(jit.array_type(dtype, int(kind[-1]), "C", readonly=kind[:2] == "in"))
     return tuple(types)
@@ -875,6 +878,27 @@ def compiled(body: Callable, dtype: np.dtype) -> Any:
     return jit.compiled_once((body, dtype), _make, body, dtype)
 
 
+def unfold_parts(x, out, g, pad_value, parts):
+    """unfold_body of every channel, cut into `parts` parts run at once on Numba's
+    threads: each channel's windows are its own, whichever thread writes them."""
+    c_ = x.shape[1]
+    for t in prange(parts):
+        serial(x, out, g, pad_value, c_ * t // parts, c_ * (t + 1) // parts)
+
+
+# In plain Python unfold_parts runs unfold_body's parts in turn; compiled, prange is
+# numba.prange and `serial` unfold_body's compiled kernel.
+prange, serial = range, unfold_body
+
+
+def _make_unfold_parts(dtype: np.dtype) -> tuple[Callable, tuple]:
+    nb = jit.numba()
+    bound = jit.rebound(unfold_parts, dict(unfold_parts.__globals__, prange=nb.prange,
+                                           serial=compiled(unfold_body, dtype)))
+    bound.__qualname__ = f"unfold_parts_{dtype.name}"
+    return bound, (*_signature(dtype, _KINDS[unfold_body])[:-2], nb.int64)
+
+
 def compiled_tile(kind: str, kh: int, kw: int, dtype: np.dtype, width: int = 0) -> Any:
     """The tile pooling body `kind` for a kh x kw window, compiled for dtype (and for
     output rows `width` windows wide, where not 0)."""
@@ -902,14 +926,21 @@ def _blocks(buffer: np.ndarray, geo: np.ndarray) -> np.ndarray:
     return buffer.reshape(-1, int(geo[8]), int(geo[9]))
 
 
-def unfold(x: np.ndarray, buffer: np.ndarray, geo: np.ndarray, pad_value: Any) -> np.ndarray:
+def unfold(x: np.ndarray, buffer: np.ndarray, geo: np.ndarray, pad_value: Any,
+           threads: int = 0) -> np.ndarray:
     """Write the windows of x (N, C, H, W) into `buffer` (C-contiguous, at the block
-    strides `geo` names), padding reading as pad_value; returns buffer."""
+    strides `geo` names), padding reading as pad_value, the channels over `threads` of
+    Numba's threads where more than one; returns buffer."""
     dtype = check_dtype("unfold2d", [x, buffer])
     if not buffer.flags.c_contiguous:
         raise KernelError("unfold2d", [buffer], "the window buffer must be C-contiguous")
-    compiled(unfold_body, dtype)(np.ascontiguousarray(x), _blocks(buffer, geo), geo,
-                                 dtype.type(pad_value))
+    args = (np.ascontiguousarray(x), _blocks(buffer, geo), geo, dtype.type(pad_value))
+    parts = min(threads, x.shape[1])
+    if parts > 1:
+        jit.compiled_once((unfold_parts, dtype), _make_unfold_parts, dtype,
+                          parallel=True)(*args, parts)
+    else:
+        compiled(unfold_body, dtype)(*args, 0, x.shape[1])
     return buffer
 
 

@@ -22,12 +22,13 @@ from pullback.kernels.base import _SUPPORTED, SUPPORTED_DTYPES
 
 
 def epilogue_body(rows, bias, scale, shift, residual, has_bias, has_scale, has_shift,
-                  has_residual, relu, zero):
-    """rows (m, C, P) in place: + bias[c], * scale[c], + shift[c], + residual (m, C, P),
-    each when its flag is set, then relu (NaN stays NaN, as the relu primitive)."""
-    m_, c_, p_ = rows.shape
+                  has_residual, relu, zero, c0, c1):
+    """rows (m, C, P) in place, channels c0 to c1: + bias[c], * scale[c], + shift[c],
+    + residual (m, C, P), each when its flag is set, then relu (NaN stays NaN, as the
+    relu primitive)."""
+    m_, _, p_ = rows.shape
     for n in range(m_):
-        for c in range(c_):
+        for c in range(c0, c1):
             b = bias[c] if has_bias else zero
             a = scale[c] if has_scale else zero
             t = shift[c] if has_shift else zero
@@ -46,28 +47,66 @@ def epilogue_body(rows, bias, scale, shift, residual, has_bias, has_scale, has_s
                 rows[n, c, p] = v
 
 
-def _make(dtype: np.dtype) -> tuple[Callable, tuple]:
+def epilogue_parts(rows, bias, scale, shift, residual, has_bias, has_scale, has_shift,
+                   has_residual, relu, zero, parts):
+    """epilogue_body on every channel, cut into `parts` parts run at once on Numba's
+    threads: each channel's values are its own, whichever thread runs it."""
+    c_ = rows.shape[1]
+    for t in prange(parts):
+        serial(rows, bias, scale, shift, residual, has_bias, has_scale, has_shift,
+               has_residual, relu, zero, c_ * t // parts, c_ * (t + 1) // parts)
+
+
+# In plain Python a parts driver runs its body's parts in turn; compiled, prange is
+# numba.prange and `serial` the body's compiled kernel.
+prange, serial = range, epilogue_body
+
+
+def _signature(dtype: np.dtype) -> tuple:
     nb = jit.numba()
     vector = jit.array_type(dtype, 1, "C", readonly=True)
-    return epilogue_body, (jit.array_type(dtype, 3, "C"), vector, vector, vector,
-                           jit.array_type(dtype, 3, "C", readonly=True),
-                           *(nb.types.boolean,) * 5, nb.from_dtype(dtype))
+    return (jit.array_type(dtype, 3, "C"), vector, vector, vector,
+            jit.array_type(dtype, 3, "C", readonly=True), *(nb.types.boolean,) * 5,
+            nb.from_dtype(dtype))
+
+
+def _make(dtype: np.dtype) -> tuple[Callable, tuple]:
+    return epilogue_body, (*_signature(dtype), jit.numba().int64, jit.numba().int64)
 
 
 def _kernel(dtype: np.dtype) -> Any:
     return jit.compiled_once((epilogue_body, dtype), _make, dtype)
 
 
+def _make_parts(dtype: np.dtype) -> tuple[Callable, tuple]:
+    nb = jit.numba()
+    driver = jit.rebound(epilogue_parts, dict(epilogue_parts.__globals__,
+                                              serial=_kernel(dtype), prange=nb.prange))
+    driver.__qualname__ = f"epilogue_parts_{dtype.name}"
+    return driver, (*_signature(dtype), nb.int64)
+
+
+def _parts_kernel(dtype: np.dtype) -> Any:
+    return jit.compiled_once((epilogue_parts, dtype), _make_parts, dtype, parallel=True)
+
+
 def apply(rows: np.ndarray, bias: np.ndarray | None, scale: np.ndarray | None,
-          shift: np.ndarray | None, residual: np.ndarray | None, relu: bool) -> np.ndarray:
+          shift: np.ndarray | None, residual: np.ndarray | None, relu: bool,
+          threads: int = 1) -> np.ndarray:
     """The epilogue on `rows` (m, C, P), C-contiguous, in place: bias, scale and shift
-    (C,) and residual (m, C, P), each or None; returns rows."""
+    (C,) and residual (m, C, P), each or None; its channels over `threads` of Numba's
+    threads where more than one. Returns rows."""
     dtype = rows.dtype
     if dtype not in SUPPORTED_DTYPES:
         raise KernelError("conv2d", [rows], f"unsupported dtype {dtype.name}; {_SUPPORTED}")
     none = np.empty(0, dtype)
     vectors = [none if v is None else v for v in (bias, scale, shift)]
-    _kernel(dtype)(rows, *vectors, np.empty((0, 0, 0), dtype) if residual is None else residual,
-                   bias is not None, scale is not None, shift is not None,
-                   residual is not None, bool(relu), dtype.type(0))
+    args = (rows, *vectors, np.empty((0, 0, 0), dtype) if residual is None else residual,
+            bias is not None, scale is not None, shift is not None, residual is not None,
+            bool(relu), dtype.type(0))
+    parts = min(threads, rows.shape[1])
+    if parts > 1:
+        _parts_kernel(dtype)(*args, parts)
+    else:
+        _kernel(dtype)(*args, 0, rows.shape[1])
     return rows

@@ -51,7 +51,7 @@ AT = np.array([[1, 1, 1, 1, 1, 0], [0, 1, -1, 2, -2, 0], [0, 1, 1, 4, 4, 0],
 ROWS_FROM_TILES = 7
 
 
-def input_rows_body(x, v, ph, pw, tiles_h, tiles_w, stride):
+def input_rows_body(x, v, ph, pw, tiles_h, tiles_w, stride, c0, c1):
     """v[a stride + c P + (n tiles_h + ty) tiles_w + tx] = (B^T d B)[a] for the 6x6
     tile d of x (m, C, H, W) at rows 4 ty - ph.., columns 4 tx - pw.., zero outside x,
     where P = m tiles_h tiles_w: v holds 36 (C, P) matrices `stride` apart. For maps of
@@ -82,7 +82,7 @@ def input_rows_body(x, v, ph, pw, tiles_h, tiles_w, stride):
     t = np.empty(6 * span, dtype=x.dtype)  # d B as (position b, padded row, tile)
     r_lo, r_hi = ph, min(ph + h_, 4 * tiles_h + 2)  # padded rows and columns inside x
     c_lo, c_hi = pw, min(pw + w_, 4 * (tiles_w + 1))
-    for c in range(c_):
+    for c in range(c0, c1):
         for n in range(m_):
             plane = U((n * c_ + c) * h_ * w_)
             for r in range(r_lo, r_hi):
@@ -119,7 +119,7 @@ def input_rows_body(x, v, ph, pw, tiles_h, tiles_w, stride):
     return v
 
 
-def input_table_body(x, v, ph, pw, tiles_h, tiles_w, stride):
+def input_table_body(x, v, ph, pw, tiles_h, tiles_w, stride, c0, c1):
     """The input transform of input_rows_body, for any width (the one for narrow maps).
 
     A channel at a time, in three passes whose inner loops run over all the chunk's
@@ -149,7 +149,7 @@ def input_table_body(x, v, ph, pw, tiles_h, tiles_w, stride):
                         col = tx * 4 - pw + j
                         inside = 0 <= r < h_ and 0 <= col < w_
                         where[at + tx] = n * plane + r * w_ + col if inside else planes.size - 1
-    for c in range(c_):
+    for c in range(c0, c1):
         for n in range(m_):
             at, to = U((n * c_ + c) * h_ * w_), U(n) * plane
             for k in range(plane):
@@ -187,11 +187,11 @@ def input_table_body(x, v, ph, pw, tiles_h, tiles_w, stride):
     return v
 
 
-def output_transform_body(products, out, tiles_h, tiles_w, stride):
+def output_transform_body(products, out, tiles_h, tiles_w, stride, c0, c1):
     """out[n, o, 4 ty + i, 4 tx + j] = (A^T M A)[i, j] for the 36 products M of tile
     (n, ty, tx) and output channel o, read as the input transform writes them (36
-    (O, P) matrices `stride` apart in products); the positions of edge tiles past
-    out's (m, O, OH, OW) are dropped.
+    (O, P) matrices `stride` apart in products), for output channels c0 to c1; the
+    positions of edge tiles past out's (m, O, OH, OW) are dropped.
 
     An output channel at a time, the inner loops over all its tiles: A^T M from 6
     contiguous runs per column, then t A, each of the 16 outputs of a tile in its own
@@ -204,7 +204,7 @@ def output_transform_body(products, out, tiles_h, tiles_w, stride):
     t = np.empty(24 * p_, dtype=out.dtype)  # A^T M as (row i, column b, tile)
     y = np.empty(16 * p_, dtype=out.dtype)  # output (i, j) of every tile
     position = U(stride)
-    for o in range(o_):
+    for o in range(c0, c1):
         at = U(o) * p_
         for j in range(6):  # columns: t = A^T M
             i0, i1 = at + U(j) * position, at + U(6 + j) * position
@@ -300,9 +300,9 @@ def upstream_transform_body(up, u, tiles_h, tiles_w, stride):
 # Argument kinds, as in pullback.kernels.conv: "in4" a read-only 4-D array, "out1" a
 # writable 1-D one, "int" an int64.
 _KINDS: dict[Callable, tuple[str, ...]] = {
-    input_rows_body: ("in4", "out1", "int", "int", "int", "int", "int"),
-    input_table_body: ("in4", "out1", "int", "int", "int", "int", "int"),
-    output_transform_body: ("in1", "out4", "int", "int", "int"),
+    input_rows_body: ("in4", "out1", "int", "int", "int", "int", "int", "int", "int"),
+    input_table_body: ("in4", "out1", "int", "int", "int", "int", "int", "int", "int"),
+    output_transform_body: ("in1", "out4", "int", "int", "int", "int", "int"),
     upstream_transform_body: ("in4", "out1", "int", "int", "int"),
 }
 def _signature(dtype: np.dtype, kinds: tuple[str, ...]) -> tuple:
@@ -325,28 +325,78 @@ def _make(body: Callable, dtype: np.dtype) -> tuple[Callable, tuple]:
     return typed, _signature(dtype, _KINDS[body])
 
 
+def input_parts(x, v, ph, pw, tiles_h, tiles_w, stride, parts):
+    """An input transform (`input_serial`) of every channel, cut into `parts` parts run
+    at once on Numba's threads: each channel's tiles are its own, whichever thread runs
+    it."""
+    c_ = x.shape[1]
+    for t in prange(parts):
+        input_serial(x, v, ph, pw, tiles_h, tiles_w, stride, c_ * t // parts,
+                     c_ * (t + 1) // parts)
+
+
+def output_parts(products, out, tiles_h, tiles_w, stride, parts):
+    """output_transform_body (`output_serial`) of every output channel, in `parts`
+    parts at once."""
+    o_ = out.shape[1]
+    for t in prange(parts):
+        output_serial(products, out, tiles_h, tiles_w, stride, o_ * t // parts,
+                      o_ * (t + 1) // parts)
+
+
+# In plain Python a parts driver runs its body's parts in turn; compiled, prange is
+# numba.prange and the serial names the bodies' compiled kernels.
+prange, input_serial, output_serial = range, input_rows_body, output_transform_body
+
+
+def parts_compiled(driver: Callable, body: Callable, dtype: np.dtype) -> Any:
+    """`driver` (input_parts or output_parts) around `body` compiled for `dtype`, as a
+    parallel loop; cached on disk, once per process."""
+    return jit.compiled_once((driver, body, dtype), _make_parts, driver, body, dtype,
+                             parallel=True)
+
+
+def _make_parts(driver: Callable, body: Callable, dtype: np.dtype) -> tuple[Callable, tuple]:
+    nb = jit.numba()
+    name = "input_serial" if driver is input_parts else "output_serial"
+    bound = jit.rebound(driver, dict(driver.__globals__, prange=nb.prange,
+                                     **{name: compiled(body, dtype)}))
+    bound.__qualname__ = f"{driver.__name__}_{body.__name__}_{dtype.name}"
+    return bound, (*_signature(dtype, _KINDS[body])[:-2], nb.int64)
+
+
 # ---------------------------------------------------------------- entry points
 # The caller (pullback.backend.winograd) validates shapes; these only run loops.
 
 
 def input_transform(x: np.ndarray, v: np.ndarray, padding: tuple[int, int],
-                    tiles: tuple[int, int], stride: int) -> np.ndarray:
+                    tiles: tuple[int, int], stride: int, threads: int = 0) -> np.ndarray:
     """Write the transformed 6x6 tiles of x (m, C, H, W), padded by `padding`, into the
-    flat v as 36 (C, m tiles_h tiles_w) matrices `stride` elements apart; returns v."""
+    flat v as 36 (C, m tiles_h tiles_w) matrices `stride` elements apart, the channels
+    over `threads` of Numba's threads where more than one; returns v."""
     dtype = check_dtype("conv2d", [x, v])
     body = input_rows_body if tiles[1] >= ROWS_FROM_TILES else input_table_body
-    compiled(body, dtype)(np.ascontiguousarray(x), v, padding[0], padding[1], tiles[0],
-                          tiles[1], stride)
+    args = (np.ascontiguousarray(x), v, padding[0], padding[1], tiles[0], tiles[1], stride)
+    parts = min(threads, x.shape[1])
+    if parts > 1:
+        parts_compiled(input_parts, body, dtype)(*args, parts)
+    else:
+        compiled(body, dtype)(*args, 0, x.shape[1])
     return v
 
 
 def output_transform(products: np.ndarray, out: np.ndarray, tiles: tuple[int, int],
-                     stride: int) -> np.ndarray:
+                     stride: int, threads: int = 0) -> np.ndarray:
     """Write the 4x4 output tiles of the flat products, 36 (O, m tiles_h tiles_w)
-    matrices `stride` elements apart, into out (m, O, OH, OW), C-contiguous; returns
-    out."""
+    matrices `stride` elements apart, into out (m, O, OH, OW), C-contiguous, the
+    channels over `threads` of Numba's threads where more than one; returns out."""
     dtype = check_dtype("conv2d", [products, out])
-    compiled(output_transform_body, dtype)(products, out, tiles[0], tiles[1], stride)
+    args = (products, out, tiles[0], tiles[1], stride)
+    parts = min(threads, out.shape[1])
+    if parts > 1:
+        parts_compiled(output_parts, output_transform_body, dtype)(*args, parts)
+    else:
+        compiled(output_transform_body, dtype)(*args, 0, out.shape[1])
     return out
 
 

@@ -142,7 +142,11 @@ def test_a_convolution_blas_threads_is_noted_and_a_split_one_is_not(monkeypatch)
     w = np.ones((2, 3, 3, 3), np.float32)
     backend_conv.conv2d(x, w, (1, 1), (0, 0))  # by parts, BLAS on one thread in each
     assert not blas.products_threaded()
-    backend_conv.conv2d(x[:1], w, (1, 1), (0, 0))  # a batch of one: BLAS threads it
+    monkeypatch.setattr(backend_conv, "OWN_THREADS_FORCED", True)
+    backend_conv.conv2d(x[:1], w, (1, 1), (0, 0))  # a batch of one, on pullback's threads
+    assert not blas.products_threaded() and blas.splitting()
+    monkeypatch.setattr(backend_conv, "OWN_THREADS_FORCED", False)
+    backend_conv.conv2d(x[:1], w, (1, 1), (0, 0))  # a batch of one on BLAS's threads
     assert blas.products_threaded()
 
 

@@ -122,7 +122,7 @@ def test_both_input_transforms_give_each_tile_its_transform(rng, dtype, shape, p
     got = []
     for body in (kernels.input_rows_body, kernels.input_table_body):
         v = np.full(36 * stride, np.nan, dtype)
-        kernels.compiled(body, np.dtype(dtype))(x, v, *padding, *grid, stride)
+        kernels.compiled(body, np.dtype(dtype))(x, v, *padding, *grid, stride, 0, c)
         matrices = v.reshape(36, stride)
         assert np.isnan(matrices[:, count:]).all()
         tolerance = 1e-5 if dtype == np.float32 else 1e-12

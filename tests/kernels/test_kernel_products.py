@@ -1,0 +1,136 @@
+"""kernels.products: stacks of matrix products on Numba's threads in register tiles,
+against NumPy in float64, in float32 and float64, at the edges of their tiling: columns
+past the last whole SIMD vector, several column blocks and k blocks, rows not a multiple
+of a tile's, stacks cut by rows or one matrix a thread, strided stacks (Winograd's); the
+same bits on one thread and two; the plain-Python bodies against the compiled ones; a
+clear error for operands it cannot take; and a process forked after the threads started
+runs its products on one."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+from pullback.errors import KernelError
+from pullback.kernels import direct, jit, products
+
+# (n, M, K, P): ResNet-50's shapes at batch 1 and the tiling's edges.
+SHAPES = [
+    (1, 64, 64, 3136),  # a 1x1 convolution on 56x56: many column blocks
+    (1, 2048, 512, 49),  # 7x7: 49 columns, a ragged last vector
+    (36, 64, 64, 196),  # Winograd's 36 products: one matrix a thread
+    (1, 13, 600, 403),  # rows not a tile's multiple, three k blocks, two column blocks
+    (3, 5, 7, 3),  # fewer columns than a vector, a stack cut by rows
+    (2, 1, 1, 1),
+]
+IDS = ["x".join(map(str, s)) for s in SHAPES]
+TOL = {np.float32: 2e-6, np.float64: 1e-13}
+
+
+def _operands(shape, dtype, seed=0):
+    n, m, k, p = shape
+    rng = np.random.default_rng(seed)
+    return (rng.standard_normal((n, m, k)).astype(dtype),
+            rng.standard_normal((n, k, p)).astype(dtype))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("shape", SHAPES, ids=IDS)
+def test_products_match_numpy_and_are_the_same_on_any_thread_count(shape, dtype):
+    a, b = _operands(shape, dtype)
+    reference = np.matmul(a.astype(np.float64), b.astype(np.float64))
+    scale = max(1.0, np.abs(reference).max()) * np.sqrt(shape[2])
+    results = []
+    for threads in (1, 2, 3):
+        c = np.full((shape[0], shape[1], shape[3]), np.nan, dtype)  # all must be written
+        assert products.matmul(a, b, c, threads) is c
+        np.testing.assert_allclose(c, reference, rtol=0, atol=TOL[dtype] * scale)
+        results.append(c)
+    for other in results[1:]:
+        np.testing.assert_array_equal(other, results[0])
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_strided_stacks_are_read_and_written_in_place(dtype):
+    # Winograd's layout: 36 matrices an odd number of lines apart in flat arrays.
+    rng = np.random.default_rng(1)
+    c, t, o = 24, 49, 20
+    v_flat = np.zeros(36 * (c * t + 11), dtype)
+    v = np.ndarray((36, c, t), dtype, v_flat, strides=((c * t + 11) * v_flat.itemsize,
+                                                      t * v_flat.itemsize, v_flat.itemsize))
+    v[...] = rng.standard_normal(v.shape)
+    u = rng.standard_normal((36, o, c)).astype(dtype)
+    m_flat = np.full(36 * (o * t + 5), -7.0, dtype)
+    m = np.ndarray((36, o, t), dtype, m_flat, strides=((o * t + 5) * m_flat.itemsize,
+                                                      t * m_flat.itemsize, m_flat.itemsize))
+    products.matmul(u, v, m, 2)
+    np.testing.assert_allclose(m, np.matmul(u, v), rtol=1e-5 if dtype == np.float32 else 1e-12,
+                               atol=1e-5 if dtype == np.float32 else 1e-12)
+    gaps = m_flat.reshape(36, o * t + 5)[:, o * t:]
+    assert (gaps == -7.0).all()  # nothing written between the matrices
+
+
+def test_an_empty_inner_dimension_gives_zeros_and_an_empty_result_nothing():
+    c = np.full((2, 3, 4), np.nan, np.float32)
+    products.matmul(np.ones((2, 3, 0), np.float32), np.ones((2, 0, 4), np.float32), c, 2)
+    assert (c == 0).all()
+    empty = np.empty((1, 0, 4), np.float32)
+    assert products.matmul(np.ones((1, 0, 3), np.float32), np.ones((1, 3, 4), np.float32),
+                           empty, 2) is empty
+
+
+def test_operands_it_cannot_take_are_refused_by_name():
+    a, b = np.ones((1, 4, 5), np.float32), np.ones((1, 5, 6), np.float32)
+    with pytest.raises(KernelError, match=r"matmul.*\(1, 4, 5\).*\(1, 6, 5\)"):
+        products.matmul(a, np.ones((1, 6, 5), np.float32), np.empty((1, 4, 5), np.float32), 2)
+    with pytest.raises(KernelError, match="unit-strided"):
+        products.matmul(a, np.ones((1, 5, 12), np.float32)[:, :, ::2],
+                        np.empty((1, 4, 6), np.float32), 2)
+    with pytest.raises(KernelError, match="overlap"):
+        whole = np.ones((1, 5, 6), np.float32)
+        products.matmul(np.ones((1, 5, 5), np.float32), whole, whole, 2)
+    with pytest.raises(KernelError, match=r"float64 and float32|float32 and float64"):
+        products.matmul(a.astype(np.float64), b, np.empty((1, 4, 6), np.float32), 2)
+    with pytest.raises(KernelError, match="int32"):
+        products.matmul(a.astype(np.int32), b.astype(np.int32), np.empty((1, 4, 6), np.int32), 2)
+
+
+@pytest.mark.parametrize("shape", [(1, 13, 600, 403), (3, 5, 7, 3)], ids=["blocks", "tiny"])
+def test_the_plain_python_bodies_give_the_compiled_results(shape):
+    # stack_body and part_body run as Python, their tiles direct's plain oracles.
+    a, b = _operands(shape, np.float64, seed=2)
+    n, m, k, p = shape
+    lanes = 4  # float64's
+    scope = dict(products.stack_body.__globals__, LANES=lanes, prange=range)
+    oracle = jit.rebound(direct.tile, dict(direct.tile.__globals__, LANES=lanes))
+    oracle_add = jit.rebound(direct.tile_add, dict(direct.tile_add.__globals__, LANES=lanes))
+    oracle.__globals__["tile_add"] = oracle_add
+    scope.update(tile=oracle, tile_add=oracle_add)
+    scope["part_body"] = jit.rebound(products.part_body, scope)
+    c = np.full((n, m, p), np.nan)
+    jit.rebound(products.stack_body, scope)(a, b, c, np.zeros((n, k, lanes)),
+                                            np.empty((n, m, lanes)), 2)
+    compiled = np.empty_like(c)
+    products.matmul(a, b, compiled, 2)
+    np.testing.assert_allclose(c, compiled, rtol=1e-13, atol=1e-13)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="os.fork is POSIX's")
+def test_a_child_forked_after_the_threads_started_runs_on_one():
+    a, b = _operands((1, 16, 32, 40), np.float32)
+    c = np.empty((1, 16, 40), np.float32)
+    products.matmul(a, b, c, 2)  # the parent's threads have started
+    pid = os.fork()
+    if pid == 0:
+        try:
+            mine = np.empty_like(c)
+            ok = products.threads() == 1 and products.matmul(a, b, mine, 2) is mine \
+                and np.array_equal(mine, c)
+        except BaseException:  # any failure is the exit status
+            ok = False
+        os._exit(0 if ok else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+    assert products.threads() == jit.numba().get_num_threads()  # the parent's unchanged
