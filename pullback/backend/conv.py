@@ -22,6 +22,7 @@ from pullback.backend import blas, split, winograd
 from pullback.errors import KernelError
 from pullback.kernels import conv as kernels
 from pullback.kernels import direct, products
+from pullback.kernels import epilogue as epilogue_kernels
 
 Pair = tuple[int, int]
 
@@ -303,6 +304,34 @@ def _result(op: str, operands: list, shape: tuple, dtype: np.dtype,
 # convolution's own products ran there: `_own_threads`).
 Epilogue = Callable[..., None]
 
+
+class ChannelEpilogue:
+    """FusedOps.conv2d_epilogue's epilogue (pullback.kernels.epilogue): per output channel
+    a bias, a scale and a shift (O,), then a residual (N, O, OH OW), then relu, each but
+    relu optional. Called on a chunk's rows, or handed to the products on pullback's
+    threads, which apply it as they store (`products_epilogue`); `covered` lists the
+    samples it ran on, chunk by chunk, either way."""
+
+    def __init__(self, bias: np.ndarray | None, scale: np.ndarray | None,
+                 shift: np.ndarray | None, residual: np.ndarray | None, relu: bool):
+        self.bias, self.scale, self.shift = bias, scale, shift
+        self.residual, self.relu = residual, relu
+        self.covered: list[int] = []  # appended to, one atomic step: parts run on threads
+
+    def __call__(self, rows: np.ndarray, start: int, stop: int, threads: int = 0) -> None:
+        epilogue_kernels.apply(rows, self.bias, self.scale, self.shift,
+                               None if self.residual is None else self.residual[start:stop],
+                               self.relu, threads)
+        self.covered.append(stop - start)
+
+    def products_epilogue(self, sample: int, groups: int) -> products.Epilogue:
+        """The epilogue of sample `sample`'s output (groups, O / groups, OH OW), for the
+        products that compute it (noted as run on it)."""
+        residual = None if self.residual is None else \
+            self.residual[sample].reshape(groups, -1, self.residual.shape[-1])
+        self.covered.append(1)
+        return products.Epilogue(self.bias, self.scale, self.shift, residual, self.relu)
+
 # Winograd F(4x4, 3x3) (pullback.backend.winograd) for 3x3, stride-1 convolutions where
 # it measured faster than im2col (`python bench/winograd.py`; figures in
 # bench/RESULTS.md): at least 16 channels on each side, maps of at least 8x8 and 32
@@ -466,8 +495,8 @@ def conv2d(x: np.ndarray, w: np.ndarray, stride: Any, padding: Any, dilation: An
     rows = out.reshape(n, groups, o // groups, pixels)
     x = np.ascontiguousarray(x)
     if _pointwise(win):
-        _multiply(weight, x.reshape(n, groups, -1, pixels), rows, threads)
-        if epilogue is not None:
+        if not _multiply(weight, x.reshape(n, groups, -1, pixels), rows, threads, epilogue) \
+                and epilogue is not None:
             epilogue(out.reshape(n, o, pixels), 0, n, threads)
         return out
     if _winograd(win, groups, n, c, o, constant_weights):
@@ -486,9 +515,8 @@ def conv2d(x: np.ndarray, w: np.ndarray, stride: Any, padding: Any, dilation: An
     for start, stop in chunks:
         cols = buffer.take(stop - start)
         kernels.unfold(x[start:stop], cols, buffer.geometry, 0.0, threads)
-        _multiply(weight, cols.reshape(stop - start, groups, -1, pixels), rows[start:stop],
-                  threads)
-        if epilogue is not None:
+        if not _multiply(weight, cols.reshape(stop - start, groups, -1, pixels),
+                         rows[start:stop], threads, epilogue, start) and epilogue is not None:
             epilogue(out[start:stop].reshape(stop - start, o, pixels), start, stop, threads)
     return out
 
@@ -519,18 +547,25 @@ def _own_threads(n: int, dtype: np.dtype) -> int:
     return max(1, threads)
 
 
-def _multiply(a: np.ndarray, b: np.ndarray, out: np.ndarray, threads: int) -> None:
+def _multiply(a: np.ndarray, b: np.ndarray, out: np.ndarray, threads: int,
+              epilogue: Epilogue | None = None, sample: int = 0) -> bool:
     """out = a @ b, a (g, M, K) broadcast over b's leading axes (..., g, K, P) into out
     (..., g, M, P): NumPy's matmul on BLAS's threads, or with `threads`, one stack of
-    products on pullback's (b's and out's leading axes, of one sample, dropped)."""
+    products on pullback's (b's and out's leading axes, of one sample, dropped), which
+    apply a ChannelEpilogue of the convolution's sample `sample` as they store it.
+    Whether the epilogue ran so."""
     if not threads:
         np.matmul(a, b, out=out)
-        return
+        return False
     blas.note_split()  # small products elsewhere then keep BLAS's threads asleep
     if a.strides[-1] != a.itemsize:  # weights sliced along their last axis
         a = np.ascontiguousarray(a)
+    fused = epilogue.products_epilogue(sample, a.shape[0]) \
+        if isinstance(epilogue, ChannelEpilogue) else None
     with _PRODUCTS:  # Numba's workqueue layer takes one caller at a time
-        products.matmul(a, b.reshape(b.shape[-3:]), out.reshape(out.shape[-3:]), threads)
+        products.matmul(a, b.reshape(b.shape[-3:]), out.reshape(out.shape[-3:]), threads,
+                        fused)
+    return fused is not None
 
 
 # Below this many output pixels per sample, a GEMM per sample is too narrow to run

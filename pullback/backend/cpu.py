@@ -26,7 +26,6 @@ from pullback.backend.recurrent import CpuRecurrentOps
 from pullback.errors import KernelError, index_error
 from pullback.kernels import activations as compiled
 from pullback.kernels import channels as compiled_channels
-from pullback.kernels import epilogue as conv_epilogue
 from pullback.kernels import planes as compiled_planes
 from pullback.kernels import rows as compiled_rows
 from pullback.kernels import scalar_math
@@ -959,22 +958,15 @@ class CpuBackend(BackwardOps, FusedOps, CpuRecurrentOps, CpuGatherOps, CpuAttent
                                                    "the convolution's output")
             residual = np.ascontiguousarray(residual).reshape(shape[0], shape[1], -1)
 
-        covered: list[int] = []  # samples per chunk the epilogue ran on (from any thread)
-
-        def epilogue(rows: np.ndarray, start: int, stop: int, threads: int = 0) -> None:
-            conv_epilogue.apply(rows, vectors[0], vectors[1], vectors[2],
-                                None if residual is None else residual[start:stop], relu,
-                                threads)
-            covered.append(stop - start)  # one atomic step: parts may run on threads
-
+        epilogue = conv.ChannelEpilogue(vectors[0], vectors[1], vectors[2], residual, relu)
         y = conv.conv2d(x, w, stride, padding, dilation, groups, out=out, epilogue=epilogue,
                         constant_weights=constant_weights)
-        if not covered and shape[0]:
+        if not epilogue.covered and shape[0]:
             # A convolution path that takes no epilogue: one pass after it, still right.
             epilogue(y.reshape(shape[0], shape[1], -1), 0, shape[0])
-        elif sum(covered) != shape[0]:
-            raise KernelError("conv2d", given, f"the epilogue ran on {sum(covered)} of "
-                                               f"{shape[0]} samples")
+        elif sum(epilogue.covered) != shape[0]:
+            raise KernelError("conv2d", given, f"the epilogue ran on {sum(epilogue.covered)} "
+                                               f"of {shape[0]} samples")
         return y
 
     # -- fused backward kernels ------------------------------------------------------------

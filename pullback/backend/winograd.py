@@ -93,7 +93,7 @@ def _tile_chunks(n: int, c: int, o: int, grid: tuple[int, int], dtype: np.dtype,
 def correlate(x: np.ndarray, u: np.ndarray, padding: tuple[int, int], out: np.ndarray,
               scratch: Callable[..., np.ndarray],
               epilogue: Callable[..., None] | None = None,
-              product: Callable[[np.ndarray, np.ndarray, np.ndarray], None] | None = None,
+              product: Callable[[np.ndarray, np.ndarray, np.ndarray], object] | None = None,
               threads: int = 0) -> np.ndarray:
     """out (N, O, OH, OW) = x (N, C, H, W), padded by `padding`, cross-correlated by the
     3x3 kernels whose transforms are u (36, O, C). `scratch(name, size, dtype)` lends

@@ -25,7 +25,7 @@ One file on purpose: Numba's disk cache notices an edit to a kernel's own file o
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -45,12 +45,46 @@ SHAPES = [(rows, vectors) for rows in range(1, ROWS + 1) for vectors in range(1,
 # compiled (tiles.tile_switch_intrinsic); LANES is the dtype's vector width (rebound per
 # dtype where compiled, as prange is to numba.prange).
 tile, tile_add, LANES, prange = direct.tile, direct.tile_add, direct.LANES, range
+U = np.uint64
 
 
-def part_body(a, b, c, first, stop, tail_b, tail_c):
+def finish(c, first, stop, lo, hi, per_channel, residual, flags, zero, channel0):
+    """A convolution's epilogue on c[first:stop, lo:hi], row i channel channel0 + i:
+    + per_channel[0] (bias), * per_channel[1] (scale), + per_channel[2] (shift),
+    + residual[i, j], then relu, each where its flag (flags[0..4]) is set; the order
+    and operations of pullback.kernels.epilogue's, so the same bits."""
+    has_bias, has_scale, has_shift = flags[0] != 0, flags[1] != 0, flags[2] != 0
+    has_residual, relu = flags[3] != 0, flags[4] != 0
+    for i in range(first, stop):
+        ch = channel0 + i
+        bias = per_channel[0, ch] if has_bias else zero
+        scale = per_channel[1, ch] if has_scale else zero
+        shift = per_channel[2, ch] if has_shift else zero
+        row = c[i]
+        added = residual[i] if has_residual else row
+        # Unsigned indices: no negative-index wrapping, whose test stops LLVM vectorizing
+        for t in range(U(hi - lo)):
+            j = U(lo) + t
+            v = row[j]
+            if has_bias:
+                v = v + bias
+            if has_scale:
+                v = v * scale
+            if has_shift:
+                v = v + shift
+            if has_residual:
+                v = v + added[j]
+            if relu:
+                v = zero if v <= zero else v
+            row[j] = v
+
+
+def part_body(a, b, c, first, stop, tail_b, tail_c, per_channel, residual, flags, zero,
+              channel0):
     """c[first:stop] = a[first:stop] @ b: a (M, K), b (K, P), c (M, P), unit-strided
     rows; tail_b (K, LANES) holds b's columns past its last whole vector (zeros after
-    them), tail_c (M, LANES) is scratch for their results."""
+    them), tail_c (M, LANES) is scratch for their results. Where flags[5] is set, each
+    block of columns then gets `finish` while it is in cache."""
     k_ = a.shape[1]
     p_ = b.shape[1]
     whole = p_ // LANES * LANES
@@ -76,12 +110,16 @@ def part_body(a, b, c, first, stop, tail_b, tail_c):
             for i in range(first, stop):
                 for j in range(whole, p_):
                     c[i, j] = tail_c[i, j - whole]
+        if flags[5] != 0:
+            finish(c, first, stop, j0, p_ if tail else j1, per_channel, residual, flags,
+                   zero, channel0)
 
 
-def stack_body(a, b, c, tail_b, tail_c, parts):
+def stack_body(a, b, c, tail_b, tail_c, parts, per_channel, residual, flags, zero):
     """c[i] = a[i] @ b[i] for every matrix i of the stacks, each cut into `parts` parts
     of its rows (multiples of ROWS), every (matrix, part) one iteration of a parallel
-    loop. tail_b (n, K, LANES), tail_c (n, M, LANES): each matrix's `part_body` tails."""
+    loop. tail_b (n, K, LANES), tail_c (n, M, LANES): each matrix's `part_body` tails.
+    The epilogue (flags[5]): matrix i's rows are channels i M.., residual[i] theirs."""
     n_, m_, k_ = a.shape
     p_ = b.shape[2]
     whole = p_ // LANES * LANES
@@ -95,35 +133,42 @@ def stack_body(a, b, c, tail_b, tail_c, parts):
         i = t // parts
         first = t % parts * per
         if first < m_:
-            part_body(a[i], b[i], c[i], first, min(m_, first + per), tail_b[i], tail_c[i])
+            part_body(a[i], b[i], c[i], first, min(m_, first + per), tail_b[i], tail_c[i],
+                      per_channel, residual[i], flags, zero, i * m_)
 
 
 
 # ---------------------------------------------------------------- compilation
 
 
-def compiled(dtype: np.dtype, parallel: bool = True) -> Any:
-    """stack_body compiled for `dtype`, as a parallel loop or a plain one, its tiles
-    LLVM IR; cached on disk, once a process."""
-    return jit.compiled_once((stack_body, dtype, parallel), _make, dtype, parallel,
-                             parallel=parallel)
+def compiled(dtype: np.dtype, parallel: bool = True, layout: str = "A") -> Any:
+    """stack_body compiled for `dtype`, as a parallel loop or a plain one, for stacks of
+    any strides ("A") or C-contiguous ones ("C": the epilogue's loops vectorize only
+    where a row's stride is known), its tiles LLVM IR; cached on disk, once a process."""
+    return jit.compiled_once((stack_body, dtype, parallel, layout), _make, dtype, parallel,
+                             layout, parallel=parallel)
 
 
-def _make(dtype: np.dtype, parallel: bool) -> tuple[Any, tuple]:
+def _make(dtype: np.dtype, parallel: bool, layout: str) -> tuple[Any, tuple]:
     nb = jit.numba()
     scope: dict[str, Any] = dict(stack_body.__globals__)
     scope["LANES"] = tiles.lanes(dtype)
     scope["prange"] = nb.prange if parallel else range
     scope["tile"] = tiles.tile_switch_intrinsic(SHAPES)
     scope["tile_add"] = tiles.tile_switch_intrinsic(SHAPES, accumulate=True)
-    scope["part_body"] = nb.njit(inline="always", **jit.JIT_OPTIONS)(
-        jit.rebound(part_body, scope))
-    stack = jit.array_type(dtype, 3, "A")
-    signature = (jit.array_type(dtype, 3, "A", readonly=True),
-                 jit.array_type(dtype, 3, "A", readonly=True), stack,
-                 jit.array_type(dtype, 3, "C"), jit.array_type(dtype, 3, "C"), nb.int64)
+    for helper in (finish, part_body):
+        scope[helper.__name__] = nb.njit(inline="always", **jit.JIT_OPTIONS)(
+            jit.rebound(helper, scope))
+    signature = (jit.array_type(dtype, 3, layout, readonly=True),
+                 jit.array_type(dtype, 3, layout, readonly=True),
+                 jit.array_type(dtype, 3, layout),
+                 jit.array_type(dtype, 3, "C"), jit.array_type(dtype, 3, "C"), nb.int64,
+                 jit.array_type(dtype, 2, "C", readonly=True),
+                 jit.array_type(dtype, 3, layout, readonly=True),
+                 jit.array_type(np.dtype(np.uint8), 1, "C", readonly=True),
+                 nb.from_dtype(dtype))
     body = jit.rebound(stack_body, scope)
-    body.__qualname__ = f"stack_body_{'parallel' if parallel else 'serial'}"
+    body.__qualname__ = f"stack_body_{'parallel' if parallel else 'serial'}_{layout}"
     return jit.depending_on(body, tiles), signature
 
 
@@ -156,10 +201,24 @@ def starting() -> None:
     _started = True
 
 
-def matmul(a: np.ndarray, b: np.ndarray, c: np.ndarray, threads: int) -> np.ndarray:
+class Epilogue(NamedTuple):
+    """A convolution's epilogue, applied as the products store their results: per
+    channel (a row of the stack's matrices, matrix i's channels i M..) a bias, a scale,
+    a shift, then a residual (n, M, P), then relu; each but relu optional (None)."""
+
+    bias: np.ndarray | None
+    scale: np.ndarray | None
+    shift: np.ndarray | None
+    residual: np.ndarray | None
+    relu: bool
+
+
+def matmul(a: np.ndarray, b: np.ndarray, c: np.ndarray, threads: int,
+           epilogue: Epilogue | None = None) -> np.ndarray:
     """c[i] = a[i] @ b[i]: a (n, M, K), b (n, K, P), c (n, M, P), one float dtype, each
     with unit-strided rows (any other strides), c overlapping neither operand; its work
-    over `threads` threads at most. Returns c."""
+    over `threads` threads at most; then `epilogue` on c, block by block while in
+    cache. Returns c."""
     dtype = check_dtype("matmul", [a, b, c])
     n, m, k = a.shape if a.ndim == 3 else (0, 0, 0)
     if (a.ndim != 3 or b.shape != (n, k, b.shape[-1]) or c.shape != (n, m, b.shape[-1])):
@@ -171,18 +230,47 @@ def matmul(a: np.ndarray, b: np.ndarray, c: np.ndarray, threads: int) -> np.ndar
         raise KernelError("matmul", [a, b, c], "the result must not overlap an operand")
     if c.size == 0:
         return c
-    if k == 0:
+    finishing = _finishing(epilogue, c)
+    if k == 0:  # sums of nothing; the epilogue, if any, then runs on the zeros
         c[...] = 0
-        return c
+        if epilogue is None:
+            return c
     lanes = tiles.lanes(dtype)
     tail_b = np.zeros((n, k, lanes), dtype)
-    tail_c = np.empty((n, m, lanes), dtype)
+    tail_c = (np.empty if k else np.zeros)((n, m, lanes), dtype)
     # One matrix a thread where the stack has enough of them to keep every thread busy;
     # else each matrix's rows cut over the threads.
     parts = 1 if n >= 2 * threads else max(1, min(threads, -(-m // ROWS)))
+    layout = "C" if all(x.flags.c_contiguous for x in (a, b, c, finishing[1])) else "A"
     if threads > 1 and not _inherited:
         starting()
-        compiled(dtype)(a, b, c, tail_b, tail_c, parts)
+        compiled(dtype, True, layout)(a, b, c, tail_b, tail_c, parts, *finishing)
     else:
-        compiled(dtype, parallel=False)(a, b, c, tail_b, tail_c, 1)
+        compiled(dtype, False, layout)(a, b, c, tail_b, tail_c, 1, *finishing)
     return c
+
+
+def _finishing(epilogue: Epilogue | None, c: np.ndarray) -> tuple:
+    """stack_body's epilogue arguments (per_channel, residual, flags, zero) for c."""
+    dtype, (n, m) = c.dtype, c.shape[:2]
+    flags = np.zeros(6, np.uint8)
+    per_channel = np.zeros((3, n * m), dtype)
+    residual = np.empty((n, 0, 0), dtype)
+    if epilogue is not None:
+        flags[5] = 1
+        for row, v in enumerate((epilogue.bias, epilogue.scale, epilogue.shift)):
+            if v is not None:
+                if v.shape != (n * m,) or v.dtype != dtype:
+                    raise KernelError("matmul", [c, v], "an epilogue's per-channel values "
+                                                        f"must be ({n * m},) {dtype}")
+                flags[row] = 1
+                per_channel[row] = v
+        if epilogue.residual is not None:
+            if epilogue.residual.shape != c.shape or epilogue.residual.dtype != dtype or (
+                    epilogue.residual.strides[2] != c.itemsize):
+                raise KernelError("matmul", [c, epilogue.residual], "the residual must be "
+                                  f"{c.shape} {dtype}, its rows unit-strided")
+            flags[3] = 1
+            residual = epilogue.residual
+        flags[4] = bool(epilogue.relu)
+    return per_channel, residual, flags, dtype.type(0)

@@ -35,13 +35,13 @@ TOL = {np.float32: 1e-4, np.float64: 1e-11}
 
 @pytest.fixture
 def counted(monkeypatch):
-    """The product stacks run on pullback's threads, as (n, M, K, P)."""
+    """The product stacks run on pullback's threads, as (n, M, K, P, an epilogue?)."""
     seen = []
     run = products.matmul
 
-    def matmul(a, b, c, threads):
-        seen.append((a.shape[0], a.shape[1], a.shape[2], b.shape[2]))
-        return run(a, b, c, threads)
+    def matmul(a, b, c, threads, epilogue=None):
+        seen.append((a.shape[0], a.shape[1], a.shape[2], b.shape[2], epilogue is not None))
+        return run(a, b, c, threads, epilogue)
 
     monkeypatch.setattr(products, "matmul", matmul)
     return seen
@@ -68,6 +68,9 @@ def test_a_batch_of_one_on_pullbacks_threads_matches_torch(monkeypatch, counted,
     np.testing.assert_allclose(got, want, rtol=TOL[dtype], atol=TOL[dtype])
     if kh == 3 and stride == 1 and dilation == 1 and h >= 13:
         assert counted[0][0] == winograd_kernels.POSITIONS  # Winograd's 36 products
+        assert not counted[0][-1]  # its epilogue after the output transform
+    else:
+        assert counted[0][0] == groups and counted[0][-1]  # applied as the products store
     # BLAS's threads instead: the same convolution within rounding
     monkeypatch.setattr(backend_conv, "OWN_THREADS_FORCED", False)
     before = len(counted)

@@ -72,6 +72,35 @@ def test_strided_stacks_are_read_and_written_in_place(dtype):
     assert (gaps == -7.0).all()  # nothing written between the matrices
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("shape", [(1, 64, 64, 3136), (4, 13, 600, 403), (2, 5, 0, 7)],
+                         ids=["blocks", "stack", "no-k"])
+def test_the_epilogue_as_products_store_is_the_epilogue_pass_bit_for_bit(shape, dtype):
+    from pullback.kernels import epilogue
+
+    a, b = _operands(shape, dtype, seed=4)
+    n, m, _, p = shape
+    rng = np.random.default_rng(5)
+    bias, scale, shift = (rng.standard_normal(n * m).astype(dtype) for _ in range(3))
+    residual = rng.standard_normal((n, m, p)).astype(dtype)
+    residual.flat[::11] = np.nan  # NaN stays NaN through relu
+    for chosen in ((bias, scale, shift, residual, True), (None, scale, None, None, False),
+                   (bias, None, None, residual, True)):
+        fused = np.empty((n, m, p), dtype)
+        products.matmul(a, b, fused, 2, products.Epilogue(*chosen))
+        after = np.empty_like(fused)
+        products.matmul(a, b, after, 2)
+        flat = after.reshape(1, n * m, p)
+        epilogue.apply(flat, *chosen[:3], None if chosen[3] is None else
+                       chosen[3].reshape(1, n * m, p), chosen[4])
+        np.testing.assert_array_equal(fused, after)
+    with pytest.raises(KernelError, match=rf"per-channel values must be \({n * m},\)"):
+        products.matmul(a, b, fused, 2, products.Epilogue(bias[:1], None, None, None, False))
+    with pytest.raises(KernelError, match="residual must be"):
+        narrow = products.Epilogue(None, None, None, residual[..., 1:], False)
+        products.matmul(a, b, fused, 2, narrow)
+
+
 def test_an_empty_inner_dimension_gives_zeros_and_an_empty_result_nothing():
     c = np.full((2, 3, 4), np.nan, np.float32)
     products.matmul(np.ones((2, 3, 0), np.float32), np.ones((2, 0, 4), np.float32), c, 2)
@@ -109,12 +138,20 @@ def test_the_plain_python_bodies_give_the_compiled_results(shape):
     oracle.__globals__["tile_add"] = oracle_add
     scope.update(tile=oracle, tile_add=oracle_add)
     scope["part_body"] = jit.rebound(products.part_body, scope)
+    scope["finish"] = products.finish
+    rng = np.random.default_rng(3)
+    bias, shift = rng.standard_normal(n * m), rng.standard_normal(n * m)
+    residual = rng.standard_normal((n, m, p))
     c = np.full((n, m, p), np.nan)
+    per_channel = np.stack([bias, np.zeros(n * m), shift])
+    flags = np.array([1, 0, 1, 1, 1, 1], np.uint8)
     jit.rebound(products.stack_body, scope)(a, b, c, np.zeros((n, k, lanes)),
-                                            np.empty((n, m, lanes)), 2)
+                                            np.empty((n, m, lanes)), 2, per_channel, residual,
+                                            flags, 0.0)
     compiled = np.empty_like(c)
-    products.matmul(a, b, compiled, 2)
+    products.matmul(a, b, compiled, 2, products.Epilogue(bias, None, shift, residual, True))
     np.testing.assert_allclose(c, compiled, rtol=1e-13, atol=1e-13)
+    assert (c == 0).any() and (c > 0).any()  # relu had work to do
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="os.fork is POSIX's")
