@@ -1015,7 +1015,7 @@ def max_pool2d(x: np.ndarray, kernel: Any, stride: Any, padding: Any,
     """Maximum over each window, padding reading as -inf; NaN wins."""
     win = check_pool("max_pool2d", x, kernel, stride, padding, dilation)
     out = _result("max_pool2d", [x], (*x.shape[:2], *win.out_hw), x.dtype, out)
-    return kernels.max_pool(x, out, win.geometry())
+    return kernels.max_pool(x, out, win.geometry(), _own_threads(len(x), x.dtype))
 
 
 def avg_pool2d(x: np.ndarray, kernel: Any, stride: Any, padding: Any,

@@ -66,10 +66,10 @@ def _spans(kw, sw, dw, pw, w_, ow_):
     return spans
 
 
-def unfold_body(x, out, g, pad_value, c0, c1):
+def unfold_body(x, out, g, pad_value, k0, k1):
     """out[base + n s_n + c s_c + i s_i + j s_j, r, t] = x[n, c, r sh + i dh - ph,
-    t sw + j dw - pw], pad_value outside x, for channels c0 to c1; out is (blocks, OH,
-    OW)."""
+    t sw + j dw - pw], pad_value outside x, for the window rows (c, i, j) k0 to k1
+    (c kh kw + i kw + j); out is (blocks, OH, OW)."""
     kh, kw, sh, sw, ph, pw, dh, dw = g[0], g[1], g[2], g[3], g[4], g[5], g[6], g[7]
     oh_, ow_, s_n, s_c, s_i, s_j, base = g[8], g[9], g[10], g[11], g[12], g[13], g[14]
     n_, c_, h_, w_ = x.shape
@@ -82,52 +82,51 @@ def unfold_body(x, out, g, pad_value, c0, c1):
     # it at once and then write the padding columns (those the run wrapped around).
     same = sh == 1 and sw == 1 and ow_ == w_
     for n in range(n_):
-        for c in range(c0, c1):
+        for k in range(k0, k1):  # the (c, i, j) blocks k0 to k1 of each sample
+            c, i, j = k // (kh * kw), k // kw % kh, k % kw
             plane = (n * c_ + c) * h_ * w_
-            for i in range(kh):
-                for j in range(kw):
-                    block = (base + n * s_n + c * s_c + i * s_i + j * s_j) * oh_ * ow_
-                    col0 = j * dw - pw
-                    lo, hi = spans[j, 0], spans[j, 1]
-                    if same:
-                        shift = i * dh - ph  # input row = output row + shift
-                        first = min(max(0, -shift), oh_)
-                        stop = max(first, min(oh_, h_ - shift))
-                        for t in range(U(first * w_)):
-                            dst[U(block) + t] = pad_value
-                        for t in range(U(stop * w_), U(oh_ * w_)):
-                            dst[U(block) + t] = pad_value
-                        if stop > first and hi > lo:
-                            to = U(block + first * w_ + lo)
-                            start = U(plane + (first + shift) * w_ + lo + col0)
-                            for t in range(U((stop - first - 1) * w_ + hi - lo)):
-                                dst[to + t] = src[start + t]
-                        for r in range(first, stop):
-                            at = U(block + r * w_)
-                            for t in range(U(lo)):
-                                dst[at + t] = pad_value
-                            for t in range(U(hi), width):
-                                dst[at + t] = pad_value
-                        continue
-                    for r in range(oh_):
-                        h = r * sh + i * dh - ph
-                        at = U(block + r * ow_)
-                        if h < 0 or h >= h_:
-                            for t in range(width):
-                                dst[at + t] = pad_value
-                            continue
-                        for t in range(U(lo)):
-                            dst[at + t] = pad_value
-                        to = at + U(lo)
-                        start = U(plane + h * w_ + lo * sw + col0)
-                        if sw == 1:
-                            for t in range(U(hi - lo)):
-                                dst[to + t] = src[start + t]
-                        else:
-                            for t in range(U(hi - lo)):
-                                dst[to + t] = src[start + t * step]
-                        for t in range(U(hi), width):
-                            dst[at + t] = pad_value
+            block = (base + n * s_n + c * s_c + i * s_i + j * s_j) * oh_ * ow_
+            col0 = j * dw - pw
+            lo, hi = spans[j, 0], spans[j, 1]
+            if same:
+                shift = i * dh - ph  # input row = output row + shift
+                first = min(max(0, -shift), oh_)
+                stop = max(first, min(oh_, h_ - shift))
+                for t in range(U(first * w_)):
+                    dst[U(block) + t] = pad_value
+                for t in range(U(stop * w_), U(oh_ * w_)):
+                    dst[U(block) + t] = pad_value
+                if stop > first and hi > lo:
+                    to = U(block + first * w_ + lo)
+                    start = U(plane + (first + shift) * w_ + lo + col0)
+                    for t in range(U((stop - first - 1) * w_ + hi - lo)):
+                        dst[to + t] = src[start + t]
+                for r in range(first, stop):
+                    at = U(block + r * w_)
+                    for t in range(U(lo)):
+                        dst[at + t] = pad_value
+                    for t in range(U(hi), width):
+                        dst[at + t] = pad_value
+                continue
+            for r in range(oh_):
+                h = r * sh + i * dh - ph
+                at = U(block + r * ow_)
+                if h < 0 or h >= h_:
+                    for t in range(width):
+                        dst[at + t] = pad_value
+                    continue
+                for t in range(U(lo)):
+                    dst[at + t] = pad_value
+                to = at + U(lo)
+                start = U(plane + h * w_ + lo * sw + col0)
+                if sw == 1:
+                    for t in range(U(hi - lo)):
+                        dst[to + t] = src[start + t]
+                else:
+                    for t in range(U(hi - lo)):
+                        dst[to + t] = src[start + t * step]
+                for t in range(U(hi), width):
+                    dst[at + t] = pad_value
 
 
 def fold_body(cols, out, g):
@@ -178,10 +177,10 @@ def _running_max(src, dst, start, to, count, step):
         dst[to + t] = v if (v > a) | (v != v) else a
 
 
-def max_pool_body(x, out, g, lowest):
+def max_pool_body(x, out, g, lowest, c0, c1):
     """out[n, c, r, t] = the maximum of its window, NaN if the window holds one, as
-    np.maximum over the window's offsets in turn; padding (`lowest`, -inf) changes
-    nothing, so it is skipped."""
+    np.maximum over the window's offsets in turn, for channels c0 to c1; padding
+    (`lowest`, -inf) changes nothing, so it is skipped."""
     kh, kw, sh, sw, ph, pw, dh, dw = g[0], g[1], g[2], g[3], g[4], g[5], g[6], g[7]
     oh_, ow_ = g[8], g[9]
     n_, c_, h_, w_ = x.shape
@@ -190,7 +189,7 @@ def max_pool_body(x, out, g, lowest):
     dst = out.reshape(out.size)
     width = U(ow_)
     for n in range(n_):
-        for c in range(c_):
+        for c in range(c0, c1):
             plane = (n * c_ + c) * h_ * w_
             for r in range(oh_):
                 at = U(((n * c_ + c) * oh_ + r) * ow_)
@@ -819,7 +818,7 @@ _TILE_KINDS = {
 _KINDS: dict[Callable, tuple[str, ...]] = {
     unfold_body: ("in4", "out3", "geo", "value", "int", "int"),
     fold_body: ("in3", "out4", "geo"),
-    max_pool_body: ("in4", "out4", "geo", "value"),
+    max_pool_body: ("in4", "out4", "geo", "value", "int", "int"),
     max_pool_backward_body: ("in4", "in4", "in4", "out4", "geo", "value"),
     max_pool_backward_inner_body: ("in3", "in3", "in3", "out3", "geo", "value"),
     avg_pool_body: ("in4", "out4", "geo", "value"),
@@ -879,24 +878,43 @@ def compiled(body: Callable, dtype: np.dtype) -> Any:
 
 
 def unfold_parts(x, out, g, pad_value, parts):
-    """unfold_body of every channel, cut into `parts` parts run at once on Numba's
-    threads: each channel's windows are its own, whichever thread writes them."""
+    """unfold_body of every window row (channel and kernel offset), cut into `parts`
+    parts run at once on Numba's threads: each row's windows are its own, whichever
+    thread writes them (a stem's 3 channels of 7 x 7 offsets split evenly so)."""
+    k_ = x.shape[1] * g[0] * g[1]
+    for t in prange(parts):
+        serial(x, out, g, pad_value, k_ * t // parts, k_ * (t + 1) // parts)
+
+
+def max_pool_parts(x, out, g, lowest, parts):
+    """max_pool_body of every channel, cut into `parts` parts run at once on Numba's
+    threads."""
     c_ = x.shape[1]
     for t in prange(parts):
-        serial(x, out, g, pad_value, c_ * t // parts, c_ * (t + 1) // parts)
+        pool_serial(x, out, g, lowest, c_ * t // parts, c_ * (t + 1) // parts)
 
 
-# In plain Python unfold_parts runs unfold_body's parts in turn; compiled, prange is
-# numba.prange and `serial` unfold_body's compiled kernel.
-prange, serial = range, unfold_body
+# In plain Python a parts driver runs its body's parts in turn; compiled, prange is
+# numba.prange and `serial` / `pool_serial` the bodies' compiled kernels.
+prange, serial, pool_serial = range, unfold_body, max_pool_body
 
 
-def _make_unfold_parts(dtype: np.dtype) -> tuple[Callable, tuple]:
+_PARTS = {unfold_parts: (unfold_body, "serial"),
+          max_pool_parts: (max_pool_body, "pool_serial")}
+
+
+def _make_parts(driver: Callable, dtype: np.dtype) -> tuple[Callable, tuple]:
     nb = jit.numba()
-    bound = jit.rebound(unfold_parts, dict(unfold_parts.__globals__, prange=nb.prange,
-                                           serial=compiled(unfold_body, dtype)))
-    bound.__qualname__ = f"unfold_parts_{dtype.name}"
-    return bound, (*_signature(dtype, _KINDS[unfold_body])[:-2], nb.int64)
+    body, name = _PARTS[driver]
+    bound = jit.rebound(driver, dict(driver.__globals__, prange=nb.prange,
+                                     **{name: compiled(body, dtype)}))
+    bound.__qualname__ = f"{driver.__name__}_{dtype.name}"
+    return bound, (*_signature(dtype, _KINDS[body])[:-2], nb.int64)
+
+
+def _compiled_parts(driver: Callable, dtype: np.dtype) -> Any:
+    """A parts driver (unfold_parts, max_pool_parts) for dtype, a parallel loop."""
+    return jit.compiled_once((driver, dtype), _make_parts, driver, dtype, parallel=True)
 
 
 def compiled_tile(kind: str, kh: int, kw: int, dtype: np.dtype, width: int = 0) -> Any:
@@ -935,12 +953,12 @@ def unfold(x: np.ndarray, buffer: np.ndarray, geo: np.ndarray, pad_value: Any,
     if not buffer.flags.c_contiguous:
         raise KernelError("unfold2d", [buffer], "the window buffer must be C-contiguous")
     args = (np.ascontiguousarray(x), _blocks(buffer, geo), geo, dtype.type(pad_value))
-    parts = min(threads, x.shape[1])
+    rows = x.shape[1] * int(geo[0]) * int(geo[1])
+    parts = min(threads, rows)
     if parts > 1:
-        jit.compiled_once((unfold_parts, dtype), _make_unfold_parts, dtype,
-                          parallel=True)(*args, parts)
+        _compiled_parts(unfold_parts, dtype)(*args, parts)
     else:
-        compiled(unfold_body, dtype)(*args, 0, x.shape[1])
+        compiled(unfold_body, dtype)(*args, 0, rows)
     return buffer
 
 
@@ -996,8 +1014,11 @@ def _one_plane(arrays: Sequence[np.ndarray], geo: np.ndarray) -> list[np.ndarray
             for a in arrays]
 
 
-def max_pool(x: np.ndarray, out: np.ndarray, geo: np.ndarray) -> np.ndarray:
-    """out (N, C, OH, OW) = the maximum of each window of x; returns out."""
+def max_pool(x: np.ndarray, out: np.ndarray, geo: np.ndarray, threads: int = 0
+             ) -> np.ndarray:
+    """out (N, C, OH, OW) = the maximum of each window of x; returns out. With `threads`,
+    windows that are not tiles (a stride other than the kernel) run their channels on
+    as many of Numba's threads."""
     dtype = check_dtype("max_pool2d", [x, out])
     x = np.ascontiguousarray(x)
     lowest = dtype.type(-np.inf)
@@ -1007,7 +1028,11 @@ def max_pool(x: np.ndarray, out: np.ndarray, geo: np.ndarray) -> np.ndarray:
                       int(geo[1]), dtype, out.shape[3] if short else 0)(
             *_one_plane([x, out], geo), lowest)
         return out
-    return compiled(max_pool_body, dtype)(x, out, geo, lowest)
+    parts = min(threads, x.shape[1])
+    if parts > 1:
+        _compiled_parts(max_pool_parts, dtype)(x, out, geo, lowest, parts)
+        return out
+    return compiled(max_pool_body, dtype)(x, out, geo, lowest, 0, x.shape[1])
 
 
 def max_pool_backward(upstream: np.ndarray, x: np.ndarray, y: np.ndarray, grad: np.ndarray,

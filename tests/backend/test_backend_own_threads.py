@@ -111,12 +111,20 @@ def test_parallel_passes_are_their_serial_selves_bit_for_bit(dtype):
     epilogue.apply(one, *vectors, residual, True, 1)
     epilogue.apply(two, *vectors, residual, True, 3)
     np.testing.assert_array_equal(one, two)
-    # im2col
+    # im2col, its window rows (channel, offset) cut over the threads
     win = backend_conv.check_conv(x, np.ones((5, 13, 3, 3), dtype), (2, 1), (1, 2), (1, 1), 1)
     cols = [np.full((1, 13, 3, 3, *win.out_hw), np.nan, dtype) for _ in range(2)]
     for threads, buffer in zip((0, 3), cols):
         conv_kernels.unfold(x, buffer, win.geometry(buffer), 0.0, threads)
     np.testing.assert_array_equal(*cols)
+    # max pooling whose windows are not tiles (ResNet's 3x3, stride 2), NaN winning
+    x[0, 2, 3, 4] = np.nan
+    pooled = [np.full((1, 13, 9, 8), np.nan, dtype) for _ in range(2)]
+    geometry = backend_conv.check_pool("max_pool2d", x, (3, 3), (2, 2), (1, 1)).geometry()
+    for threads, into in zip((0, 3), pooled):
+        conv_kernels.max_pool(x, into, geometry, threads)
+    np.testing.assert_array_equal(*pooled)
+    assert np.isnan(pooled[0][0, 2]).sum() == 2  # the two windows that hold it
     # Winograd's transforms, wide maps (input_rows_body) and narrow (input_table_body)
     for shape in ((1, 13, 30, 30), (1, 13, 9, 9)):
         x = rng.standard_normal(shape).astype(dtype)

@@ -383,7 +383,7 @@ def test_tile_kernels_agree_with_the_general_loops(rng):
     y_loop = np.empty_like(y_tile)
     kc.max_pool(x, y_tile, win.geometry())
     kc.compiled(kc.max_pool_body, np.dtype(np.float32))(x, y_loop, win.geometry(),
-                                                        np.float32(-np.inf))
+                                                        np.float32(-np.inf), 0, 4)
     np.testing.assert_array_equal(y_tile, y_loop)
     upstream = rng.standard_normal(y_tile.shape).astype(np.float32)
     tile, loop = np.empty_like(x), np.empty_like(x)
