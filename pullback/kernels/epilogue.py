@@ -21,11 +21,28 @@ from pullback.kernels import jit
 from pullback.kernels.base import _SUPPORTED, SUPPORTED_DTYPES
 
 
+def finished(v, bias, scale, shift, added, has_bias, has_scale, has_shift, has_residual,
+             relu, zero):
+    """One output value v after the epilogue: + bias, * scale, + shift, + added (the
+    residual's value), each when its flag is set, then relu (NaN stays NaN, as the relu
+    primitive). Inlined where compiled (pullback.kernels.products' tiles use it too)."""
+    if has_bias:
+        v = v + bias
+    if has_scale:
+        v = v * scale
+    if has_shift:
+        v = v + shift
+    if has_residual:
+        v = v + added
+    if relu:
+        v = zero if v <= zero else v
+    return v
+
+
 def epilogue_body(rows, bias, scale, shift, residual, has_bias, has_scale, has_shift,
                   has_residual, relu, zero, c0, c1):
-    """rows (m, C, P) in place, channels c0 to c1: + bias[c], * scale[c], + shift[c],
-    + residual (m, C, P), each when its flag is set, then relu (NaN stays NaN, as the
-    relu primitive)."""
+    """rows (m, C, P) in place, channels c0 to c1: `finished` with bias[c], scale[c],
+    shift[c] and residual (m, C, P)."""
     m_, _, p_ = rows.shape
     for n in range(m_):
         for c in range(c0, c1):
@@ -33,18 +50,9 @@ def epilogue_body(rows, bias, scale, shift, residual, has_bias, has_scale, has_s
             a = scale[c] if has_scale else zero
             t = shift[c] if has_shift else zero
             for p in range(p_):
-                v = rows[n, c, p]
-                if has_bias:
-                    v = v + b
-                if has_scale:
-                    v = v * a
-                if has_shift:
-                    v = v + t
-                if has_residual:
-                    v = v + residual[n, c, p]
-                if relu:
-                    v = zero if v <= zero else v
-                rows[n, c, p] = v
+                added = residual[n, c, p] if has_residual else zero
+                rows[n, c, p] = finished(rows[n, c, p], b, a, t, added, has_bias, has_scale,
+                                         has_shift, has_residual, relu, zero)
 
 
 def epilogue_parts(rows, bias, scale, shift, residual, has_bias, has_scale, has_shift,
@@ -70,8 +78,15 @@ def _signature(dtype: np.dtype) -> tuple:
             nb.from_dtype(dtype))
 
 
+def bound(fn: Callable) -> Callable:
+    """fn (a kernel body calling `finished`) with `finished` compiled, inlined."""
+    nb = jit.numba()
+    inline = nb.njit(inline="always", **jit.JIT_OPTIONS)(finished)
+    return jit.rebound(fn, dict(fn.__globals__, finished=inline))
+
+
 def _make(dtype: np.dtype) -> tuple[Callable, tuple]:
-    return epilogue_body, (*_signature(dtype), jit.numba().int64, jit.numba().int64)
+    return bound(epilogue_body), (*_signature(dtype), jit.numba().int64, jit.numba().int64)
 
 
 def _kernel(dtype: np.dtype) -> Any:

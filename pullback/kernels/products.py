@@ -32,6 +32,7 @@ import numpy as np
 from pullback.errors import KernelError
 from pullback.kernels import direct, jit, tiles
 from pullback.kernels.conv import check_dtype
+from pullback.kernels.epilogue import finished
 
 ROWS = 8  # rows of a (and c) per tile: with VECTORS, 24 accumulators of 32 registers
 VECTORS = 3  # SIMD vectors of columns per tile
@@ -49,10 +50,10 @@ U = np.uint64
 
 
 def finish(c, first, stop, lo, hi, per_channel, residual, flags, zero, channel0):
-    """A convolution's epilogue on c[first:stop, lo:hi], row i channel channel0 + i:
-    + per_channel[0] (bias), * per_channel[1] (scale), + per_channel[2] (shift),
-    + residual[i, j], then relu, each where its flag (flags[0..4]) is set; the order
-    and operations of pullback.kernels.epilogue's, so the same bits."""
+    """A convolution's epilogue (pullback.kernels.epilogue.finished, so the same bits as
+    its pass) on c[first:stop, lo:hi], row i channel channel0 + i: per_channel[0..2]
+    its bias, scale and shift, residual[i, j] its residual, each where its flag
+    (flags[0..3]) is set, then relu where flags[4] is."""
     has_bias, has_scale, has_shift = flags[0] != 0, flags[1] != 0, flags[2] != 0
     has_residual, relu = flags[3] != 0, flags[4] != 0
     for i in range(first, stop):
@@ -61,22 +62,13 @@ def finish(c, first, stop, lo, hi, per_channel, residual, flags, zero, channel0)
         scale = per_channel[1, ch] if has_scale else zero
         shift = per_channel[2, ch] if has_shift else zero
         row = c[i]
-        added = residual[i] if has_residual else row
+        values = residual[i] if has_residual else row
         # Unsigned indices: no negative-index wrapping, whose test stops LLVM vectorizing
         for t in range(U(hi - lo)):
             j = U(lo) + t
-            v = row[j]
-            if has_bias:
-                v = v + bias
-            if has_scale:
-                v = v * scale
-            if has_shift:
-                v = v + shift
-            if has_residual:
-                v = v + added[j]
-            if relu:
-                v = zero if v <= zero else v
-            row[j] = v
+            added = values[j] if has_residual else zero
+            row[j] = finished(row[j], bias, scale, shift, added, has_bias, has_scale,
+                              has_shift, has_residual, relu, zero)
 
 
 def part_body(a, b, c, first, stop, tail_b, tail_c, per_channel, residual, flags, zero,
@@ -156,6 +148,7 @@ def _make(dtype: np.dtype, parallel: bool, layout: str) -> tuple[Any, tuple]:
     scope["prange"] = nb.prange if parallel else range
     scope["tile"] = tiles.tile_switch_intrinsic(SHAPES)
     scope["tile_add"] = tiles.tile_switch_intrinsic(SHAPES, accumulate=True)
+    scope["finished"] = nb.njit(inline="always", **jit.JIT_OPTIONS)(finished)
     for helper in (finish, part_body):
         scope[helper.__name__] = nb.njit(inline="always", **jit.JIT_OPTIONS)(
             jit.rebound(helper, scope))
