@@ -523,9 +523,9 @@ def conv2d(x: np.ndarray, w: np.ndarray, stride: Any, padding: Any, dilation: An
 
 # A convolution's forward over a batch of one runs its products on pullback's threads
 # (pullback.kernels.products) rather than BLAS's: it cannot split by sample, and BLAS's
-# threads, spinning between its products, slowed the passes between them. ResNet-50's
-# inference (batch 1, 53 convolutions): 55-89 ms a call with BLAS's threads, 50-55 on
-# pullback's (processes of their own, nothing else running; bench/RESULTS.md).
+# threads, spinning between its products, slowed the passes between them, which now
+# run on the same threads (im2col, Winograd's transforms, the epilogue). ResNet-50's
+# inference took 1.25-1.35x onnxruntime's time so, against 1.44-1.72x (bench/RESULTS.md).
 # OWN_THREADS_FORCED (None, True or False) overrides the rule: tests, benchmarks.
 OWN_THREADS_FORCED: bool | None = None
 _PRODUCTS = threading.Lock()  # one stack of products at a time on the crew

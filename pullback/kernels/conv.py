@@ -947,8 +947,9 @@ def _blocks(buffer: np.ndarray, geo: np.ndarray) -> np.ndarray:
 def unfold(x: np.ndarray, buffer: np.ndarray, geo: np.ndarray, pad_value: Any,
            threads: int = 0) -> np.ndarray:
     """Write the windows of x (N, C, H, W) into `buffer` (C-contiguous, at the block
-    strides `geo` names), padding reading as pad_value, the channels over `threads` of
-    Numba's threads where more than one; returns buffer."""
+    strides `geo` names), padding reading as pad_value, its window rows (channel and
+    kernel offset) over `threads` of Numba's threads where more than one; returns
+    buffer."""
     dtype = check_dtype("unfold2d", [x, buffer])
     if not buffer.flags.c_contiguous:
         raise KernelError("unfold2d", [buffer], "the window buffer must be C-contiguous")

@@ -19,7 +19,8 @@ of b's last columns into a scratch, then copied. Each result is its row of a tim
 column of b summed in k order, KC at a time: the same bits whichever thread runs it.
 
 One file on purpose: Numba's disk cache notices an edit to a kernel's own file only
-(and tiles.py's, through `jit.depending_on`).
+(and, through `jit.depending_on`, to tiles.py's intrinsic and epilogue.py's `finished`,
+which compile into it).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import numpy as np
 
 from pullback.errors import KernelError
 from pullback.kernels import direct, jit, tiles
+from pullback.kernels import epilogue as epilogue_pass
 from pullback.kernels.conv import check_dtype
 from pullback.kernels.epilogue import finished
 
@@ -162,7 +164,7 @@ def _make(dtype: np.dtype, parallel: bool, layout: str) -> tuple[Any, tuple]:
                  nb.from_dtype(dtype))
     body = jit.rebound(stack_body, scope)
     body.__qualname__ = f"stack_body_{'parallel' if parallel else 'serial'}_{layout}"
-    return jit.depending_on(body, tiles), signature
+    return jit.depending_on(body, tiles, epilogue_pass), signature
 
 
 # ---------------------------------------------------------------- entry point

@@ -171,3 +171,17 @@ def test_a_child_forked_after_the_threads_started_runs_on_one():
     _, status = os.waitpid(pid, 0)
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
     assert products.threads() == jit.numba().get_num_threads()  # the parent's unchanged
+
+
+def test_the_kernel_is_named_after_the_tiles_and_the_epilogue_it_compiles_in():
+    # Both files' code compiles into it: an edit to either must not load stale code.
+    from pullback.kernels import epilogue, tiles
+
+    def body():
+        return None
+
+    both = jit.depending_on(jit.rebound(body, {}), tiles, epilogue).__qualname__
+    tiles_only = jit.depending_on(jit.rebound(body, {}), tiles).__qualname__
+    name = products.compiled(np.dtype(np.float32)).py_func.__qualname__
+    assert name.startswith("stack_body_parallel_A_")
+    assert name.endswith(both.rsplit("_", 1)[1]) and not name.endswith(tiles_only.rsplit("_", 1)[1])
