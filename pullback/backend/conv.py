@@ -11,6 +11,7 @@ no window buffer for the whole batch is ever written to memory.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import weakref
 from collections.abc import Callable, Sequence
@@ -482,43 +483,44 @@ def conv2d(x: np.ndarray, w: np.ndarray, stride: Any, padding: Any, dilation: An
         _direct_parts(win, n, c, o, forward)
         return out
     threads = _own_threads(n, x.dtype)
-    if not threads and _by_parts(win, n, c, o, groups):
-        def part(a: int, b: int) -> None:
-            shifted = None if epilogue is None else (
-                lambda rows, start, stop, threads=0: epilogue(rows, start + a, stop + a,
-                                                              threads))
-            conv2d(x[a:b], w, stride, padding, dilation, groups, out[a:b], shifted,
-                   constant_weights)
+    with _crew(threads):
+        if not threads and _by_parts(win, n, c, o, groups):
+            def part(a: int, b: int) -> None:
+                shifted = None if epilogue is None else (
+                    lambda rows, start, stop, threads=0: epilogue(rows, start + a, stop + a,
+                                                                  threads))
+                conv2d(x[a:b], w, stride, padding, dilation, groups, out[a:b], shifted,
+                       constant_weights)
 
-        _over_batch(win, n, c, o, groups, part)
+            _over_batch(win, n, c, o, groups, part)
+            return out
+        rows = out.reshape(n, groups, o // groups, pixels)
+        x = np.ascontiguousarray(x)
+        if _pointwise(win):
+            if not _multiply(weight, x.reshape(n, groups, -1, pixels), rows, threads, epilogue) \
+                    and epilogue is not None:
+                epilogue(out.reshape(n, o, pixels), 0, n, threads)
+            return out
+        if _winograd(win, groups, n, c, o, constant_weights):
+            return winograd.correlate(x, _transformed(w, constant_weights), win.padding, out,
+                                      scratch, epilogue, lambda a, b, into: _multiply(
+                                          a, b, into, threads), threads)
+        per_sample = c * win.kernel[0] * win.kernel[1] * pixels
+        chunks = _chunks(n, per_sample * x.itemsize)
+        if _small_maps(win, chunks, c, o):
+            _conv_batch_inner(x, weight, win, out, chunks, epilogue)
+            return out
+        if pixels < CHUNK_GEMM_PIXELS and chunks[0][1] > 1:
+            _conv_by_chunk_gemm(x, weight, win, rows, chunks, epilogue)
+            return out
+        buffer = _WindowBuffer(win, c, chunks[0][1], x.dtype)
+        for start, stop in chunks:
+            cols = buffer.take(stop - start)
+            kernels.unfold(x[start:stop], cols, buffer.geometry, 0.0, threads)
+            if not _multiply(weight, cols.reshape(stop - start, groups, -1, pixels),
+                             rows[start:stop], threads, epilogue, start) and epilogue is not None:
+                epilogue(out[start:stop].reshape(stop - start, o, pixels), start, stop, threads)
         return out
-    rows = out.reshape(n, groups, o // groups, pixels)
-    x = np.ascontiguousarray(x)
-    if _pointwise(win):
-        if not _multiply(weight, x.reshape(n, groups, -1, pixels), rows, threads, epilogue) \
-                and epilogue is not None:
-            epilogue(out.reshape(n, o, pixels), 0, n, threads)
-        return out
-    if _winograd(win, groups, n, c, o, constant_weights):
-        return winograd.correlate(x, _transformed(w, constant_weights), win.padding, out,
-                                  scratch, epilogue, lambda a, b, into: _multiply(
-                                      a, b, into, threads), threads)
-    per_sample = c * win.kernel[0] * win.kernel[1] * pixels
-    chunks = _chunks(n, per_sample * x.itemsize)
-    if _small_maps(win, chunks, c, o):
-        _conv_batch_inner(x, weight, win, out, chunks, epilogue)
-        return out
-    if pixels < CHUNK_GEMM_PIXELS and chunks[0][1] > 1:
-        _conv_by_chunk_gemm(x, weight, win, rows, chunks, epilogue)
-        return out
-    buffer = _WindowBuffer(win, c, chunks[0][1], x.dtype)
-    for start, stop in chunks:
-        cols = buffer.take(stop - start)
-        kernels.unfold(x[start:stop], cols, buffer.geometry, 0.0, threads)
-        if not _multiply(weight, cols.reshape(stop - start, groups, -1, pixels),
-                         rows[start:stop], threads, epilogue, start) and epilogue is not None:
-            epilogue(out[start:stop].reshape(stop - start, o, pixels), start, stop, threads)
-    return out
 
 
 # A convolution's forward over a batch of one runs its products on pullback's threads
@@ -528,7 +530,10 @@ def conv2d(x: np.ndarray, w: np.ndarray, stride: Any, padding: Any, dilation: An
 # inference took 1.25-1.35x onnxruntime's time so, against 1.44-1.72x (bench/RESULTS.md).
 # OWN_THREADS_FORCED (None, True or False) overrides the rule: tests, benchmarks.
 OWN_THREADS_FORCED: bool | None = None
-_PRODUCTS = threading.Lock()  # one stack of products at a time on the crew
+# One convolution at a time on the crew: Numba's workqueue threading layer (where
+# neither OpenMP nor TBB is installed) aborts the process on parallel loops started
+# from two threads at once.
+_CREW = threading.Lock()
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 
 
@@ -562,10 +567,13 @@ def _multiply(a: np.ndarray, b: np.ndarray, out: np.ndarray, threads: int,
         a = np.ascontiguousarray(a)
     fused = epilogue.products_epilogue(sample, a.shape[0]) \
         if isinstance(epilogue, ChannelEpilogue) else None
-    with _PRODUCTS:  # Numba's workqueue layer takes one caller at a time
-        products.matmul(a, b.reshape(b.shape[-3:]), out.reshape(out.shape[-3:]), threads,
-                        fused)
+    products.matmul(a, b.reshape(b.shape[-3:]), out.reshape(out.shape[-3:]), threads, fused)
     return fused is not None
+
+
+def _crew(threads: int) -> contextlib.AbstractContextManager:
+    """Held while a batch of one's passes run on the crew (`threads`), else nothing."""
+    return _CREW if threads else contextlib.nullcontext()
 
 
 # Below this many output pixels per sample, a GEMM per sample is too narrow to run
@@ -1015,7 +1023,9 @@ def max_pool2d(x: np.ndarray, kernel: Any, stride: Any, padding: Any,
     """Maximum over each window, padding reading as -inf; NaN wins."""
     win = check_pool("max_pool2d", x, kernel, stride, padding, dilation)
     out = _result("max_pool2d", [x], (*x.shape[:2], *win.out_hw), x.dtype, out)
-    return kernels.max_pool(x, out, win.geometry(), _own_threads(len(x), x.dtype))
+    threads = _own_threads(len(x), x.dtype)
+    with _crew(threads):
+        return kernels.max_pool(x, out, win.geometry(), threads)
 
 
 def avg_pool2d(x: np.ndarray, kernel: Any, stride: Any, padding: Any,

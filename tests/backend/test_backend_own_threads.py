@@ -138,3 +138,33 @@ def test_parallel_passes_are_their_serial_selves_bit_for_bit(dtype):
         for threads, into in zip((0, 3), out):
             winograd_kernels.output_transform(np.nan_to_num(v[0]), into, grid, stride, threads)
         np.testing.assert_array_equal(*out)
+
+
+def test_two_python_threads_share_the_crew_one_convolution_at_a_time(monkeypatch):
+    import threading
+
+    monkeypatch.setattr(backend_conv, "OWN_THREADS_FORCED", True)
+    rng = np.random.default_rng(6)
+    cases = [(rng.standard_normal((1, 16, 24, 24)).astype(np.float32),
+              rng.standard_normal((16, 16, k, k)).astype(np.float32), (s, s), (k // 2, k // 2))
+             for k, s in ((1, 1), (3, 1), (3, 2))]
+    backend = CpuBackend()
+    expected = [backend.conv2d(*case) for case in cases]
+    pooled = backend_conv.max_pool2d(expected[1], (3, 3), (2, 2), (1, 1))
+    wrong = []
+
+    def run():
+        for _ in range(20):
+            for case, want in zip(cases, expected):
+                if not np.array_equal(backend.conv2d(*case), want):
+                    wrong.append(case[1].shape)
+            if not np.array_equal(backend_conv.max_pool2d(expected[1], (3, 3), (2, 2),
+                                                          (1, 1)), pooled):
+                wrong.append("max_pool2d")
+
+    workers = [threading.Thread(target=run) for _ in range(2)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    assert not wrong
