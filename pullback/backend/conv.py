@@ -549,6 +549,7 @@ def _own_threads(n: int, dtype: np.dtype) -> int:
     if not wanted:
         return 0
     products.starting()  # the transforms' and epilogue's parallel loops too
+    blas.note_split()  # small products elsewhere then keep BLAS's threads asleep
     return max(1, threads)
 
 
@@ -562,7 +563,6 @@ def _multiply(a: np.ndarray, b: np.ndarray, out: np.ndarray, threads: int,
     if not threads:
         np.matmul(a, b, out=out)
         return False
-    blas.note_split()  # small products elsewhere then keep BLAS's threads asleep
     if a.strides[-1] != a.itemsize:  # weights sliced along their last axis
         a = np.ascontiguousarray(a)
     fused = epilogue.products_epilogue(sample, a.shape[0]) \

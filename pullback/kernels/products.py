@@ -266,23 +266,24 @@ def _finishing(epilogue: Epilogue | None, c: np.ndarray) -> tuple:
     """stack_body's epilogue arguments (per_channel, residual, flags, zero) for c."""
     dtype, (n, m) = c.dtype, c.shape[:2]
     flags = np.zeros(6, np.uint8)
-    per_channel = np.zeros((3, n * m), dtype)
     residual = np.empty((n, 0, 0), dtype)
-    if epilogue is not None:
-        flags[5] = 1
-        for row, v in enumerate((epilogue.bias, epilogue.scale, epilogue.shift)):
-            if v is not None:
-                if v.shape != (n * m,) or v.dtype != dtype:
-                    raise KernelError("matmul", [c, v], "an epilogue's per-channel values "
-                                                        f"must be ({n * m},) {dtype}")
-                flags[row] = 1
-                per_channel[row] = v
-        if epilogue.residual is not None:
-            if epilogue.residual.shape != c.shape or epilogue.residual.dtype != dtype or (
-                    epilogue.residual.strides[2] != c.itemsize):
-                raise KernelError("matmul", [c, epilogue.residual], "the residual must be "
-                                  f"{c.shape} {dtype}, its rows unit-strided")
-            flags[3] = 1
-            residual = epilogue.residual
-        flags[4] = bool(epilogue.relu)
+    if epilogue is None:  # none of them is read: nothing the size of c's rows to make
+        return np.empty((3, 0), dtype), residual, flags, dtype.type(0)
+    flags[5] = 1
+    per_channel = np.zeros((3, n * m), dtype)
+    for row, v in enumerate((epilogue.bias, epilogue.scale, epilogue.shift)):
+        if v is not None:
+            if v.shape != (n * m,) or v.dtype != dtype:
+                raise KernelError("matmul", [c, v], "an epilogue's per-channel values "
+                                                    f"must be ({n * m},) {dtype}")
+            flags[row] = 1
+            per_channel[row] = v
+    if epilogue.residual is not None:
+        if epilogue.residual.shape != c.shape or epilogue.residual.dtype != dtype or (
+                epilogue.residual.strides[2] != c.itemsize):
+            raise KernelError("matmul", [c, epilogue.residual], "the residual must be "
+                              f"{c.shape} {dtype}, its rows unit-strided")
+        flags[3] = 1
+        residual = epilogue.residual
+    flags[4] = bool(epilogue.relu)
     return per_channel, residual, flags, dtype.type(0)
