@@ -145,9 +145,8 @@ def test_the_plain_python_bodies_give_the_compiled_results(shape):
     c = np.full((n, m, p), np.nan)
     per_channel = np.stack([bias, np.zeros(n * m), shift])
     flags = np.array([1, 0, 1, 1, 1, 1], np.uint8)
-    jit.rebound(products.stack_body, scope)(a, b, c, np.zeros((n, k, lanes)),
-                                            np.empty((n, m, lanes)), 2, m < p, per_channel,
-                                            residual, flags, 0.0)
+    jit.rebound(products.stack_body, scope)(a, b, c, np.empty((n, p % lanes, k)), 2, m < p,
+                                            per_channel, residual, flags, 0.0)
     compiled = np.empty_like(c)
     products.matmul(a, b, compiled, 2, products.Epilogue(bias, None, shift, residual, True))
     np.testing.assert_allclose(c, compiled, rtol=1e-13, atol=1e-13)
