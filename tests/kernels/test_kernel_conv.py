@@ -126,6 +126,9 @@ POOL_CASES = [
     ((1, 2, 7, 8), (2, 2), (1, 1), (1, 1), (2, 3)),
     ((1, 2, 9, 9), (2, 2), (3, 3), (0, 0), (1, 1)),
     ((1, 2, 8, 8), (5, 5), (5, 5), (0, 0), (1, 1)),
+    # taps a stride apart read the same columns a window apart (a stem's 7x7, stride 2)
+    ((1, 3, 13, 12), (7, 7), (2, 2), (3, 3), (1, 1)),
+    ((1, 1, 11, 14), (2, 7), (1, 3), (0, 2), (1, 1)),
     # one window covering each plane (a global pool): 33 planes, eight at a time and one
     ((3, 11, 7, 7), (7, 7), (1, 1), (0, 0), (1, 1)),
     ((2, 3, 4, 6), (4, 6), (2, 5), (0, 0), (1, 1)),
@@ -183,6 +186,21 @@ def test_unfold_of_a_batch_slice_writes_at_its_base(rng):
     kc.unfold(x[2:], buffer, geometry, 0.0)
     np.testing.assert_array_equal(view[2:], ref_unfold(x[2:], win, 0.0))
     assert not view[:2].any()
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_unfold_in_parts_writes_each_parts_window_rows_alone(rng, dtype):
+    # Parts run at once on Numba's threads: a part must not read a window row that
+    # another part writes, even where its taps copy an earlier tap's shifted windows.
+    win = _win((1, 2, 13, 12), (7, 7), (2, 2), (3, 3), (1, 1))
+    x = rng.standard_normal((1, 2, 13, 12)).astype(dtype)
+    reference = ref_unfold(x, win, 0.0).reshape(-1, *win.out_hw)
+    body = kc.compiled(kc.unfold_body, np.dtype(dtype))
+    for k0, k1 in [(0, 24), (24, 51), (51, 98), (3, 4), (9, 12)]:
+        out = np.full((98, *win.out_hw), np.nan, dtype)
+        body(x, out, win.geometry(out.reshape(1, 2, 7, 7, *win.out_hw)), dtype(0), k0, k1)
+        np.testing.assert_array_equal(out[k0:k1], reference[k0:k1])
+        assert np.isnan(out[:k0]).all() and np.isnan(out[k1:]).all()
 
 
 def test_unfold_reads_read_only_and_non_contiguous_inputs(rng):
