@@ -12,6 +12,7 @@ no window buffer for the whole batch is ever written to memory.
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 import weakref
 from collections.abc import Callable, Sequence
@@ -458,8 +459,10 @@ def conv2d(x: np.ndarray, w: np.ndarray, stride: Any, padding: Any, dilation: An
     """x (N, C, H, W) cross-correlated with w (O, C/groups, kh, kw): per chunk of the
     batch, im2col then one batched GEMM per sample and group, written in place (into
     `out` when given); `epilogue` then runs on each chunk of the output while it is in
-    cache. `constant_weights`: w is the same array holding the same values at every call
-    (FusedOps.conv2d_epilogue), so Winograd's transform of it is kept (`_transformed`)."""
+    cache. A batch of one's first layer (products.windows_pay) multiplies its windows
+    block by block as it makes them instead. `constant_weights`: w is the same array
+    holding the same values at every call (FusedOps.conv2d_epilogue), so Winograd's
+    transform of it is kept (`_transformed`)."""
     win = check_conv(x, w, stride, padding, dilation, groups)
     n, c = x.shape[:2]
     o = w.shape[0]
@@ -505,6 +508,15 @@ def conv2d(x: np.ndarray, w: np.ndarray, stride: Any, padding: Any, dilation: An
             return winograd.correlate(x, _transformed(w, constant_weights), win.padding, out,
                                       scratch, epilogue, lambda a, b, into: _multiply(
                                           a, b, into, threads), threads)
+        if threads and groups == 1 and out.flags.c_contiguous and products.windows_pay(
+                o, weight.shape[2], pixels, x.dtype):
+            fused = epilogue.products_epilogue(0, 1) \
+                if isinstance(epilogue, ChannelEpilogue) else None
+            products.windows_matmul(x, np.ascontiguousarray(weight[0]), out.reshape(o, pixels),
+                                    _window_geometry(win, c, x.dtype), threads, fused)
+            if fused is None and epilogue is not None:
+                epilogue(out.reshape(n, o, pixels), 0, n, threads)
+            return out
         per_sample = c * win.kernel[0] * win.kernel[1] * pixels
         chunks = _chunks(n, per_sample * x.itemsize)
         if _small_maps(win, chunks, c, o):
@@ -569,6 +581,16 @@ def _multiply(a: np.ndarray, b: np.ndarray, out: np.ndarray, threads: int,
         if isinstance(epilogue, ChannelEpilogue) else None
     products.matmul(a, b.reshape(b.shape[-3:]), out.reshape(out.shape[-3:]), threads, fused)
     return fused is not None
+
+
+@functools.lru_cache(maxsize=256)
+def _window_geometry(win: Windows, channels: int, dtype: np.dtype) -> np.ndarray:
+    """The geometry of one sample's C-contiguous window array (1, C, kh, kw, OH, OW),
+    read from a stand-in with no memory of its own (geometry reads strides only)."""
+    shape = (1, channels, *win.kernel, *win.out_hw)
+    strides = dtype.itemsize * np.cumprod((1, *shape[:0:-1]))[::-1]
+    return win.geometry(np.lib.stride_tricks.as_strided(np.empty(1, dtype), shape,
+                                                        tuple(int(v) for v in strides)))
 
 
 def _crew(threads: int) -> contextlib.AbstractContextManager:

@@ -21,19 +21,26 @@ broadcasts on each, so these are dot products of a's rows with a copy of the col
 along k, summed a vector of k at a time (`tail_dot`; ResNet-50's 7x7 products took
 11-16% less time so). Either way, the same bits whichever thread runs it.
 
+A first layer's convolution (few channels, a large map: a stem's 3 x 7 x 7 windows on
+112 x 112 outputs, 7.4 MB of them) need not write its windows whole: `windows_matmul`
+cuts the output rows into blocks over the threads, each block's windows unfolded into a
+scratch that stays in L2 (pullback.kernels.conv's unfold) and multiplied there.
+
 One file on purpose: Numba's disk cache notices an edit to a kernel's own file only
-(and, through `jit.depending_on`, to tiles.py's intrinsic and epilogue.py's `finished`,
-which compile into it).
+(and, through `jit.depending_on`, to tiles.py's intrinsic, epilogue.py's `finished` and
+conv.py's unfold, which compile into it).
 """
 
 from __future__ import annotations
 
+import math
 import os
 from typing import Any, NamedTuple
 
 import numpy as np
 
 from pullback.errors import KernelError
+from pullback.kernels import conv as conv_kernels
 from pullback.kernels import direct, jit, tiles
 from pullback.kernels import epilogue as epilogue_pass
 from pullback.kernels.conv import check_dtype
@@ -51,6 +58,7 @@ SHAPES = [(rows, vectors) for rows in range(1, ROWS + 1) for vectors in range(1,
 # compiled (tiles.tile_switch_intrinsic); LANES is the dtype's vector width (rebound per
 # dtype where compiled, as prange is to numba.prange).
 tile, tile_add, LANES, prange = direct.tile, direct.tile_add, direct.LANES, range
+unfold = conv_kernels.unfold_body  # compiled: its kernel (conv_kernels.compiled)
 U = np.uint64
 
 
@@ -94,12 +102,13 @@ def tail_dot(a, first, stop, k0, kc, tail_b, width, c, column, accumulate, zero)
 
 
 def part_body(a, b, c, first, stop, lo, hi, tail_b, per_channel, residual, flags, zero,
-              channel0):
-    """c[first:stop, lo:hi] = a[first:stop] @ b[:, lo:hi]: a (M, K), b (K, P), c (M, P),
-    unit-strided rows, lo a whole number of tiles' columns, hi too unless it is P, whose
-    columns past the last whole vector are `tail_dot`s with tail_b (LANES, K), those
-    columns of b along k. Where flags[5] is set, each block of columns then gets `finish`
-    while it is in cache."""
+              channel0, shift):
+    """c[first:stop, shift + lo:shift + hi] = a[first:stop] @ b[:, lo:hi]: a (M, K), b
+    (K, P), c (M, shift + P at least), unit-strided rows, lo a whole number of tiles'
+    columns, hi too unless it is P, whose columns past the last whole vector are
+    `tail_dot`s with tail_b (LANES, K), those columns of b along k. Where flags[5] is set,
+    each block of c's columns then gets `finish` while it is in cache (residual's columns
+    as c's)."""
     k_ = a.shape[1]
     p_ = b.shape[1]
     whole = p_ // LANES * LANES
@@ -114,15 +123,15 @@ def part_body(a, b, c, first, stop, lo, hi, tail_b, per_channel, residual, flags
                 for j in range(j0, j1, VECTORS * LANES):
                     vectors = min(VECTORS, (j1 - j) // LANES)
                     if k0 == 0:
-                        tile(rows, vectors, a, i, k0, b, j, k0, c, i, j, kc)
+                        tile(rows, vectors, a, i, k0, b, j, k0, c, i, shift + j, kc)
                     else:
-                        tile_add(rows, vectors, a, i, k0, b, j, k0, c, i, j, kc)
+                        tile_add(rows, vectors, a, i, k0, b, j, k0, c, i, shift + j, kc)
                 if tail:
-                    tail_dot(a, i, i + rows, k0, kc, tail_b, p_ - whole, c, whole, k0 > 0,
-                             zero)
+                    tail_dot(a, i, i + rows, k0, kc, tail_b, p_ - whole, c, shift + whole,
+                             k0 > 0, zero)
         if flags[5] != 0:
-            finish(c, first, stop, j0, p_ if tail else j1, per_channel, residual, flags,
-                   zero, channel0)
+            finish(c, first, stop, shift + j0, shift + (p_ if tail else j1), per_channel,
+                   residual, flags, zero, channel0)
 
 
 def stack_body(a, b, c, tail_b, parts, by_columns, per_channel, residual, flags, zero):
@@ -152,7 +161,33 @@ def stack_body(a, b, c, tail_b, parts, by_columns, per_channel, residual, flags,
             first, stop = min(m_, q * per), min(m_, q * per + per)
         if first < stop and lo < hi:
             part_body(a[i], b[i], c[i], first, stop, lo, hi, tail_b[i], per_channel,
-                      residual[i], flags, zero, i * m_)
+                      residual[i], flags, zero, i * m_, 0)
+
+
+def windows_body(x, w, c, geometries, rows, scratch, tail_b, parts, per_channel, residual,
+                 flags, zero):
+    """c (M, OH OW) = w (M, K) @ the windows of x (1, C, H, W), K = C kh kw in im2col's
+    order, without ever writing them whole: the output rows in blocks of `rows`, block b
+    unfolded by geometries[b] (its rows' own: padding moved, height) into a part's
+    scratch (K, its rows OW), then multiplied there by part_body (and the epilogue,
+    flags[5], residual (M, OH OW)), `parts` parts of the blocks at once on Numba's
+    threads. tail_b (parts, LANES, K): each part's tail."""
+    m_, k_ = w.shape
+    blocks = geometries.shape[0]
+    for q in prange(parts):
+        for index in range(blocks * q // parts, blocks * (q + 1) // parts):
+            g = geometries[index]
+            height, ow_ = g[8], g[9]
+            width = height * ow_
+            window = scratch[q, :k_ * width]
+            unfold(x, window.reshape((k_, height, ow_)), g, zero, 0, k_)
+            cols = window.reshape((k_, width))
+            whole = width // LANES * LANES
+            for k in range(k_):
+                for j in range(whole, width):
+                    tail_b[q, j - whole, k] = cols[k, j]
+            part_body(w, cols, c, 0, m_, 0, width, tail_b[q], per_channel, residual, flags,
+                      zero, 0, index * rows * ow_)
 
 
 # ---------------------------------------------------------------- compilation
@@ -166,7 +201,9 @@ def compiled(dtype: np.dtype, parallel: bool = True, layout: str = "A") -> Any:
                              layout, parallel=parallel)
 
 
-def _make(dtype: np.dtype, parallel: bool, layout: str) -> tuple[Any, tuple]:
+def _scope(dtype: np.dtype, parallel: bool) -> dict[str, Any]:
+    """The kernel bodies' globals for dtype: the tiles' intrinsics, the helpers compiled
+    (inlined), prange Numba's or range."""
     nb = jit.numba()
     scope: dict[str, Any] = dict(stack_body.__globals__)
     scope["LANES"] = tiles.lanes(dtype)
@@ -178,17 +215,47 @@ def _make(dtype: np.dtype, parallel: bool, layout: str) -> tuple[Any, tuple]:
     for helper in (finish, part_body):
         scope[helper.__name__] = nb.njit(inline="always", **jit.JIT_OPTIONS)(
             jit.rebound(helper, scope))
+    return scope
+
+
+def _epilogue_types(dtype: np.dtype, residual: Any) -> tuple:
+    nb = jit.numba()
+    return (jit.array_type(dtype, 2, "C", readonly=True), residual,
+            jit.array_type(np.dtype(np.uint8), 1, "C", readonly=True), nb.from_dtype(dtype))
+
+
+def _make(dtype: np.dtype, parallel: bool, layout: str) -> tuple[Any, tuple]:
+    nb = jit.numba()
     signature = (jit.array_type(dtype, 3, layout, readonly=True),
                  jit.array_type(dtype, 3, layout, readonly=True),
                  jit.array_type(dtype, 3, layout),
-                 jit.array_type(dtype, 3, "C"), nb.int64,
-                 nb.boolean, jit.array_type(dtype, 2, "C", readonly=True),
-                 jit.array_type(dtype, 3, layout, readonly=True),
-                 jit.array_type(np.dtype(np.uint8), 1, "C", readonly=True),
-                 nb.from_dtype(dtype))
-    body = jit.rebound(stack_body, scope)
+                 jit.array_type(dtype, 3, "C"), nb.int64, nb.boolean,
+                 *_epilogue_types(dtype, jit.array_type(dtype, 3, layout, readonly=True)))
+    body = jit.rebound(stack_body, _scope(dtype, parallel))
     body.__qualname__ = f"stack_body_{'parallel' if parallel else 'serial'}_{layout}"
     return jit.depending_on(body, tiles, epilogue_pass), signature
+
+
+def windows_compiled(dtype: np.dtype, parallel: bool = True) -> Any:
+    """windows_body compiled for `dtype`, as a parallel loop or a plain one; cached on
+    disk, once a process."""
+    return jit.compiled_once((windows_body, dtype, parallel), _make_windows, dtype, parallel,
+                             parallel=parallel)
+
+
+def _make_windows(dtype: np.dtype, parallel: bool) -> tuple[Any, tuple]:
+    nb = jit.numba()
+    scope = _scope(dtype, parallel)
+    scope["unfold"] = conv_kernels.compiled(conv_kernels.unfold_body, dtype)
+    signature = (jit.array_type(dtype, 4, "C", readonly=True),
+                 jit.array_type(dtype, 2, "C", readonly=True),
+                 jit.array_type(dtype, 2, "C"),
+                 jit.array_type(np.dtype(np.int64), 2, "C", readonly=True), nb.int64,
+                 jit.array_type(dtype, 2, "C"), jit.array_type(dtype, 3, "C"), nb.int64,
+                 *_epilogue_types(dtype, jit.array_type(dtype, 2, "C", readonly=True)))
+    body = jit.rebound(windows_body, scope)
+    body.__qualname__ = f"windows_body_{'parallel' if parallel else 'serial'}"
+    return jit.depending_on(body, tiles, epilogue_pass, conv_kernels), signature
 
 
 # ---------------------------------------------------------------- entry point
@@ -271,6 +338,67 @@ def matmul(a: np.ndarray, b: np.ndarray, c: np.ndarray, threads: int,
         compiled(dtype, True, layout)(a, b, c, tail_b, parts, by_columns, *finishing)
     else:
         compiled(dtype, False, layout)(a, b, c, tail_b, 1, False, *finishing)
+    return c
+
+
+# A part's windows (windows_matmul), in L2 with the weights (at most WEIGHT_BYTES: every
+# block reads them all) and the block of results. With larger weights, or blocks
+# narrower than NC columns (many channels: K = C kh kw large), im2col then `matmul` was
+# faster (ResNet-50's 3x3 and 1x1 stride-2 convolutions: 1.04-2.1x the time fused), as
+# it was where the windows fit in a part's scratch anyway.
+WINDOW_BYTES = 512 * 1024
+WEIGHT_BYTES = 64 * 1024
+
+
+def windows_pay(m: int, k: int, pixels: int, dtype: np.dtype) -> bool:
+    """Whether `windows_matmul` runs M x K weights on K x pixels windows (rather than
+    im2col then `matmul`): small weights, many windows (a first layer: a stem's 64 x 147
+    on 147 x 12544, 2.3 -> 1.7 ms, medians in turns)."""
+    size = np.dtype(dtype).itemsize
+    return (m * k * size <= WEIGHT_BYTES and k * pixels * size > 2 * WINDOW_BYTES
+            and WINDOW_BYTES // max(1, k * size) >= NC)
+
+
+def windows_matmul(x: np.ndarray, w: np.ndarray, c: np.ndarray, geometry: np.ndarray,
+                   threads: int, epilogue: Epilogue | None = None) -> np.ndarray:
+    """c (M, OH OW) = w (M, K) @ the windows of x (1, C, H, W) that im2col would write
+    (pullback.kernels.conv.unfold; `geometry` theirs, laid out (1, C, kh, kw, OH, OW)
+    C-contiguous; K = C kh kw), each block of output rows unfolded into a part's scratch
+    (WINDOW_BYTES) and multiplied while it is in cache, never the whole: over `threads`
+    threads at most, then `epilogue` (its residual (1, M, OH OW)) as the blocks are
+    stored. Returns c."""
+    dtype = check_dtype("windows_matmul", [x, w, c])
+    kh, kw, sh, oh, ow = (int(geometry[i]) for i in (0, 1, 2, 8, 9))
+    k = x.shape[1] * kh * kw if x.ndim == 4 else -1
+    if x.ndim != 4 or len(x) != 1 or w.ndim != 2 or w.shape[1] != k or \
+            c.shape != (w.shape[0], oh * ow):
+        raise KernelError("windows_matmul", [x, w, c], f"expected x (1, C, H, W), w (M, C "
+                          f"kh kw) and c (M, OH OW) for {kh}x{kw} windows on {oh}x{ow}")
+    if not (x.flags.c_contiguous and w.flags.c_contiguous and c.flags.c_contiguous):
+        raise KernelError("windows_matmul", [x, w, c], "every operand must be C-contiguous")
+    if np.may_share_memory(c, x) or np.may_share_memory(c, w):
+        raise KernelError("windows_matmul", [x, w, c], "the result must not overlap an operand")
+    per_channel, residual, flags, zero = _finishing(epilogue, c[None])
+    if c.size == 0:
+        return c
+    lanes = tiles.lanes(dtype)
+    rows = max(1, WINDOW_BYTES // (max(k, 1) * dtype.itemsize * ow))
+    whole_vectors = lanes // math.gcd(ow, lanes)  # rows a block of whole vectors takes
+    if rows >= whole_vectors:
+        rows -= rows % whole_vectors
+    blocks = -(-oh // rows)
+    starts = np.arange(blocks, dtype=np.int64) * rows
+    geometries = np.repeat(geometry[None], blocks, axis=0)
+    geometries[:, 4] -= starts * sh  # block b's rows read x from row b rows sh - ph
+    geometries[:, 8] = np.minimum(rows, oh - starts)
+    parallel = threads > 1 and not _inherited
+    parts = min(blocks, threads) if parallel else 1
+    if parallel:
+        starting()
+    windows_compiled(dtype, parallel)(
+        x, w, c, geometries, rows, np.empty((parts, k * rows * ow), dtype),
+        np.empty((parts, lanes, k), dtype), parts, per_channel,
+        np.ascontiguousarray(residual[0]), flags, zero)
     return c
 
 

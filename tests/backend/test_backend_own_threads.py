@@ -80,6 +80,41 @@ def test_a_batch_of_one_on_pullbacks_threads_matches_torch(monkeypatch, counted,
     np.testing.assert_allclose(got, blas_way, rtol=TOL[dtype], atol=TOL[dtype])
 
 
+# (C, H, W), (O, kh, kw), stride, padding, dilation: im2col's paths, fused
+FUSED = [((3, 30, 30), (16, 7, 7), 2, 3, 1), ((5, 9, 9), (20, 3, 3), 2, 1, 1),
+         ((4, 11, 11), (12, 3, 3), 1, 2, 2)]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("case", FUSED, ids=["stem", "strided", "dilated"])
+def test_first_layers_multiply_their_windows_as_they_make_them(monkeypatch, case, dtype):
+    # windows_matmul in place of im2col then the product, its blocks a few rows each
+    monkeypatch.setattr(backend_conv, "OWN_THREADS_FORCED", True)
+    monkeypatch.setattr(products, "windows_pay", lambda *_: True)
+    monkeypatch.setattr(products, "WINDOW_BYTES", 4000)
+    fused = []
+    run = products.windows_matmul
+    monkeypatch.setattr(products, "windows_matmul",
+                        lambda *args: fused.append(args[-1]) or run(*args))
+    (c, h, w), (o, kh, kw), stride, padding, dilation = case
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((1, c, h, w)).astype(dtype)
+    weight = (rng.standard_normal((o, c, kh, kw)) / np.sqrt(c * kh * kw)).astype(dtype)
+    bias = rng.standard_normal(o).astype(dtype)
+    expected = F.conv2d(torch.from_numpy(x), torch.from_numpy(weight), torch.from_numpy(bias),
+                        stride, padding, dilation).numpy()
+    residual = rng.standard_normal(expected.shape).astype(dtype)
+    pair = (stride, stride), (padding, padding), (dilation, dilation)
+    got = CpuBackend().conv2d_epilogue(x, weight, bias, None, None, residual, True, *pair, 1,
+                                       out=np.full(expected.shape, np.nan, dtype))
+    np.testing.assert_allclose(got, np.maximum(expected + residual, 0), rtol=TOL[dtype],
+                               atol=TOL[dtype])
+    plain = backend_conv.conv2d(x, weight, *pair)  # no epilogue
+    np.testing.assert_allclose(plain, expected - bias[:, None, None], rtol=TOL[dtype],
+                               atol=TOL[dtype])
+    assert len(fused) == 2 and fused[0] is not None and fused[1] is None
+
+
 def test_the_rule_a_batch_of_one_outside_a_split(monkeypatch, counted):
     monkeypatch.setattr(products, "threads", lambda: 2)
     monkeypatch.setattr(blas, "threads", lambda: 2)

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from pullback.errors import KernelError
+from pullback.kernels import conv as conv_kernels
 from pullback.kernels import direct, jit, products
 
 # (n, M, K, P): ResNet-50's shapes at batch 1 and the tiling's edges.
@@ -184,3 +185,111 @@ def test_the_kernel_is_named_after_the_tiles_and_the_epilogue_it_compiles_in():
     name = products.compiled(np.dtype(np.float32)).py_func.__qualname__
     assert name.startswith("stack_body_parallel_A_")
     assert name.endswith(both.rsplit("_", 1)[1]) and not name.endswith(tiles_only.rsplit("_", 1)[1])
+
+
+# ---------------------------------------------------------------- windows_matmul
+# (C, H, W), (M, kh, kw), stride, padding, dilation, a part's scratch in bytes: blocks
+# of output rows whose columns end mid-vector, a last block shorter than the others.
+WINDOW_CASES = [
+    ((3, 30, 30), (16, 7, 7), 2, 3, 1, 6000),  # a stem: 12 x 12 outputs, blocks of 2 rows
+    ((5, 9, 11), (7, 3, 3), 1, 1, 1, 700),  # 9 x 11 outputs, one row a block
+    ((4, 13, 12), (9, 3, 2), 2, (2, 1), 2, 2000),  # dilated, uneven padding
+    ((2, 6, 6), (3, 3, 3), 1, 0, 1, 1 << 20),  # one block
+]
+WINDOW_IDS = ["c{}x{}x{}-w{}x{}x{}".format(*case[0], *case[1]) for case in WINDOW_CASES]
+
+
+def _windows_case(case, dtype, seed=0):
+    (c, h, w), (m, kh, kw), stride, padding, dilation, _ = case
+    padding = padding if isinstance(padding, tuple) else (padding, padding)
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((1, c, h, w)).astype(dtype)
+    weights = rng.standard_normal((m, c * kh * kw)).astype(dtype)
+    out_hw = tuple((size + 2 * p - dilation * (k - 1) - 1) // stride + 1
+                   for size, p, k in zip((h, w), padding, (kh, kw)))
+    windows = np.empty((1, c, kh, kw, *out_hw), dtype)
+    geometry = conv_kernels.geometry((kh, kw), (stride, stride), padding,
+                                     (dilation, dilation), out_hw, windows)
+    conv_kernels.unfold(x, windows, geometry, 0.0)  # im2col, the way it replaces
+    return x, weights, geometry, windows.reshape(c * kh * kw, -1)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("case", WINDOW_CASES, ids=WINDOW_IDS)
+def test_windows_products_are_im2col_then_the_product_on_any_thread_count(
+        monkeypatch, case, dtype):
+    monkeypatch.setattr(products, "WINDOW_BYTES", case[-1])
+    x, weights, geometry, windows = _windows_case(case, dtype)
+    reference = weights.astype(np.float64) @ windows.astype(np.float64)
+    scale = max(1.0, np.abs(reference).max()) * np.sqrt(weights.shape[1])
+    results = []
+    for threads in (1, 2, 3):
+        c = np.full(reference.shape, np.nan, dtype)  # all must be written
+        assert products.windows_matmul(x, weights, c, geometry, threads) is c
+        np.testing.assert_allclose(c, reference, rtol=0, atol=TOL[dtype] * scale)
+        results.append(c)
+    for other in results[1:]:
+        np.testing.assert_array_equal(other, results[0])
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_windows_products_apply_the_epilogue_as_they_store(monkeypatch, dtype):
+    monkeypatch.setattr(products, "WINDOW_BYTES", 6000)
+    x, weights, geometry, windows = _windows_case(WINDOW_CASES[0], dtype, seed=4)
+    m, p = weights.shape[0], windows.shape[1]
+    rng = np.random.default_rng(5)
+    bias, scale, shift = (rng.standard_normal(m).astype(dtype) for _ in range(3))
+    residual = rng.standard_normal((1, m, p)).astype(dtype)
+    c = np.full((m, p), np.nan, dtype)
+    products.windows_matmul(x, weights, c, geometry, 2,
+                            products.Epilogue(bias, scale, shift, residual, True))
+    product = weights.astype(np.float64) @ windows.astype(np.float64)
+    want = np.maximum((product + bias[:, None]) * scale[:, None] + shift[:, None]
+                      + residual[0], 0)
+    np.testing.assert_allclose(c, want, rtol=TOL[dtype] * 100, atol=TOL[dtype] * 100)
+    assert (c == 0).any() and (c > 0).any()  # relu had work to do
+
+
+def test_windows_products_refuse_what_they_cannot_take():
+    x, weights, geometry, windows = _windows_case(WINDOW_CASES[1], np.float32)
+    c = np.empty((weights.shape[0], windows.shape[1]), np.float32)
+    with pytest.raises(KernelError, match=r"windows_matmul: .*w \(M, C kh kw\)"):
+        products.windows_matmul(x, weights[:, 1:], c, geometry, 2)
+    with pytest.raises(KernelError, match=r"windows_matmul: .*C-contiguous"):
+        products.windows_matmul(x, weights, np.empty(c.shape[::-1], np.float32).T, geometry,
+                                2)
+    with pytest.raises(KernelError, match=r"windows_matmul: .*mixed dtypes"):
+        products.windows_matmul(x.astype(np.float64), weights, c, geometry, 2)
+
+
+def test_windows_products_pay_for_first_layers_only():
+    f32 = np.dtype(np.float32)
+    assert products.windows_pay(64, 147, 112 * 112, f32)  # ResNet-50's stem
+    assert not products.windows_pay(64, 147, 12 * 12, f32)  # its windows fit a scratch
+    assert not products.windows_pay(512, 256, 28 * 28, f32)  # weights of 512 KiB
+    assert not products.windows_pay(128, 1152, 28 * 28, f32)  # blocks too narrow
+
+
+def test_the_plain_python_windows_body_gives_the_compiled_result(monkeypatch):
+    monkeypatch.setattr(products, "WINDOW_BYTES", 700)
+    x, weights, geometry, windows = _windows_case(WINDOW_CASES[1], np.float64, seed=6)
+    m, k, p = weights.shape[0], weights.shape[1], windows.shape[1]
+    compiled = np.empty((m, p))
+    products.windows_matmul(x, weights, compiled, geometry, 2)
+    lanes = 4  # float64's
+    scope = dict(products.windows_body.__globals__, LANES=lanes, prange=range)
+    oracle = jit.rebound(direct.tile, dict(direct.tile.__globals__, LANES=lanes))
+    oracle_add = jit.rebound(direct.tile_add, dict(direct.tile_add.__globals__, LANES=lanes))
+    oracle.__globals__["tile_add"] = oracle_add
+    scope.update(tile=oracle, tile_add=oracle_add, finish=products.finish)
+    scope["part_body"] = jit.rebound(products.part_body, scope)
+    rows, height = 1, int(geometry[8])  # 700 bytes: one output row a block
+    geometries = np.repeat(geometry[None], height, axis=0)
+    geometries[:, 4] -= np.arange(height) * geometry[2]
+    geometries[:, 8] = 1
+    c = np.full((m, p), np.nan)
+    jit.rebound(products.windows_body, scope)(
+        x, weights, c, geometries, rows, np.empty((2, k * geometry[9])),
+        np.empty((2, lanes, k)), 2, np.empty((3, 0)), np.empty((0, 0)),
+        np.zeros(6, np.uint8), 0.0)
+    np.testing.assert_allclose(c, compiled, rtol=1e-13, atol=1e-13)
