@@ -14,12 +14,15 @@ Each product is cut into parts of a[i]'s rows or of b[i]'s columns, one part a t
 in column blocks (NC columns: the block of b stays in L2), k in blocks of KC (a tile's
 rows of a stay in L1), and its rows ROWS at a time, each tile ROWS x VECTORS SIMD
 vectors of results held in registers while k runs (pullback.kernels.tiles' intrinsic,
-b read through its row stride). Each result is its row of a times its column of b summed
-in k order, KC at a time, except in the columns past the last whole vector (49 = 6 x 8 + 1
-on a 7x7 map, float32): a tile would spend a whole vector's multiply-adds and a row's
-broadcasts on each, so these are dot products of a's rows with a copy of the columns laid
-along k, summed a vector of k at a time (`tail_dot`; ResNet-50's 7x7 products took
-11-16% less time so). Either way, the same bits whichever thread runs it.
+b read through its row stride), vectors of 512 bits where the CPU has AVX-512 (`_lanes`;
+ResNet-50's products took 0.80-0.95x the time of 256-bit ones, though Zen 4 splits each
+into two halves: half the instructions and loads). Each result is its row of a times its
+column of b summed in k order, KC at a time, except in the columns past the last whole
+vector (49 = 3 x 16 + 1 on a 7x7 map, float32): a tile would spend a whole vector's
+multiply-adds and a row's broadcasts on each, so these are dot products of a's rows with
+a copy of the columns laid along k, summed a vector of k at a time (`tail_dot`;
+ResNet-50's 7x7 products took 11-16% less time so, in 256-bit vectors). Either way, the
+same bits whichever thread runs it.
 
 A first layer's convolution (few channels, a large map: a stem's 3 x 7 x 7 windows on
 112 x 112 outputs, 7.4 MB of them) need not write its windows whole: `windows_matmul`
@@ -46,7 +49,7 @@ from pullback.kernels import epilogue as epilogue_pass
 from pullback.kernels.conv import check_dtype
 from pullback.kernels.epilogue import finished
 
-ROWS = 8  # rows of a (and c) per tile: with VECTORS, 24 accumulators of 32 registers
+ROWS = 8  # rows of a (and c) per tile: with VECTORS, 24 accumulators of AVX-512's 32
 VECTORS = 3  # SIMD vectors of columns per tile
 KC = 256  # k per pass over a tile: a tile's rows of a, 8 KiB (float32), stay in L1
 NC = 384  # columns per block: with KC rows of b, 384 KiB (float32), in L2
@@ -197,8 +200,13 @@ def compiled(dtype: np.dtype, parallel: bool = True, layout: str = "A") -> Any:
     """stack_body compiled for `dtype`, as a parallel loop or a plain one, for stacks of
     any strides ("A") or C-contiguous ones ("C": the epilogue's loops vectorize only
     where a row's stride is known), its tiles LLVM IR; cached on disk, once a process."""
-    return jit.compiled_once((stack_body, dtype, parallel, layout), _make, dtype, parallel,
-                             layout, parallel=parallel)
+    return jit.compiled_once((stack_body, dtype, parallel, layout, _lanes(dtype)), _make,
+                             dtype, parallel, layout, parallel=parallel)
+
+
+def _lanes(dtype: np.dtype) -> int:
+    """Values per SIMD vector of the products' tiles: the widest vectors here."""
+    return tiles.lanes(dtype, tiles.widest_bytes())
 
 
 def _scope(dtype: np.dtype, parallel: bool) -> dict[str, Any]:
@@ -206,10 +214,11 @@ def _scope(dtype: np.dtype, parallel: bool) -> dict[str, Any]:
     (inlined), prange Numba's or range."""
     nb = jit.numba()
     scope: dict[str, Any] = dict(stack_body.__globals__)
-    scope["LANES"] = tiles.lanes(dtype)
+    scope["LANES"] = _lanes(dtype)
     scope["prange"] = nb.prange if parallel else range
-    scope["tile"] = tiles.tile_switch_intrinsic(SHAPES)
-    scope["tile_add"] = tiles.tile_switch_intrinsic(SHAPES, accumulate=True)
+    width = tiles.widest_bytes()
+    scope["tile"] = tiles.tile_switch_intrinsic(SHAPES, vector_bytes=width)
+    scope["tile_add"] = tiles.tile_switch_intrinsic(SHAPES, accumulate=True, vector_bytes=width)
     scope["finished"] = nb.njit(inline="always", **jit.JIT_OPTIONS)(finished)
     scope["tail_dot"] = nb.njit(fastmath={"reassoc", "contract"}, **jit.JIT_OPTIONS)(tail_dot)
     for helper in (finish, part_body):
@@ -232,15 +241,16 @@ def _make(dtype: np.dtype, parallel: bool, layout: str) -> tuple[Any, tuple]:
                  jit.array_type(dtype, 3, "C"), nb.int64, nb.boolean,
                  *_epilogue_types(dtype, jit.array_type(dtype, 3, layout, readonly=True)))
     body = jit.rebound(stack_body, _scope(dtype, parallel))
-    body.__qualname__ = f"stack_body_{'parallel' if parallel else 'serial'}_{layout}"
+    body.__qualname__ = (f"stack_body_{'parallel' if parallel else 'serial'}_{layout}"
+                         f"_{_lanes(dtype)}")
     return jit.depending_on(body, tiles, epilogue_pass), signature
 
 
 def windows_compiled(dtype: np.dtype, parallel: bool = True) -> Any:
     """windows_body compiled for `dtype`, as a parallel loop or a plain one; cached on
     disk, once a process."""
-    return jit.compiled_once((windows_body, dtype, parallel), _make_windows, dtype, parallel,
-                             parallel=parallel)
+    return jit.compiled_once((windows_body, dtype, parallel, _lanes(dtype)), _make_windows,
+                             dtype, parallel, parallel=parallel)
 
 
 def _make_windows(dtype: np.dtype, parallel: bool) -> tuple[Any, tuple]:
@@ -254,7 +264,7 @@ def _make_windows(dtype: np.dtype, parallel: bool) -> tuple[Any, tuple]:
                  jit.array_type(dtype, 2, "C"), jit.array_type(dtype, 3, "C"), nb.int64,
                  *_epilogue_types(dtype, jit.array_type(dtype, 2, "C", readonly=True)))
     body = jit.rebound(windows_body, scope)
-    body.__qualname__ = f"windows_body_{'parallel' if parallel else 'serial'}"
+    body.__qualname__ = f"windows_body_{'parallel' if parallel else 'serial'}_{_lanes(dtype)}"
     return jit.depending_on(body, tiles, epilogue_pass, conv_kernels), signature
 
 
@@ -321,7 +331,7 @@ def matmul(a: np.ndarray, b: np.ndarray, c: np.ndarray, threads: int,
         c[...] = 0
         if epilogue is None:
             return c
-    lanes = tiles.lanes(dtype)
+    lanes = _lanes(dtype)
     tail_b = np.empty((n, b.shape[2] % lanes, k), dtype)
     # One matrix a thread where the stack has enough of them to keep every thread busy;
     # else each matrix cut over the threads: by columns where b has at least twice a's
@@ -381,7 +391,7 @@ def windows_matmul(x: np.ndarray, w: np.ndarray, c: np.ndarray, geometry: np.nda
     per_channel, residual, flags, zero = _finishing(epilogue, c[None])
     if c.size == 0:
         return c
-    lanes = tiles.lanes(dtype)
+    lanes = _lanes(dtype)
     rows = max(1, WINDOW_BYTES // (max(k, 1) * dtype.itemsize * ow))
     whole_vectors = lanes // math.gcd(ow, lanes)  # rows a block of whole vectors takes
     if rows >= whole_vectors:

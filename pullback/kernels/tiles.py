@@ -20,6 +20,7 @@ purpose: Numba's disk cache notices an edit to a kernel's own file only.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -32,11 +33,25 @@ from pullback.kernels.conv import check_dtype
 MR = 4  # rows of A (and of C) per tile
 VECTORS = 3  # SIMD vectors per tile row: 12 accumulators, 2 registers of AVX2's 16 left
 VECTOR_BYTES = 32  # 256 bits
+WIDE_BYTES = 64  # AVX-512's 512 bits
 
 
-def lanes(dtype: np.dtype) -> int:
-    """Values per SIMD vector: 8 float32, 4 float64."""
-    return VECTOR_BYTES // np.dtype(dtype).itemsize
+@functools.cache
+def widest_bytes() -> int:
+    """The widest SIMD vector Numba compiles for here, in bytes: WIDE_BYTES where its
+    target (the host, unless NUMBA_CPU_NAME names another) has AVX-512F, else
+    VECTOR_BYTES."""
+    config = jit.numba().config
+    if config.CPU_NAME and config.CPU_NAME != "host":
+        return WIDE_BYTES if "+avx512f" in (config.CPU_FEATURES or "") else VECTOR_BYTES
+    from llvmlite import binding  # type: ignore[import-untyped]
+
+    return WIDE_BYTES if binding.get_host_cpu_features().get("avx512f") else VECTOR_BYTES
+
+
+def lanes(dtype: np.dtype, vector_bytes: int = VECTOR_BYTES) -> int:
+    """Values per SIMD vector: 8 float32, 4 float64 (of 256 bits)."""
+    return vector_bytes // np.dtype(dtype).itemsize
 
 
 def panel_width(dtype: np.dtype) -> int:
@@ -191,11 +206,13 @@ def tile_intrinsic(rows: int, vectors: int = VECTORS) -> Any:
     return intrinsic(typer)
 
 
-def tile_switch_intrinsic(shapes: Sequence[tuple[int, int]], accumulate: bool = False) -> Any:
+def tile_switch_intrinsic(shapes: Sequence[tuple[int, int]], accumulate: bool = False,
+                          vector_bytes: int = VECTOR_BYTES) -> Any:
     """`tile` as one intrinsic taking its shape at run time: tile(rows, vectors, a, i,
     ka, b, panel, kb, c, ic, jc, k) runs `tile_intrinsic(rows, vectors)`'s loop for
     each (rows, vectors) in `shapes` (a switch in LLVM IR), nothing for any other. With
-    `accumulate` the tile adds its products to c's values instead of replacing them."""
+    `accumulate` the tile adds its products to c's values instead of replacing them. Its
+    vectors are `vector_bytes` wide (`lanes(dtype, vector_bytes)` values)."""
     from llvmlite import ir  # type: ignore[import-untyped]
     from numba import types
     from numba.extending import intrinsic
@@ -215,7 +232,7 @@ def tile_switch_intrinsic(shapes: Sequence[tuple[int, int]], accumulate: bool = 
             switch.add_case(ir.Constant(i64, vectors * 256 + rows), block)
             builder.position_at_end(block)
             _emit_tile(context, builder, signature.args[2:], args[2:], rows, vectors,
-                       accumulate)
+                       accumulate, vector_bytes)
             builder.branch(end)
         builder.position_at_end(end)
         return context.get_dummy_value()
@@ -224,7 +241,8 @@ def tile_switch_intrinsic(shapes: Sequence[tuple[int, int]], accumulate: bool = 
 
 
 def _emit_tile(context: Any, builder: Any, types_: Sequence[Any], args: Sequence[Any],
-               rows: int, vectors: int, accumulate: bool = False) -> None:
+               rows: int, vectors: int, accumulate: bool = False,
+               vector_bytes: int = VECTOR_BYTES) -> None:
     """The IR of one `tile` of rows x vectors (`tile_intrinsic`), from the builder's
     block; the builder is left after the tile's stores. `accumulate`: the sums start
     from c's values, not zero."""
@@ -244,7 +262,7 @@ def _emit_tile(context: Any, builder: Any, types_: Sequence[Any], args: Sequence
     c_step = cgutils.unpack_tuple(builder, arrays[2].strides)[0]
     b_step = cgutils.unpack_tuple(builder, arrays[1].strides)[1 if packed else 0]
     dtype = np.dtype(str(aty.dtype))
-    width, align = lanes(dtype), dtype.itemsize
+    width, align = lanes(dtype, vector_bytes), dtype.itemsize
     scalar = context.get_value_type(aty.dtype)
     vec = ir.VectorType(scalar, width)
     vptr, sptr = vec.as_pointer(), scalar.as_pointer()

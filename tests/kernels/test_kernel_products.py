@@ -15,7 +15,7 @@ import pytest
 
 from pullback.errors import KernelError
 from pullback.kernels import conv as conv_kernels
-from pullback.kernels import direct, jit, products
+from pullback.kernels import direct, jit, products, tiles
 
 # (n, M, K, P): ResNet-50's shapes at batch 1 and the tiling's edges.
 SHAPES = [
@@ -132,7 +132,7 @@ def test_the_plain_python_bodies_give_the_compiled_results(shape):
     # stack_body and part_body run as Python, their tiles direct's plain oracles.
     a, b = _operands(shape, np.float64, seed=2)
     n, m, k, p = shape
-    lanes = 4  # float64's
+    lanes = 4  # float64 in 256-bit vectors: the oracle takes any width
     scope = dict(products.stack_body.__globals__, LANES=lanes, prange=range)
     oracle = jit.rebound(direct.tile, dict(direct.tile.__globals__, LANES=lanes))
     oracle_add = jit.rebound(direct.tile_add, dict(direct.tile_add.__globals__, LANES=lanes))
@@ -276,7 +276,7 @@ def test_the_plain_python_windows_body_gives_the_compiled_result(monkeypatch):
     m, k, p = weights.shape[0], weights.shape[1], windows.shape[1]
     compiled = np.empty((m, p))
     products.windows_matmul(x, weights, compiled, geometry, 2)
-    lanes = 4  # float64's
+    lanes = 4  # float64 in 256-bit vectors: the oracle takes any width
     scope = dict(products.windows_body.__globals__, LANES=lanes, prange=range)
     oracle = jit.rebound(direct.tile, dict(direct.tile.__globals__, LANES=lanes))
     oracle_add = jit.rebound(direct.tile_add, dict(direct.tile_add.__globals__, LANES=lanes))
@@ -293,3 +293,25 @@ def test_the_plain_python_windows_body_gives_the_compiled_result(monkeypatch):
         np.empty((2, lanes, k)), 2, np.empty((3, 0)), np.empty((0, 0)),
         np.zeros(6, np.uint8), 0.0)
     np.testing.assert_allclose(c, compiled, rtol=1e-13, atol=1e-13)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_products_in_256_bit_vectors_where_the_cpu_has_no_avx512(monkeypatch, dtype):
+    monkeypatch.setattr(tiles, "widest_bytes", lambda: tiles.VECTOR_BYTES)
+    assert products._lanes(np.dtype(dtype)) == tiles.VECTOR_BYTES // np.dtype(dtype).itemsize
+    for shape in [(1, 2048, 512, 49), (1, 13, 600, 403), (36, 64, 64, 196)]:
+        a, b = _operands(shape, dtype)
+        reference = np.matmul(a.astype(np.float64), b.astype(np.float64))
+        scale = max(1.0, np.abs(reference).max()) * np.sqrt(shape[2])
+        c = products.matmul(a, b, np.full(reference.shape, np.nan, dtype), 2)
+        np.testing.assert_allclose(c, reference, rtol=0, atol=TOL[dtype] * scale)
+
+
+def test_the_widest_vectors_follow_numbas_target(monkeypatch):
+    config = jit.numba().config
+    monkeypatch.setattr(config, "CPU_NAME", "generic")
+    monkeypatch.setattr(config, "CPU_FEATURES", "")
+    assert tiles.widest_bytes.__wrapped__() == tiles.VECTOR_BYTES
+    monkeypatch.setattr(config, "CPU_NAME", "skylake-avx512")
+    monkeypatch.setattr(config, "CPU_FEATURES", "+avx2,+avx512f,+fma")
+    assert tiles.widest_bytes.__wrapped__() == tiles.WIDE_BYTES
