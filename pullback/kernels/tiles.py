@@ -7,10 +7,12 @@ third of the call, and one thread ran it at 73 GFLOP/s where this runs it at 94-
 B is packed once (`pack`): panels of NR columns, each panel's K rows of NR values
 contiguous, so one pass over a panel reads memory in order. The product then walks the
 panels, and in each the rows of A four at a time: a tile of 4 x NR results is held in
-12 SIMD registers (3 vectors of 256 bits a row: NR = 24 float32 or 12 float64) while k
-runs over A's columns, each step one vector load per B vector, one broadcast per A
-row and 12 fused multiply-adds (`tile`). Each result is its row of A times its column
-of B summed in k order: the same bits whichever rows a caller passes together.
+12 SIMD registers (3 vectors a row, of 512 bits where the CPU has AVX-512, else 256: NR =
+48 or 24 float32, 24 or 12 float64; the wider ones took an LSTM step's 32 x 256 x 1024
+product 0.85-0.9x the time, medians) while k runs over A's columns, each step one vector
+load per B vector, one broadcast per A row and 12 fused multiply-adds (`tile`). Each
+result is its row of A times its column of B summed in k order: the same bits whichever
+rows a caller passes together.
 
 `tile` is a plain-Python oracle; compiled, it is LLVM IR written here (a Numba
 intrinsic per number of rows, 1 to 4), since LLVM does not find this register tiling
@@ -55,8 +57,10 @@ def lanes(dtype: np.dtype, vector_bytes: int = VECTOR_BYTES) -> int:
 
 
 def panel_width(dtype: np.dtype) -> int:
-    """NR, the columns of B per packed panel (and of C per tile): 24 float32, 12 float64."""
-    return VECTORS * lanes(dtype)
+    """NR, the columns of B per packed panel (and of C per tile): VECTORS of the widest
+    vectors here (`widest_bytes`), 48 float32 and 24 float64 with AVX-512, else 24 and
+    12."""
+    return VECTORS * lanes(dtype, widest_bytes())
 
 
 class Packed(NamedTuple):
@@ -149,7 +153,7 @@ def product_body(a, packed, out, edge):
 def compiled(dtype: np.dtype) -> Any:
     """product_body compiled for `dtype`, `tile` as LLVM IR; cached on disk, once per
     process."""
-    return jit.compiled_once((product_body, dtype), _make, dtype)
+    return jit.compiled_once((product_body, dtype, widest_bytes()), _make, dtype)
 
 
 def body_in(dtype: np.dtype) -> Any:
@@ -162,7 +166,8 @@ def _make(dtype: np.dtype) -> tuple[Any, tuple]:
     """product_body in `dtype`, `tile` the intrinsics (one per row count) and
     store_tile compiled into it."""
     nb = jit.numba()
-    one, two, three, four = (tile_intrinsic(rows) for rows in range(1, MR + 1))
+    one, two, three, four = (tile_intrinsic(rows, vector_bytes=widest_bytes())
+                             for rows in range(1, MR + 1))
 
     @nb.njit(inline="always", **jit.JIT_OPTIONS)
     def compiled_tile(rows, a, i, ka, b, panel, kb, c, ic, jc, k):
@@ -181,10 +186,12 @@ def _make(dtype: np.dtype) -> tuple[Any, tuple]:
     signature = (jit.array_type(dtype, 2, "C", readonly=True),
                  jit.array_type(dtype, 3, "C", readonly=True),
                  jit.array_type(dtype, 2, "C"), jit.array_type(dtype, 2, "C"))
-    return jit.rebound(product_body, scope), signature
+    body = jit.rebound(product_body, scope)
+    body.__qualname__ = f"product_body_{widest_bytes()}"  # its disk cache's, per width
+    return body, signature
 
 
-def tile_intrinsic(rows: int, vectors: int = VECTORS) -> Any:
+def tile_intrinsic(rows: int, vectors: int = VECTORS, vector_bytes: int = VECTOR_BYTES) -> Any:
     """`tile` for `rows` rows and `vectors` SIMD vectors of columns as a Numba
     intrinsic: the loop over k in LLVM IR, the tile's rows x vectors accumulators in
     SIMD registers (phi nodes), one fused multiply-add (llvm.fma) per accumulator and k;
@@ -200,7 +207,7 @@ def tile_intrinsic(rows: int, vectors: int = VECTORS) -> Any:
         return sig, codegen
 
     def codegen(context, builder, signature, args):
-        _emit_tile(context, builder, signature.args, args, rows, vectors)
+        _emit_tile(context, builder, signature.args, args, rows, vectors, False, vector_bytes)
         return context.get_dummy_value()
 
     return intrinsic(typer)

@@ -27,6 +27,24 @@ def test_product_matches_numpy(m, k, n, dtype, rng):
     np.testing.assert_allclose(out, want, rtol=tol, atol=tol)
 
 
+@pytest.mark.parametrize("width", [tiles.VECTOR_BYTES, tiles.WIDE_BYTES])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_panels_and_tiles_take_either_vector_width(monkeypatch, dtype, width, rng):
+    # 512-bit vectors where Numba's target has AVX-512, 256-bit ones elsewhere; each
+    # width's kernel is its own (a stale one would read panels of the other's width).
+    monkeypatch.setattr(tiles, "widest_bytes", lambda: width)
+    assert tiles.panel_width(dtype) == tiles.VECTORS * width // np.dtype(dtype).itemsize
+    for m, k, n in [(9, 33, 49), (32, 256, 1024)]:
+        a = rng.standard_normal((m, k)).astype(dtype)
+        b = rng.standard_normal((k, n)).astype(dtype)
+        packed = tiles.pack(b)
+        assert packed.panels.shape[2] == tiles.panel_width(dtype)
+        out = tiles.product(a, packed, np.full((m, n), np.nan, dtype))
+        tol = 2e-6 * k ** 0.5 if dtype == np.float32 else 1e-14 * k
+        np.testing.assert_allclose(out, a.astype(np.float64) @ b.astype(np.float64),
+                                   rtol=tol, atol=tol)
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_pack_lays_panels_of_columns_padded_with_zeros(dtype, rng):
     nr = tiles.panel_width(dtype)
