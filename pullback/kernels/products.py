@@ -104,14 +104,23 @@ def tail_dot(a, first, stop, k0, kc, tail_b, width, c, column, accumulate, zero)
                 c[i, column + t] = total
 
 
+def lay_tail(b, tail_b):
+    """tail_b[t, k] = b[k, whole + t]: b's (K, P) columns past its last whole vector,
+    laid along k for `tail_dot`."""
+    whole = b.shape[1] // LANES * LANES
+    for k in range(b.shape[0]):
+        for j in range(whole, b.shape[1]):
+            tail_b[j - whole, k] = b[k, j]
+
+
 def part_body(a, b, c, first, stop, lo, hi, tail_b, per_channel, residual, flags, zero,
               channel0, shift):
     """c[first:stop, shift + lo:shift + hi] = a[first:stop] @ b[:, lo:hi]: a (M, K), b
     (K, P), c (M, shift + P at least), unit-strided rows, lo a whole number of tiles'
     columns, hi too unless it is P, whose columns past the last whole vector are
-    `tail_dot`s with tail_b (LANES, K), those columns of b along k. Where flags[5] is set,
-    each block of c's columns then gets `finish` while it is in cache (residual's columns
-    as c's)."""
+    `tail_dot`s with tail_b (LANES, K), those columns of b along k (`lay_tail`). Where
+    flags[5] is set, each block of c's columns then gets `finish` while it is in cache
+    (residual's columns as c's)."""
     k_ = a.shape[1]
     p_ = b.shape[1]
     whole = p_ // LANES * LANES
@@ -143,14 +152,12 @@ def stack_body(a, b, c, tail_b, parts, by_columns, per_channel, residual, flags,
     tile's), every (matrix, part) one iteration of a parallel loop. tail_b
     (n, LANES, K): each matrix's `part_body` tail. The epilogue
     (flags[5]): matrix i's rows are channels i M.., residual[i] theirs."""
-    n_, m_, k_ = a.shape
+    n_, m_ = a.shape[:2]
     p_ = b.shape[2]
     whole = p_ // LANES * LANES
     if whole < p_:
         for i in range(n_):
-            for k in range(k_):
-                for j in range(whole, p_):
-                    tail_b[i, j - whole, k] = b[i, k, j]
+            lay_tail(b[i], tail_b[i])
     per = ((m_ + parts - 1) // parts + ROWS - 1) // ROWS * ROWS
     width = VECTORS * LANES
     units = (whole + width - 1) // width  # a tile's columns
@@ -185,10 +192,7 @@ def windows_body(x, w, c, geometries, rows, scratch, tail_b, parts, per_channel,
             window = scratch[q, :k_ * width]
             unfold(x, window.reshape((k_, height, ow_)), g, zero, 0, k_)
             cols = window.reshape((k_, width))
-            whole = width // LANES * LANES
-            for k in range(k_):
-                for j in range(whole, width):
-                    tail_b[q, j - whole, k] = cols[k, j]
+            lay_tail(cols, tail_b[q])
             part_body(w, cols, c, 0, m_, 0, width, tail_b[q], per_channel, residual, flags,
                       zero, 0, index * rows * ow_)
 
@@ -221,13 +225,14 @@ def _scope(dtype: np.dtype, parallel: bool) -> dict[str, Any]:
     scope["tile_add"] = tiles.tile_switch_intrinsic(SHAPES, accumulate=True, vector_bytes=width)
     scope["finished"] = nb.njit(inline="always", **jit.JIT_OPTIONS)(finished)
     scope["tail_dot"] = nb.njit(fastmath={"reassoc", "contract"}, **jit.JIT_OPTIONS)(tail_dot)
-    for helper in (finish, part_body):
+    for helper in (finish, part_body, lay_tail):
         scope[helper.__name__] = nb.njit(inline="always", **jit.JIT_OPTIONS)(
             jit.rebound(helper, scope))
     return scope
 
 
 def _epilogue_types(dtype: np.dtype, residual: Any) -> tuple:
+    """The types of the kernels' epilogue arguments (per_channel, residual, flags, zero)."""
     nb = jit.numba()
     return (jit.array_type(dtype, 2, "C", readonly=True), residual,
             jit.array_type(np.dtype(np.uint8), 1, "C", readonly=True), nb.from_dtype(dtype))
